@@ -1,0 +1,34 @@
+# Two commands: `make demo` and `make test`. Each creates .venv if missing and installs from the lock.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+EXTRAS := dev,examples,tensorboard,mlflow
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench install clean
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements.lock -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m pipekit_train.cli run examples/digits/pretrain_finetune.yaml --run-dir runs/demo
+
+test: $(STAMP)
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n 2 --dist loadgroup
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -c requirements.lock "keras>=3.10"
+	JAX_PLATFORMS=cpu $(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache runs

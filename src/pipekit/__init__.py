@@ -1,0 +1,27 @@
+"""pipekit: the operator algebra. Frozen, typed, YAML-serializable operators and `Sequential` pipelines.
+
+This package does not import JAX; training lives in `pipekit_train`.
+"""
+
+from ._builtins import AssertShape as AssertShape
+from ._builtins import Tap as Tap
+from ._builtins import array_leaves as array_leaves
+from ._builtins import register_sink as register_sink
+from ._errors import ConfigError as ConfigError
+from ._errors import PipekitError as PipekitError
+from ._errors import ShapeError as ShapeError
+from ._errors import closest as closest
+from ._operator import CarryState as CarryState
+from ._operator import Operator as Operator
+from ._operator import StatefulOperator as StatefulOperator
+from ._operator import field as field
+from ._registry import lookup as lookup
+from ._registry import registered as registered
+from ._sequential import Sequential as Sequential
+from ._yaml import FORMAT_VERSION as FORMAT_VERSION
+from ._yaml import dump as dump
+from ._yaml import dumps as dumps
+from ._yaml import load as load
+from ._yaml import loads as loads
+
+__version__ = "0.1.0"

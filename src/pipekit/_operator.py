@@ -1,0 +1,224 @@
+"""`Operator`, `StatefulOperator` and `CarryState`: the values a pipeline is made of."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from . import _registry
+from ._errors import ConfigError
+from ._types import check_field
+
+field = dataclasses.field
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def field_hints(cls: type) -> dict[str, Any]:
+    """Resolved type hints of `cls`'s fields; a hint that cannot be resolved counts as `Any`."""
+    cached = _HINTS.get(cls)
+    if cached is not None:
+        return cached
+    hints: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        ann = f.type
+        if isinstance(ann, str):
+            owner = next((k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {})), cls)
+            module = sys.modules.get(owner.__module__)
+            namespace = dict(vars(module)) if module else {}
+            namespace.update(_registry._REGISTRY)
+            try:
+                ann = eval(ann, namespace, dict(vars(owner)))
+            except Exception:
+                ann = Any
+        hints[f.name] = ann
+    _HINTS[cls] = hints
+    return hints
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable, order-stable stand-in for `value`, used for equality and hashing."""
+    if isinstance(value, Operator):
+        return value
+    if isinstance(value, Mapping):
+        return ("__map__", tuple(sorted(((repr(k), _canonical(v)) for k, v in value.items()))))
+    if isinstance(value, (list, tuple)):
+        return ("__seq__", tuple(_canonical(v) for v in value))
+    if hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "tobytes"):
+        digest = hashlib.sha256(value.tobytes()).hexdigest()
+        return ("__array__", str(value.dtype), tuple(value.shape), digest)
+    if isinstance(value, float) and value != value:
+        return ("__nan__",)
+    try:
+        hash(value)
+    except TypeError:
+        return ("__id__", id(value))
+    return value
+
+
+@typing.dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field,))
+class Operator:
+    """A frozen, typed, keyword-constructed configuration value that can be applied to a carrier.
+
+    Subclasses declare fields as annotated class attributes with defaults, exactly like a dataclass; the
+    subclass is made a frozen, keyword-only dataclass and registered under its class name (or the `name=`
+    class keyword). Pass ``register=False`` for abstract bases. Override `validate` to check fields together;
+    field types are checked from the annotations before it runs.
+
+    Example:
+        >>> import pipekit
+        >>> class Times(pipekit.Operator):
+        ...     factor: float = 1.0
+        ...     def __call__(self, x):
+        ...         return x * self.factor
+        >>> Times(factor=3)(2)
+        6.0
+        >>> Times(factor=3)
+        Times(factor=3.0)
+        >>> Times(factor=3) == Times(factor=3.0)
+        True
+    """
+
+    _pipekit_name: ClassVar[str | None] = None
+    #: Whether instances can be written to YAML. Operators holding in-memory arrays say no.
+    _yaml_serializable: ClassVar[bool] = True
+
+    def __init_subclass__(cls, *, name: str | None = None, register: bool = True, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)(cls)
+        cls._pipekit_name = None
+        if register:
+            reg_name = name or cls.__name__
+            _registry.register(reg_name, cls)
+            cls._pipekit_name = reg_name
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        hints = field_hints(cls)
+        owner = cls._pipekit_name or cls.__name__
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            new = check_field(owner, f.name, value, hints.get(f.name, Any))
+            if new is not value:
+                object.__setattr__(self, f.name, new)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check the fields together; raise `ConfigError` naming the field, the rule and the value."""
+
+    def __call__(self, carrier: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} is not applicable to a carrier")
+
+    # Value semantics -------------------------------------------------------------------------------------
+    def _key(self) -> tuple[Any, ...]:
+        return (type(self), *(_canonical(getattr(self, f.name)) for f in dataclasses.fields(self)))  # type: ignore[arg-type]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return bool(self._key() == other._key())  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        parts = [f"{k}={v!r}" for k, v in self.non_default_fields().items()]
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def non_default_fields(self) -> dict[str, Any]:
+        """The fields whose values differ from their defaults, in declaration order."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                out[f.name] = value
+                continue
+            if _canonical(value) != _canonical(default) or type(value) is not type(default):
+                out[f.name] = value
+        return out
+
+    def replace(self, **changes: Any) -> typing.Self:
+        """A copy with some fields changed (the operator itself never changes)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        if unknown:
+            raise ConfigError(f"{type(self).__name__} has no field(s) {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    @classmethod
+    def example(cls) -> typing.Self:
+        """A representative instance, used by the registry-wide YAML round-trip test.
+
+        Operators with required fields override this; the default builds one from the defaults.
+        """
+        return cls()
+
+
+class StatefulOperator(Operator, register=False):
+    """An operator that threads a carry-state: ``_apply(carrier, state) -> (carrier, state)``."""
+
+    def initial_state(self) -> CarryState | None:
+        """The state a run starts from; ``None`` lets the operator build its own on first use."""
+        return None
+
+    def _apply(self, carrier: Any, state: Any) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def __call__(self, carrier: Any) -> Any:
+        return self._apply(carrier, self.initial_state())[0]
+
+    def run(self) -> Any:
+        """Run an operator that needs no input, returning its output carrier."""
+        return self._apply(None, self.initial_state())[0]
+
+
+class CarryState:
+    """State that changes while a pipeline runs; subclasses round-trip through `to_dict` / `from_dict`.
+
+    The fields are the parameters of the subclass's ``__init__``. Subclasses whose values are not plain
+    data (arrays, keys) override `to_dict` / `from_dict` to encode them.
+
+    Example:
+        >>> class Counter(CarryState):
+        ...     def __init__(self, count: int = 0) -> None:
+        ...         self.count = count
+        >>> Counter.from_dict(Counter(count=3).to_dict()).count
+        3
+    """
+
+    @classmethod
+    def _field_names(cls) -> list[str]:
+        import inspect
+
+        params = inspect.signature(cls.__init__).parameters
+        return [n for n, p in params.items() if n != "self" and p.kind is not p.VAR_KEYWORD]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as a dict of its ``__init__`` parameters."""
+        return {name: getattr(self, name) for name in self._field_names()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> typing.Self:
+        """Rebuild a state from `to_dict`'s output; unknown keys are an error naming them."""
+        names = cls._field_names()
+        unknown = [k for k in data if k not in names]
+        if unknown:
+            raise ConfigError(f"{cls.__name__}.from_dict got unknown key(s) {unknown}; expected {names}")
+        return cls(**data)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return bool(_canonical(self.to_dict()) == _canonical(other.to_dict()))  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]

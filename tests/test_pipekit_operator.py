@@ -1,0 +1,120 @@
+"""The operator algebra: fields, values, Sequential, built-ins."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pipekit
+from pipekit import ConfigError, Operator, Sequential, ShapeError, StatefulOperator, field
+
+
+class Affine(Operator, register=False):
+    scale: float = 1.0
+    shift: float = 0.0
+    tags: tuple[str, ...] = ()
+    options: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self, x):
+        return x * self.scale + self.shift
+
+
+class CountCalls(StatefulOperator, register=False):
+    def _apply(self, carrier, state):
+        state = (state or 0) + 1
+        return carrier, state
+
+
+def test_fields_are_typed_frozen_and_keyword_only():
+    op = Affine(scale=2, tags=["a", "b"])
+    assert op.scale == 2.0 and isinstance(op.scale, float)
+    assert op.tags == ("a", "b")  # a list becomes a tuple where the hint says tuple
+    with pytest.raises(AttributeError):
+        op.scale = 3.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Affine(2.0)  # type: ignore[misc]
+
+
+def test_wrong_type_names_field_rule_and_value():
+    with pytest.raises(ConfigError, match=r"Affine\.scale must be float, got 'big'"):
+        Affine(scale="big")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"Affine\.tags\[1\] must be str"):
+        Affine(tags=("a", 3))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"must be float, got True"):
+        Affine(scale=True)
+
+
+def test_equality_hash_and_repr_are_by_value():
+    a = Affine(scale=2.0, options={"k": 1, "j": 2})
+    b = Affine(scale=2, options={"j": 2, "k": 1})
+    assert a == b and hash(a) == hash(b)
+    assert a != Affine(scale=3.0)
+    assert repr(Affine(shift=1.5)) == "Affine(shift=1.5)"
+    assert {a, b} == {a}
+
+
+def test_replace_returns_a_new_value():
+    a = Affine(scale=2.0)
+    b = a.replace(shift=1.0)
+    assert (a.shift, b.shift, b.scale) == (0.0, 1.0, 2.0)
+    with pytest.raises(ConfigError, match="no field"):
+        a.replace(shfit=1.0)
+
+
+def test_sequential_threads_carrier_and_state():
+    pipe = Sequential([Affine(scale=2.0), CountCalls(), Sequential([CountCalls(), Affine(shift=1.0)])])
+    carrier, state = pipe._apply(3.0, None)
+    assert carrier == 7.0
+    assert state == 2  # both stateful stages saw the state the previous one returned
+    assert pipe(3.0) == 7.0
+
+
+def test_sequential_needs_stages():
+    with pytest.raises(ConfigError, match="at least one"):
+        Sequential([])
+
+
+def test_carry_state_round_trip():
+    class S(pipekit.CarryState):
+        def __init__(self, step: int = 0, metrics: dict | None = None) -> None:
+            self.step = step
+            self.metrics = metrics or {}
+
+    s = S(step=4, metrics={"loss": 0.5})
+    assert S.from_dict(s.to_dict()) == s
+    with pytest.raises(ConfigError, match="unknown key"):
+        S.from_dict({"stepp": 1})
+
+
+def test_assert_shape_names_leaf_expected_and_actual():
+    tree = {"image": np.zeros((8, 28, 28)), "label": np.zeros((8,), np.int32)}
+    ok = pipekit.AssertShape(shapes={"image": (None, 28, 28)}, dtypes={"label": "int32"})
+    assert ok(tree) is tree
+    with pytest.raises(ShapeError, match=r"leaf 'image' should have shape \(None, 32, 32\), got \(8, 28, 28\)"):
+        pipekit.AssertShape(shapes={"image": (None, 32, 32)})(tree)
+    with pytest.raises(ShapeError, match=r"should have dtype float32, got int32"):
+        pipekit.AssertShape(dtypes={"label": "float32"})(tree)
+    with pytest.raises(ShapeError, match=r"no array leaf 'imag'.*did you mean 'image'"):
+        pipekit.AssertShape(shapes={"imag": (1,)})(tree)
+
+
+def test_tap_unknown_sink_suggests():
+    with pytest.raises(ConfigError, match=r"'prnt' is not a registered sink \(did you mean 'print'\?\)"):
+        pipekit.Tap(sink="prnt")(1)
+
+
+def test_import_pipekit_does_not_import_jax_and_is_fast():
+    code = (
+        "import time; t = time.perf_counter(); import pipekit, sys; dt = time.perf_counter() - t;"
+        "assert 'jax' not in sys.modules, 'jax imported'; print(dt)"
+    )
+    times = []
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+        times.append(float(out.stdout))
+    # Counted, not timed, is the rule for tests; this is the issue's stated import budget and is measured in
+    # a fresh process, best of three, so it is about import work rather than machine noise.
+    assert min(times) < 0.15, times
