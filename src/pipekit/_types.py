@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from ._errors import ConfigError
+from ._errors import ConfigError, suggestion
 
 
 class Mismatch(Exception):
@@ -71,7 +71,10 @@ def coerce(value: Any, hint: Any) -> Any:
     if origin is Literal:
         if any(type(value) is type(a) and value == a for a in args):
             return value
-        raise Mismatch(describe(hint), value)
+        hint_text = ""
+        if isinstance(value, str):
+            hint_text = suggestion(value, [a for a in args if isinstance(a, str)])
+        raise Mismatch(describe(hint) + hint_text, value)
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None

@@ -46,23 +46,34 @@ _scalar_constructor = yaml.SafeLoader("")
 
 
 # Dumping ---------------------------------------------------------------------------------------------------
-def to_plain(value: Any, path: str = "") -> Any:
-    """Turn an operator (and everything inside it) into plain YAML-able data."""
+IN_MEMORY_KEY = "in_memory_data"
+
+
+def to_plain(value: Any, path: str = "", strict: bool = True) -> Any:
+    """Turn an operator (and everything inside it) into plain YAML-able data.
+
+    With ``strict=False`` an operator holding in-memory data is described (type and array shapes under
+    ``in_memory_data:``) instead of refused: readable in a record, but not loadable.
+    """
     if isinstance(value, Operator):
         cls = type(value)
+        if not strict and cls._pipekit_name is None:
+            return {"type": f"{cls.__module__}.{cls.__qualname__} (not registered)"}
         if not cls._yaml_serializable:
+            if not strict:
+                return {"type": _registry.name_of(cls), IN_MEMORY_KEY: _describe_in_memory(value)}
             raise ConfigError(
                 f"{path or cls.__name__}: {cls.__name__} holds in-memory data and cannot be written to YAML; "
                 "save the arrays to a file (for example .npz) and use a file source instead"
             )
         out: dict[str, Any] = {"type": _registry.name_of(cls)}
         for k, v in value.non_default_fields().items():
-            out[k] = to_plain(v, f"{path}.{k}" if path else k)
+            out[k] = to_plain(v, f"{path}.{k}" if path else k, strict)
         return out
     if isinstance(value, (list, tuple)):
-        return [to_plain(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [to_plain(v, f"{path}[{i}]", strict) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {str(k): to_plain(v, f"{path}.{k}") for k, v in value.items()}
+        return {str(k): to_plain(v, f"{path}.{k}", strict) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "shape", None) == ():
@@ -70,11 +81,25 @@ def to_plain(value: Any, path: str = "") -> Any:
     raise ConfigError(f"{path or 'value'}: {type(value).__name__} values cannot be written to YAML: {value!r}")
 
 
-def dumps(op: Operator) -> str:
-    """The YAML text of `op`: its type and every field that differs from its default."""
+def _describe_in_memory(op: Operator) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in op.non_default_fields().items():
+        items = value.items() if isinstance(value, dict) else [(name, value)]
+        for key, leaf in items:
+            if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+                out[str(key)] = f"{leaf.dtype}{list(leaf.shape)}"
+    return out
+
+
+def dumps(op: Operator, *, strict: bool = True) -> str:
+    """The YAML text of `op`: its type and every field that differs from its default.
+
+    With ``strict=False``, operators holding in-memory data are described rather than refused (the text then
+    documents the pipeline but cannot be loaded back).
+    """
     if not isinstance(op, Operator):
         raise ConfigError(f"pipekit.dumps expects an Operator, got {type(op).__name__}")
-    doc = {"pipekit": FORMAT_VERSION, **to_plain(op)}
+    doc = {"pipekit": FORMAT_VERSION, **to_plain(op, strict=strict)}
     return str(yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True))
 
 

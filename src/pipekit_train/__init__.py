@@ -1,5 +1,51 @@
-"""pipekit-train: training as a pipeline operator for JAX."""
+"""pipekit-train: training as a pipeline operator for JAX.
 
+`TrainingLoop` is a `pipekit.StatefulOperator`: put stages in a `pipekit.Sequential` and ``run()`` it, or write the
+same pipeline as YAML and run ``pipekit-train run pipeline.yaml``.
+"""
+
+from ._callbacks import Callback as Callback
+from ._callbacks import TrainContext as TrainContext
+from ._data import ArraySource as ArraySource
+from ._data import BatchIterator as BatchIterator
+from ._data import Cast as Cast
+from ._data import Flatten as Flatten
+from ._data import Normalize as Normalize
+from ._data import NpySource as NpySource
+from ._data import NpzSource as NpzSource
+from ._data import OneHot as OneHot
+from ._data import RegisteredSource as RegisteredSource
+from ._data import Rename as Rename
+from ._data import Reshape as Reshape
+from ._data import Select as Select
+from ._data import Source as Source
+from ._data import TrainingDataset as TrainingDataset
+from ._data import Transform as Transform
+from ._data import register_dataset as register_dataset
+from ._engine import NonFiniteLossError as NonFiniteLossError
+from ._loop import TrainerCarryState as TrainerCarryState
+from ._loop import TrainingLoop as TrainingLoop
+from ._loop import TrainingResult as TrainingResult
+from ._losses import KL as KL
+from ._losses import MSE as MSE
+from ._losses import NLL as NLL
+from ._losses import Composite as Composite
+from ._losses import CrossEntropy as CrossEntropy
+from ._losses import Loss as Loss
+from ._models import EquinoxModel as EquinoxModel
+from ._models import ModelOp as ModelOp
+from ._models import Transfer as Transfer
+from ._models import register_model as register_model
+from ._optim import build_optimizer as build_optimizer
+from ._run import RunSettings as RunSettings
+from ._run import run_settings as run_settings
 from ._warnings import PipekitTrainWarning as PipekitTrainWarning
+from ._writers import ConsoleWriter as ConsoleWriter
+from ._writers import JsonLinesWriter as JsonLinesWriter
+from ._writers import MetricWriter as MetricWriter
+from ._writers import MultiWriter as MultiWriter
+from ._writers import NullWriter as NullWriter
+from ._writers import TensorBoardWriter as TensorBoardWriter
+from ._writers import read_jsonl as read_jsonl
 
 __version__ = "0.1.0"

@@ -1,0 +1,137 @@
+"""Callbacks: user code that runs at documented points of a training run.
+
+A callback is an operator: its fields are its configuration and it is written to YAML with the pipeline. What
+changes during a run (counters, best scores) lives in ``ctx.state_of(self)``, a JSON-able dict that the loop keeps
+for each callback and saves in every checkpoint, so a resumed run continues the callback exactly.
+
+Hooks, in the order a run calls them:
+
+- ``on_train_start(ctx)``: once, after the model, optimizer and data are ready (and after a resume).
+- ``on_step_end(ctx, metrics)``: after every optimizer step. ``metrics`` maps names to scalars that may still be on
+  the device; reading one (``float(metrics["loss"])``) waits for the step, so read only when you need to.
+- ``on_eval_end(ctx, metrics)``: after each validation pass, with host floats (``validate/`` names are bare here).
+- ``on_epoch_end(ctx)``: when ``step`` crosses a multiple of ``steps_per_epoch``.
+- ``on_checkpoint(ctx, step)``: after a checkpoint of ``step`` was handed to the checkpointer.
+- ``on_train_end(ctx)``: once, when the run ends normally or by a requested stop.
+- ``on_exception(ctx, exc)``: when the run fails; the exception is re-raised afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pipekit import Operator
+
+if TYPE_CHECKING:
+    from ._writers import MetricWriter
+
+
+class Callback(Operator, register=False):
+    """Base class of callbacks. Subclasses are registered operators: give them fields, override hooks."""
+
+    #: Lower runs earlier. Callbacks that change what others see (EMA swapping weights) run first.
+    order: int = 0
+
+    def initial_state(self) -> dict[str, Any]:
+        """The JSON-able run-time state this callback starts a run with."""
+        return {}
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        """Called once when training starts (or resumes)."""
+
+    def on_step_end(self, ctx: TrainContext, metrics: Mapping[str, Any]) -> None:
+        """Called after every optimizer step."""
+
+    def on_eval_end(self, ctx: TrainContext, metrics: Mapping[str, float]) -> None:
+        """Called after every validation pass."""
+
+    def on_epoch_end(self, ctx: TrainContext) -> None:
+        """Called at each epoch boundary."""
+
+    def on_checkpoint(self, ctx: TrainContext, step: int) -> None:
+        """Called after a checkpoint of `step` is written (or queued, when saving asynchronously)."""
+
+    def on_train_end(self, ctx: TrainContext) -> None:
+        """Called once at the end of a run."""
+
+    def on_exception(self, ctx: TrainContext, exc: BaseException) -> None:
+        """Called when the run fails, before the exception propagates."""
+
+
+class TrainContext:
+    """What a callback sees of a running `TrainingLoop`. Built by the loop; callbacks do not construct it.
+
+    Attributes:
+        loop: The `TrainingLoop` operator being run.
+        stage: The stage name (``"stage0"``, or the loop's `name`).
+        run_id: Identifier of this run (stable across resumes).
+        run_dir: Directory of this stage's files (metrics, checkpoints), or ``None``.
+        step: Optimizer steps taken so far in this stage.
+        epoch: ``step // steps_per_epoch`` (0 without `steps_per_epoch`).
+        writer: The metric writer; ``ctx.writer.write({...})`` adds a record.
+        artifact_fields: Values that callbacks contribute to the stage's artifact (``tracker_run_id``, …).
+        stop_reason: ``None`` while running; the reason once a stop was requested.
+        last_eval: The metrics of the latest validation pass.
+    """
+
+    def __init__(
+        self,
+        *,
+        loop: Any,
+        stage: str,
+        run_id: str,
+        run_dir: str | None,
+        writer: MetricWriter,
+        callback_states: dict[int, dict[str, Any]],
+        callbacks: tuple[Callback, ...],
+        get_model: Any,
+        set_model: Any = None,
+        lr_scale: Any = None,
+    ) -> None:
+        self.loop = loop
+        self.stage = stage
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.writer = writer
+        self.step = 0
+        self.epoch = 0
+        self.stop_reason: str | None = None
+        self.last_eval: dict[str, float] = {}
+        self.artifact_fields: dict[str, Any] = {}
+        self._states = callback_states
+        self._index = {id(cb): i for i, cb in enumerate(callbacks)}
+        self._get_model = get_model
+        self._set_model = set_model
+        self._lr_scale = lr_scale
+
+    def state_of(self, callback: Callback) -> dict[str, Any]:
+        """The mutable, checkpointed run-time state of `callback` (a JSON-able dict)."""
+        return self._states[self._index[id(callback)]]
+
+    @property
+    def model(self) -> Any:
+        """The current model operator, bound to the current weights (a device-to-host-free view)."""
+        return self._get_model()
+
+    def set_model(self, model_op: Any) -> None:
+        """Replace the weights being trained (used by weight-averaging callbacks); the structure must match."""
+        if self._set_model is None:
+            raise RuntimeError("this backend does not let callbacks replace the model")
+        self._set_model(model_op)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to stop after the current step; the first reason given is recorded."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    @property
+    def lr_scale(self) -> float:
+        """The multiplier applied to the learning rate schedule (1.0 unless a plateau callback lowered it)."""
+        return float(self._lr_scale.get()) if self._lr_scale is not None else 1.0
+
+    @lr_scale.setter
+    def lr_scale(self, value: float) -> None:
+        if self._lr_scale is None:
+            raise RuntimeError("this backend does not support changing the learning rate during a run")
+        self._lr_scale.set(float(value))

@@ -1,0 +1,400 @@
+"""`TrainingDataset`: a source, whole-batch transforms and a checkpointable batch iterator on Grain.
+
+The order of records is plain data: epoch ``e`` visits the records in
+``np.random.default_rng([seed, e]).permutation(n)`` order (the identity when ``shuffle=False``), and batch ``b`` of
+epoch ``e`` is one fancy-index gather of ``perm[b*B:(b+1)*B]`` from each array, followed by the transforms on the
+whole batch. The batches are a Grain ``MapDataset`` with random access by global batch index
+``g = e * num_batches + b`` (`_BatchDataset`), mapped by the transforms; with ``prefetch > 0`` the iterator is
+Grain's own ``to_iter_dataset(ReadOptions(num_threads=1, prefetch_buffer_size=prefetch))`` over it, and its
+``{"next_index": g}`` state is what `BatchIterator.get_state` reports as ``{"epoch": e, "batch": b}``.
+
+With ``prefetch=0`` (the default) `BatchIterator` calls ``_BatchDataset.__getitem__`` (Grain random access; it
+keeps the current epoch's permutation) and the transforms itself, skipping the statistics bookkeeping that
+Grain's ``.map`` and ``to_iter_dataset`` add to every call. Measured on the 2-core build machine (numpy 2.4,
+grain 0.2.18): 32-row batches of ``x: float32 (32,)`` and ``y: int32`` from 32,768 in-memory records, best of 9
+passes over an epoch, range over separate runs, µs per batch:
+
+==================================================================  ===========
+plain numpy: ``{k: v[perm[s:s + 32]] for k, v in items}``             3.8 - 4.3
+`BatchIterator`, ``prefetch=0`` (0.93 - 1.16x plain's batches/s)      3.2 - 4.6
+``_BatchDataset`` random access ``ds[g]``                             3.0 - 3.3
+``ds[g]`` through one Grain ``.map``                                  3.7 - 4.1
+Grain ``to_iter_dataset(ReadOptions(num_threads=0, ...=0))``          7.4 - 8.0
+`BatchIterator`, ``prefetch=4`` (Grain thread pool, 1 thread)          18 - 36
+==================================================================  ===========
+
+The background thread costs a hand-off per batch, so prefetching pays only when preparing a batch costs more
+than that and leaves the GIL (memory-mapped `NpySource` pages, large records, heavy transforms): with a 200 µs
+GIL-free producer and a 200 µs consumer, ``prefetch=4`` took 319 µs per batch against 632 µs without.
+
+Example:
+    >>> import numpy as np
+    >>> from pipekit_train._data import TrainingDataset
+    >>> from pipekit_train._sources import ArraySource
+    >>> ds = TrainingDataset(source=ArraySource(arrays={"x": np.arange(10.0), "y": np.arange(10)}))
+    >>> it = ds.iterator(batch_size=4, seed=0)
+    >>> next(it)["y"].shape, ds.num_batches(4), it.get_state()
+    ((4,), 2, {'epoch': 0, 'batch': 1})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
+
+import grain
+import numpy as np
+
+import pipekit
+from pipekit import ConfigError, Operator
+
+from ._sources import Arrays, RegisteredSource, Source
+from ._sources import ArraySource as ArraySource
+from ._sources import NpySource as NpySource
+from ._sources import NpzSource as NpzSource
+from ._sources import register_dataset as register_dataset
+from ._transforms import Batch, OneHot, Spec, Transform
+from ._transforms import Cast as Cast
+from ._transforms import Flatten as Flatten
+from ._transforms import Normalize as Normalize
+from ._transforms import Rename as Rename
+from ._transforms import Reshape as Reshape
+from ._transforms import Select as Select
+
+__all__ = [
+    "ArraySource",
+    "BatchIterator",
+    "Cast",
+    "Flatten",
+    "Normalize",
+    "NpySource",
+    "NpzSource",
+    "OneHot",
+    "RegisteredSource",
+    "Rename",
+    "Reshape",
+    "Select",
+    "Source",
+    "TrainingDataset",
+    "Transform",
+    "register_dataset",
+]
+
+_HASH_CHUNK_BYTES = 1 << 24
+
+
+# Per-process caches keyed by operator value -----------------------------------------------------------------
+class _Memo:
+    """A per-process cache keyed by an operator's value, with a fast path for the very same object.
+
+    Hashing an operator that holds arrays (`ArraySource`) hashes their bytes, so repeated calls on one object
+    look it up by identity first (a weak reference, so a dead object's id is never mistaken for a live one).
+    A ``None`` key caches by identity only, so in-memory arrays are not kept alive after their dataset.
+    """
+
+    def __init__(self) -> None:
+        self._by_value: dict[Hashable, Any] = {}
+        self._by_id: dict[int, tuple[weakref.ref[Any], Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, owner: object, key: Hashable | None, compute: Callable[[], Any]) -> Any:
+        oid = id(owner)
+        hit = self._by_id.get(oid)
+        if hit is not None and hit[0]() is owner:
+            return hit[1]
+        with self._lock:
+            if key is None:
+                value = compute()
+            else:
+                try:
+                    value = self._by_value[key]
+                except KeyError:
+                    value = self._by_value[key] = compute()
+            by_id = self._by_id
+            by_id[oid] = (weakref.ref(owner, lambda _ref: by_id.pop(oid, None)), value)
+        return value
+
+
+_ARRAYS = _Memo()
+_HASHES = _Memo()
+
+
+def _read_only(arrays: Arrays) -> Arrays:
+    """Read-only views, so the cached arrays cannot be changed through `TrainingDataset.arrays`."""
+    out: Arrays = {}
+    for key, value in arrays.items():
+        if value.flags.writeable:
+            value = value.view()
+            value.flags.writeable = False
+        out[key] = value
+    return out
+
+
+def _positive_int(where: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{where}: {name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+# The order of records, and the batches as a Grain MapDataset ---------------------------------------------
+class _Plan:
+    """Which records form batch `b` of epoch `e`: ``perm(e)[b * batch_size:(b + 1) * batch_size]``."""
+
+    __slots__ = ("batch_size", "identity", "n", "per_epoch", "seed", "shuffle")
+
+    def __init__(self, n: int, batch_size: int, per_epoch: int, shuffle: bool, seed: int) -> None:
+        self.n = n
+        self.batch_size = batch_size
+        self.per_epoch = per_epoch
+        self.shuffle = shuffle
+        self.seed = seed
+        self.identity = None if shuffle else np.arange(n)
+
+    def perm(self, epoch: int) -> np.ndarray:
+        if self.identity is not None:
+            return self.identity
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
+
+
+class _BatchDataset(grain.MapDataset):  # type: ignore[type-arg]
+    """Grain random access by global batch index ``g = epoch * per_epoch + batch`` to a gathered batch."""
+
+    def __init__(self, arrays: Arrays, plan: _Plan, length: int) -> None:
+        super().__init__()
+        self.items = tuple(arrays.items())
+        self.plan = plan
+        self._length = length
+        self._per_epoch = plan.per_epoch
+        self._batch_size = plan.batch_size
+        self._cached: tuple[int, np.ndarray | None] = (-1, None)  # (epoch, its permutation)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __str__(self) -> str:
+        p = self.plan
+        return f"_BatchDataset(records={p.n}, batch_size={p.batch_size}, shuffle={p.shuffle}, seed={p.seed})"
+
+    def __getitem__(self, index: Any) -> Any:
+        if index.__class__ is slice:
+            return self.slice(index)
+        epoch, batch = divmod(index, self._per_epoch)
+        cached_epoch, perm = self._cached
+        if cached_epoch != epoch or perm is None:
+            perm = self.plan.perm(epoch)
+            self._cached = (epoch, perm)  # one atomic store, safe with Grain's reader thread
+        start = batch * self._batch_size
+        idx = perm[start : start + self._batch_size]
+        return {k: v[idx] for k, v in self.items}
+
+
+class BatchIterator:
+    """An endless, checkpointable iterator of batches over epochs (like Grain's ``DatasetIterator``).
+
+    Made by `TrainingDataset.iterator`. `get_state` is a small JSON dict ``{"epoch": e, "batch": b}`` naming
+    the next batch; `set_state` makes the next batch exactly the one that would have come. With prefetching, call
+    `close` (or use ``with``) to stop the background thread early.
+    """
+
+    def __init__(self, dataset: _BatchDataset, transforms: tuple[Transform, ...], prefetch: int) -> None:
+        self._ds = dataset
+        self._fns = tuple(t.apply for t in transforms)
+        self._per_epoch = dataset.plan.per_epoch
+        self._next = 0  # the global index (epoch * per_epoch + batch) of the next batch
+        self._grain: Any = None
+        if prefetch:
+            mapped: grain.MapDataset = dataset  # type: ignore[type-arg]
+            for t in transforms:
+                mapped = mapped.map(t)
+            options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=prefetch)
+            self._grain = iter(mapped.to_iter_dataset(options))
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._grain is not None:
+            return next(self._grain)  # type: ignore[no-any-return]
+        batch = self._ds[self._next]
+        for fn in self._fns:
+            batch = fn(batch)
+        self._next += 1
+        return batch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self.get_state()["epoch"]
+
+    @property
+    def batch_size(self) -> int:
+        """The number of records per batch (the last batch of an epoch can be shorter without drop_remainder)."""
+        return self._ds.plan.batch_size
+
+    def get_state(self) -> dict[str, int]:
+        """``{"epoch": e, "batch": b}``: the next batch is batch `b` of epoch `e`."""
+        index = self._grain.get_state()["next_index"] if self._grain is not None else self._next
+        epoch, batch = divmod(int(index), self._per_epoch)
+        return {"epoch": epoch, "batch": batch}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Resume so that the next batch is batch ``state["batch"]`` of epoch ``state["epoch"]``."""
+        if not isinstance(state, dict) or set(state) != {"epoch", "batch"}:
+            raise ConfigError(f"BatchIterator.set_state expects {{'epoch': int, 'batch': int}}, got {state!r}")
+        epoch, batch = state["epoch"], state["batch"]
+        for name, value in (("epoch", epoch), ("batch", batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"BatchIterator.set_state: {name} must be a non-negative int, got {value!r}")
+        if batch >= self._per_epoch:
+            raise ConfigError(
+                f"BatchIterator.set_state: batch must be below the {self._per_epoch} batches per epoch, got {batch}; "
+                "was the state saved with another batch_size or dataset?"
+            )
+        index = epoch * self._per_epoch + batch
+        if self._grain is not None:
+            self._grain.set_state({"next_index": index})
+        else:
+            self._next = index
+
+    def close(self) -> None:
+        """Stop the prefetch thread, if any. The iterator cannot prefetch after this."""
+        if self._grain is not None:
+            self._grain.close()
+
+    def __enter__(self) -> BatchIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = self.get_state()
+        plan = self._ds.plan
+        return (
+            f"BatchIterator(batch_size={plan.batch_size}, seed={plan.seed}, epoch={state['epoch']}, "
+            f"batch={state['batch']})"
+        )
+
+
+# The operator -------------------------------------------------------------------------------------------------
+class TrainingDataset(Operator):
+    """A source, transforms applied to whole batches, and how to iterate: shuffled epochs of fixed-size batches.
+
+    Args:
+        source: the `Source` of the records (`ArraySource`, `NpzSource`, `NpySource`, `RegisteredSource`).
+        transforms: `Transform` operators applied in order to each batch.
+        shuffle: visit each epoch in a fresh permutation (from the iterator's seed and the epoch); else in order.
+        drop_remainder: drop the last, short batch of each epoch in `iterator` (`epoch_batches` always keeps it).
+        prefetch: batches Grain prepares ahead in a background thread; 0 prepares each batch when asked.
+    """
+
+    source: Source
+    transforms: tuple[Transform, ...] = ()
+    shuffle: bool = True
+    drop_remainder: bool = True
+    prefetch: int = 0
+
+    def validate(self) -> None:
+        if self.prefetch < 0:
+            raise ConfigError(f"TrainingDataset.prefetch must be a non-negative int, got {self.prefetch}")
+
+    @classmethod
+    def example(cls) -> TrainingDataset:
+        return cls(
+            source=RegisteredSource(name="digits", kwargs={"label_fraction": 0.1}),
+            transforms=(OneHot(key="y", num_classes=10),),
+            drop_remainder=False,
+            prefetch=2,
+        )
+
+    def arrays(self) -> Arrays:
+        """The source's arrays (before transforms), read-only, loaded once per process and cached.
+
+        File and registered sources are cached by value, so equal datasets share one copy; an in-memory source
+        (`ArraySource`) already holds its arrays and is cached only while it lives.
+        """
+        source = self.source
+        key = source if type(source)._yaml_serializable else None
+        return dict(_ARRAYS.get(source, key, lambda: _read_only(source.load())))
+
+    def num_records(self) -> int:
+        """The number of records in the source."""
+        return len(next(iter(self.arrays().values())))
+
+    def element_spec(self) -> Spec:
+        """``{key: (per_example_shape, dtype)}`` after the transforms, worked out without reading a batch."""
+        spec: Spec = {k: (tuple(v.shape[1:]), v.dtype) for k, v in self.arrays().items()}
+        for t in self.transforms:
+            spec = t.spec(spec)
+        return spec
+
+    def num_batches(self, batch_size: int) -> int:
+        """Batches per epoch of `iterator` (`drop_remainder` drops the short last one)."""
+        batch_size = _positive_int("TrainingDataset.num_batches", "batch_size", batch_size)
+        n = self.num_records()
+        if not self.drop_remainder:
+            return math.ceil(n / batch_size)
+        if batch_size > n:
+            raise ConfigError(
+                f"TrainingDataset: batch_size {batch_size} is larger than the {n} records, so drop_remainder=True "
+                f"leaves no batch at all; use a batch_size of at most {n} or drop_remainder=False"
+            )
+        return n // batch_size
+
+    def iterator(self, batch_size: int, seed: int) -> BatchIterator:
+        """An endless `BatchIterator`: epoch after epoch, each in ``default_rng([seed, epoch])`` order."""
+        batch_size = _positive_int("TrainingDataset.iterator", "batch_size", batch_size)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ConfigError(f"TrainingDataset.iterator: seed must be a non-negative int, got {seed!r}")
+        per_epoch = self.num_batches(batch_size)
+        if per_epoch == 0:
+            raise ConfigError("TrainingDataset.iterator: the source has no records, so there is nothing to iterate")
+        arrays = self.arrays()
+        plan = _Plan(self.num_records(), batch_size, per_epoch, self.shuffle, int(seed))
+        return BatchIterator(_BatchDataset(arrays, plan, sys.maxsize), self.transforms, self.prefetch)
+
+    def epoch_batches(self, batch_size: int) -> Iterator[Batch]:
+        """One pass in record order, without shuffling, keeping the short last batch (for evaluation)."""
+        batch_size = _positive_int("TrainingDataset.epoch_batches", "batch_size", batch_size)
+        n = self.num_records()
+        per_epoch = math.ceil(n / batch_size)
+        ds = _BatchDataset(self.arrays(), _Plan(n, batch_size, per_epoch, False, 0), per_epoch)
+        return self._ordered(ds)
+
+    def _ordered(self, ds: _BatchDataset) -> Iterator[Batch]:
+        fns = tuple(t.apply for t in self.transforms)
+        for index in range(len(ds)):
+            batch = ds[index]
+            for fn in fns:
+                batch = fn(batch)
+            yield batch
+
+    def content_hash(self) -> str:
+        """``"sha256:<hex>"`` of the keys, dtypes, shapes and bytes of the arrays and the transforms' YAML.
+
+        Computed once per process; the same on every machine for the same data and transforms (bytes are
+        hashed little-endian and C-ordered). Shuffling, batching and prefetching do not change it.
+        """
+        key = (self.source, self.transforms) if type(self.source)._yaml_serializable else None
+        return str(_HASHES.get(self, key, self._compute_hash))
+
+    def _compute_hash(self) -> str:
+        h = hashlib.sha256(b"pipekit-train dataset v1\n")
+        for key, value in sorted(self.arrays().items()):
+            dtype = value.dtype if value.dtype.byteorder == "|" else value.dtype.newbyteorder("<")
+            header = {"key": key, "dtype": dtype.str, "shape": list(value.shape)}
+            h.update(json.dumps(header, sort_keys=True).encode() + b"\n")
+            rows = max(1, _HASH_CHUNK_BYTES // max(1, value.itemsize * math.prod(value.shape[1:])))
+            for start in range(0, len(value), rows):
+                chunk = np.ascontiguousarray(value[start : start + rows], dtype=dtype)
+                h.update(chunk.tobytes())
+        for t in self.transforms:
+            text = pipekit.dumps(t).encode()
+            h.update(b"transform %d\n" % len(text) + text)
+        return "sha256:" + h.hexdigest()

@@ -1,0 +1,333 @@
+"""The backend-agnostic step loop: data, chunking, callbacks, logging, validation, divergence checks.
+
+An adapter supplies a `StepBackend` (how to run steps on its framework) and calls `Engine.run`. The engine decides
+*when* things happen, by absolute step numbers, so a resumed run makes exactly the decisions an uninterrupted run
+would have made: a chunk of fused steps never crosses a log, eval, checkpoint or epoch boundary.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ._callbacks import Callback, TrainContext
+from ._progress import Progress
+from ._writers import JsonLinesWriter, MetricWriter
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite. The message names the stage, step and epoch."""
+
+
+class StepBackend(Protocol):
+    """What the engine needs from a backend adapter."""
+
+    def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Mapping[str, Any]:
+        """Run ``len(batches)`` optimizer steps starting at `step`; metrics with a leading axis when > 1."""
+
+    def evaluate(self, batch: dict[str, np.ndarray]) -> Mapping[str, Any]:
+        """Metrics of one batch in inference mode."""
+
+    def bound_model(self) -> Any:
+        """The model operator bound to the current weights."""
+
+    def set_model(self, model_op: Any) -> None:
+        """Replace the current weights (same structure)."""
+
+    def get_lr_scale(self) -> float: ...
+
+    def set_lr_scale(self, value: float) -> None: ...
+
+    def learning_rate(self, step: int) -> float: ...
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class AdapterResult:
+    """What an adapter's ``run`` returns to `TrainingLoop`."""
+
+    model: Any
+    opt_state: Any
+    step: int
+    epoch: int
+    metrics: dict[str, float]
+    backend_info: dict[str, Any]
+    artifact_fields: dict[str, Any] = field(default_factory=dict)
+    started_at: str = ""
+    ended_at: str = ""
+    status: str = "completed"
+    stop_reason: str | None = None
+    rng: Any = None
+
+
+class _LazyStepMetrics(Mapping[str, Any]):
+    """One step's metrics out of a chunk's stacked metrics; slices only what a callback reads."""
+
+    def __init__(self, stacked: Mapping[str, Any], index: int | None) -> None:
+        self._stacked = stacked
+        self._index = index
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._stacked[key]
+        return value if self._index is None else value[self._index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._stacked)
+
+    def __len__(self) -> int:
+        return len(self._stacked)
+
+
+class Engine:
+    """Runs one stage's steps. Checkpointing and signal handling plug in through `hooks`."""
+
+    def __init__(
+        self,
+        loop: Any,
+        backend: StepBackend,
+        *,
+        stage: str,
+        run_id: str,
+        stage_dir: str | None,
+        start_step: int = 0,
+        data_state: dict[str, Any] | None = None,
+        callback_states: dict[int, dict[str, Any]] | None = None,
+        hooks: Any = None,
+    ) -> None:
+        self.loop = loop
+        self.backend = backend
+        self.stage = stage
+        self.step = start_step
+        self.callbacks: tuple[Callback, ...] = tuple(sorted(loop.callbacks, key=lambda c: c.order))
+        states = callback_states or {}
+        self.callback_states = {i: dict(states.get(i, cb.initial_state())) for i, cb in enumerate(self.callbacks)}
+        self.writer: MetricWriter = loop.metric_writer or JsonLinesWriter()
+        self.ctx = TrainContext(
+            loop=loop,
+            stage=stage,
+            run_id=run_id,
+            run_dir=stage_dir,
+            writer=self.writer,
+            callback_states=self.callback_states,
+            callbacks=self.callbacks,
+            get_model=backend.bound_model,
+            set_model=backend.set_model,
+            lr_scale=_LRScale(backend),
+        )
+        self.ctx.step = start_step
+        self.ctx.epoch = self.epoch_of(start_step)
+        self.iterator = loop.dataset.iterator(loop.batch_size, loop.seed)
+        if data_state is not None:
+            self.iterator.set_state(data_state)
+        self.hooks = hooks
+        self.window: list[tuple[int, Mapping[str, Any]]] = []
+        self.last_train: dict[str, float] = {}
+        self.eval_metrics: dict[str, float] = {}
+
+    # Schedule ----------------------------------------------------------------------------------------------
+    def epoch_of(self, step: int) -> int:
+        spe = self.loop.steps_per_epoch
+        return step // spe if spe else 0
+
+    def _boundaries(self) -> list[int]:
+        loop = self.loop
+        every = [loop.log_every_n_steps, loop.steps_per_call]
+        if loop.val_dataset is not None:
+            every.append(loop.eval_every_n_steps)
+        if loop.steps_per_epoch:
+            every.append(loop.steps_per_epoch)
+        if self.hooks is not None:
+            every.extend(self.hooks.boundaries())
+        return [e for e in every if e]
+
+    def next_chunk(self) -> int:
+        """How many steps the next dispatch runs: up to `steps_per_call`, never past a boundary."""
+        remaining = self.loop.max_steps - self.step
+        stop = min(self.step + remaining, *(((self.step // e) + 1) * e for e in self._boundaries()))
+        return max(1, min(stop - self.step, self.loop.steps_per_call))
+
+    # The run -----------------------------------------------------------------------------------------------
+    def run(self) -> AdapterResult:
+        loop, ctx = self.loop, self.ctx
+        started = now_iso()
+        self.writer.open(ctx.run_dir)
+        progress = Progress(self.stage, loop.max_steps, self.step, enabled=loop.progress)
+        status = "completed"
+        try:
+            if self.step == 0:
+                self.writer.write({"type": "params", "context": "train", "step": 0, "epoch": 0, **self._params()})
+            for cb in self.callbacks:
+                cb.on_train_start(ctx)
+            pending: tuple[int, Any] | None = None  # (step, loss) of the previous chunk, checked one chunk late
+            while self.step < loop.max_steps and ctx.stop_reason is None:
+                n = self.next_chunk()
+                batches = [next(self.iterator) for _ in range(n)]
+                data_state = self.iterator.get_state()
+                first = self.step
+                metrics = self.backend.train(batches, first)
+                self.step += n
+                ctx.step, ctx.epoch = self.step, self.epoch_of(self.step)
+                if pending is not None:
+                    self._check_finite(*pending)
+                last_loss = metrics["loss"][n - 1] if n > 1 else metrics["loss"]
+                pending = (self.step, last_loss)
+                self._after_chunk(first, n, metrics)
+                if self.hooks is not None and ctx.stop_reason is None:
+                    self.hooks.after_chunk(self, data_state)
+                if self.hooks is not None and self.hooks.stop_requested():
+                    ctx.request_stop(self.hooks.stop_requested())
+                progress.update(self.step, self.last_train.get("loss"))
+            if pending is not None:
+                self._check_finite(*pending)
+            if ctx.stop_reason is not None:
+                status = f"stopped: {ctx.stop_reason}"
+                if loop.val_dataset is not None and self.eval_metrics.get("_step") != self.step:
+                    self._evaluate()
+            self._flush_window()
+            if self.hooks is not None:
+                self.hooks.at_end(self, self.iterator.get_state(), ctx.stop_reason)
+            for cb in self.callbacks:
+                cb.on_train_end(ctx)
+            final = self.final_metrics()
+            self.writer.write(
+                {"type": "finish", "context": "train", "step": self.step, "epoch": ctx.epoch, "status": status, **final}
+            )
+        except BaseException as exc:
+            for cb in self.callbacks:
+                try:
+                    cb.on_exception(ctx, exc)
+                except Exception:  # a failing handler must not hide the original error
+                    pass
+            try:
+                self.writer.write(
+                    {"type": "finish", "context": "train", "step": self.step, "epoch": ctx.epoch,
+                     "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                )
+            except Exception:
+                pass
+            raise
+        finally:
+            progress.close()
+            self.writer.close()
+        return AdapterResult(
+            model=self.backend.bound_model(),
+            opt_state=None,
+            step=self.step,
+            epoch=ctx.epoch,
+            metrics=final,
+            backend_info={},
+            artifact_fields=dict(ctx.artifact_fields),
+            started_at=started,
+            ended_at=now_iso(),
+            status=status,
+            stop_reason=ctx.stop_reason,
+        )
+
+    def _params(self) -> dict[str, Any]:
+        from pipekit._yaml import to_plain
+
+        fields = to_plain(self.loop, strict=False)
+        return {"stage": self.stage, "params": fields}
+
+    def _check_finite(self, step: int, loss: Any) -> None:
+        if not self.loop.stop_on_nonfinite:
+            return
+        value = float(loss)
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"stage {self.stage!r}: the training loss became {value} at step {step} "
+                f"(epoch {self.epoch_of(step)}). Lower the learning rate, set grad_clip_norm, "
+                "or set stop_on_nonfinite: false to train on regardless."
+            )
+
+    def _after_chunk(self, first: int, n: int, metrics: Mapping[str, Any]) -> None:
+        loop, ctx = self.loop, self.ctx
+        for i in range(n):
+            step_metrics = _LazyStepMetrics(metrics, i if n > 1 else None)
+            self.window.append((first + i + 1, step_metrics))
+            if self.callbacks:
+                ctx.step = first + i + 1
+                for cb in self.callbacks:
+                    cb.on_step_end(ctx, step_metrics)
+        ctx.step = self.step
+        if self.step % loop.log_every_n_steps == 0 or self.step == loop.max_steps:
+            self._flush_window()
+        if loop.val_dataset is not None and (
+            self.step % loop.eval_every_n_steps == 0 or self.step == loop.max_steps
+        ):
+            self._evaluate()
+        if loop.steps_per_epoch and self.step % loop.steps_per_epoch == 0:
+            for cb in self.callbacks:
+                cb.on_epoch_end(ctx)
+
+    def _flush_window(self) -> None:
+        if not self.window:
+            return
+        import jax
+
+        values = jax.device_get([dict(m) for _, m in self.window])
+        step = self.window[-1][0]
+        self.window = []
+        record: dict[str, float] = {}
+        for key in values[0]:
+            record[key] = float(np.mean([v[key] for v in values]))
+        record["lr"] = self.backend.learning_rate(step)
+        self.last_train = record
+        self.writer.write({"type": "metrics", "context": "train", "step": step, "epoch": self.epoch_of(step), **record})
+
+    def _evaluate(self) -> dict[str, float]:
+        loop = self.loop
+        metrics = evaluate(self.backend, loop.val_dataset, loop.eval_batch_size or loop.batch_size)
+        prefixed = {f"validate/{k}": v for k, v in metrics.items()}
+        self.eval_metrics = {**prefixed, "_step": self.step}
+        self.ctx.last_eval = prefixed
+        self.writer.write({"type": "metrics", "context": "validate", "step": self.step, "epoch": self.ctx.epoch, **metrics})
+        for cb in self.callbacks:
+            cb.on_eval_end(self.ctx, prefixed)
+        return prefixed
+
+    def final_metrics(self) -> dict[str, float]:
+        out = {f"train/{k}": v for k, v in self.last_train.items()}
+        out.update({k: v for k, v in self.eval_metrics.items() if not k.startswith("_")})
+        loop = self.loop
+        if loop.test_dataset is not None:
+            metrics = evaluate(self.backend, loop.test_dataset, loop.eval_batch_size or loop.batch_size)
+            self.writer.write({"type": "metrics", "context": "test", "step": self.step, "epoch": self.ctx.epoch, **metrics})
+            out.update({f"test/{k}": v for k, v in metrics.items()})
+        return out
+
+
+def evaluate(backend: StepBackend, dataset: Any, batch_size: int) -> dict[str, float]:
+    """Record-weighted means of the backend's eval metrics over one ordered pass of `dataset`."""
+    import jax
+
+    totals: dict[str, float] = {}
+    count = 0
+    results = []
+    for batch in dataset.epoch_batches(batch_size):
+        size = len(next(iter(batch.values())))
+        results.append((size, backend.evaluate(batch)))
+    for size, metrics in jax.device_get(results):
+        count += size
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + float(v) * size
+    return {k: v / max(count, 1) for k, v in totals.items()}
+
+
+class _LRScale:
+    def __init__(self, backend: StepBackend) -> None:
+        self.backend = backend
+
+    def get(self) -> float:
+        return self.backend.get_lr_scale()
+
+    def set(self, value: float) -> None:
+        self.backend.set_lr_scale(value)

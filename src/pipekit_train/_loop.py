@@ -1,0 +1,198 @@
+"""Layer 3: `TrainerCarryState` and `TrainingLoop`, the training stage of a pipeline."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+import pipekit
+from pipekit import CarryState, ConfigError, Operator, StatefulOperator, field
+
+from ._callbacks import Callback
+from ._data import TrainingDataset
+from ._models import ModelOp, Transfer
+from ._writers import MetricWriter
+
+#: Backend name → adapter module. Every adapter module exposes ``run(loop, incoming, run) -> AdapterResult``.
+_BACKEND_MODULES = {
+    "equinox": "pipekit_train.adapters.equinox",
+    "lightning": "pipekit_train.adapters.lightning",
+    "keras": "pipekit_train.adapters.keras",
+    # planned Bayesian backends:
+    "numpyro-svi": "pipekit_train.adapters.numpyro_svi",
+    "numpyro-mcmc": "pipekit_train.adapters.numpyro_mcmc",
+    "blackjax": "pipekit_train.adapters.blackjax",
+}
+#: Backends whose adapters exist. The others are planned: choosing one is an error that says so.
+_IMPLEMENTED_BACKENDS = ("equinox",)
+
+Backend = Literal["equinox", "lightning", "keras", "numpyro-svi", "numpyro-mcmc", "blackjax"]
+
+
+class TrainerCarryState(CarryState):
+    """Carry-state for `TrainingLoop`: what one stage hands the next.
+
+    Attributes:
+        model: The model operator, bound to its current weights.
+        opt_state: Backend-specific optimizer state (an optax state for Equinox).
+        step: Optimizer steps taken by the stage that produced this state.
+        epoch: ``step // steps_per_epoch`` (0 without `steps_per_epoch`).
+        metrics: Final metric snapshot of that stage (host floats).
+        rng: The stage's PRNG seed material (``jax.random.key_data`` as a list, or ``None``).
+        run_id: The run this state belongs to; later stages of a `Sequential` share it.
+        run_dir: Directory of the run's files.
+        stage_index: How many training stages have run before the next one.
+        artifact_id: The artifact recorded for the stage that produced this state (the next stage's parent).
+    """
+
+    def __init__(
+        self,
+        model: Operator | None = None,
+        opt_state: Any = None,
+        step: int = 0,
+        epoch: int = 0,
+        metrics: dict[str, float] | None = None,
+        rng: Any = None,
+        run_id: str | None = None,
+        run_dir: str | None = None,
+        stage_index: int = 0,
+        artifact_id: str | None = None,
+    ) -> None:
+        self.model = model
+        self.opt_state = opt_state
+        self.step = step
+        self.epoch = epoch
+        self.metrics = metrics or {}
+        self.rng = rng
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.stage_index = stage_index
+        self.artifact_id = artifact_id
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: the model as its YAML, optimizer state and weights left to checkpoints."""
+        data = super().to_dict()
+        data["model"] = pipekit.dumps(self.model) if self.model is not None else None
+        data["opt_state"] = None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TrainerCarryState:
+        data = dict(data)
+        if isinstance(data.get("model"), str):
+            data["model"] = pipekit.loads(data["model"])
+        return super().from_dict(data)  # type: ignore[return-value]
+
+
+class TrainingResult(NamedTuple):
+    """What `TrainingLoop.run()` (and a `Sequential` ending in one) returns: ``model, artifact = result``."""
+
+    model: ModelOp
+    artifact: Any
+
+
+@dataclass
+class RunInfo:
+    """Where and how a stage runs; shared by the stages of one pipeline run."""
+
+    run_id: str
+    run_dir: str
+    stage: str
+    stage_index: int
+    parent_ids: tuple[str, ...] = ()
+    stage_dir: str = ""
+
+
+class TrainingLoop(StatefulOperator):
+    """Train `model_op` on `dataset`, producing a trained model operator and an artifact.
+
+    The fields follow the seed's Layer 3 design; the ones after `seed` are additions, documented in
+    ``docs/yaml.md``. Delegates to the backend adapter named by `backend`.
+    """
+
+    model_op: ModelOp
+    dataset: TrainingDataset
+    val_dataset: TrainingDataset | None = None
+    loss: Operator | None = None
+    task: Any = None
+    optimizer_config: dict[str, Any] = field(default_factory=lambda: {"name": "adamw", "lr": 3e-4})
+    max_steps: int = 10_000
+    steps_per_epoch: int | None = None
+    batch_size: int = 32
+    backend: Backend = "equinox"
+    callbacks: tuple[Callback, ...] = ()
+    metric_writer: MetricWriter | None = None
+    eval_every_n_steps: int = 500
+    log_every_n_steps: int = 100
+    checkpoint_dir: str | None = None
+    seed: int = 0
+    # Additions ---------------------------------------------------------------------------------------------
+    name: str | None = None
+    input_key: str = "x"
+    target_key: str = "y"
+    test_dataset: TrainingDataset | None = None
+    eval_batch_size: int | None = None
+    transfer: Transfer | None = None
+    accum: int = 1
+    grad_clip_norm: float | None = None
+    steps_per_call: int = 1
+    stop_on_nonfinite: bool = True
+    progress: bool = True
+
+    def validate(self) -> None:
+        for name in ("max_steps", "batch_size", "eval_every_n_steps", "log_every_n_steps", "accum", "steps_per_call"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ConfigError(f"TrainingLoop.{name} must be a positive int, got {value}")
+        if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
+            raise ConfigError(f"TrainingLoop.steps_per_epoch must be a positive int or null, got {self.steps_per_epoch}")
+        if self.eval_batch_size is not None and self.eval_batch_size <= 0:
+            raise ConfigError(f"TrainingLoop.eval_batch_size must be a positive int or null, got {self.eval_batch_size}")
+        if self.grad_clip_norm is not None and self.grad_clip_norm <= 0:
+            raise ConfigError(f"TrainingLoop.grad_clip_norm must be positive or null, got {self.grad_clip_norm}")
+        if self.loss is None and self.task is None:
+            raise ConfigError("TrainingLoop needs a `loss` (or a backend-native `task`); both are null")
+        if self.name is not None and not self.name.replace("-", "_").isidentifier():
+            raise ConfigError(f"TrainingLoop.name must be a simple name (letters, digits, _ or -), got {self.name!r}")
+        if self.backend not in _IMPLEMENTED_BACKENDS:
+            planned = ", ".join(b for b in _BACKEND_MODULES if b not in _IMPLEMENTED_BACKENDS)
+            raise ConfigError(
+                f"TrainingLoop.backend {self.backend!r} is planned but not written yet (planned: {planned}); "
+                f"available now: {', '.join(_IMPLEMENTED_BACKENDS)}"
+            )
+
+    @classmethod
+    def example(cls) -> TrainingLoop:
+        from ._data import NpzSource
+        from ._losses import MSE
+
+        return cls(
+            model_op=_example_model(),
+            dataset=TrainingDataset(source=NpzSource(path="data/train.npz")),
+            loss=MSE(),
+            optimizer_config={"name": "sgd", "lr": 0.1, "momentum": 0.9},
+            max_steps=20,
+            callbacks=(),
+            name="pretrain",
+        )
+
+    # Running -----------------------------------------------------------------------------------------------
+    def adapter(self) -> Any:
+        """The backend adapter module for `backend`."""
+        return importlib.import_module(_BACKEND_MODULES[self.backend])
+
+    def _apply(self, carrier: Any, state: TrainerCarryState | None) -> tuple[TrainingResult, TrainerCarryState]:
+        from ._run import run_stage
+
+        return run_stage(self, carrier, state)
+
+    def run(self) -> TrainingResult:  # type: ignore[override]
+        """Train from scratch (or resume), returning ``(trained_model_op, artifact)``."""
+        return self._apply(None, self.initial_state())[0]
+
+
+def _example_model() -> ModelOp:
+    from ._models import EquinoxModel
+
+    return EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 1})

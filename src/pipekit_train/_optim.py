@@ -1,0 +1,318 @@
+"""`optimizer_config` (a flat mapping) → an `optax.GradientTransformation`, plus a runtime learning-rate scale.
+
+The recipe is a chain of optax verbs, in this order::
+
+    clip_by_global_norm            (when grad_clip_norm)
+    scale_by_adam / scale_by_lion / scale_by_rms / trace       (the optimizer's direction)
+    add_decayed_weights            (masked: skips leaves with ndim <= 1 unless decay_biases)
+    scale_by_learning_rate         (the schedule)
+    scale_by_lr_scale              (a run-time factor, for ReduceLROnPlateau)
+
+wrapped in `optax.MultiSteps` when ``accum > 1``. Every state leaf is an array, so the state checkpoints with
+Orbax's ``StandardSave``. See ``design/optimizers.md`` for the keys and why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from pipekit import ConfigError, PipekitError, closest
+
+__all__ = [
+    "LrScaleState",
+    "build_optimizer",
+    "build_schedule",
+    "check_optimizer_config",
+    "get_lr_scale",
+    "learning_rate_at",
+    "scale_by_lr_scale",
+    "set_lr_scale",
+]
+
+# Keys each optimizer takes, with their defaults (optax's defaults where optax has one).
+_OPTIMIZERS: dict[str, dict[str, Any]] = {
+    "adamw": {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 1e-4, "decay_biases": False},
+    "adam": {"b1": 0.9, "b2": 0.999, "eps": 1e-8},
+    "sgd": {"momentum": 0.0, "nesterov": False, "weight_decay": 0.0, "decay_biases": False},
+    "lion": {"b1": 0.9, "b2": 0.99, "weight_decay": 1e-3, "decay_biases": False},
+    # b2 is rmsprop's squared-gradient decay (PyTorch's alpha): the same moving average as Adam's b2.
+    "rmsprop": {"b2": 0.9, "eps": 1e-8, "momentum": 0.0, "nesterov": False, "weight_decay": 0.0, "decay_biases": False},
+}
+# Keys each schedule takes; None means "derived from max_steps / lr when the optimizer is built".
+_SCHEDULES: dict[str, dict[str, Any]] = {
+    "constant": {"warmup_steps": 0},
+    "warmup_cosine": {"warmup_steps": 0, "decay_steps": None, "end_lr": 0.0},
+    "onecycle": {"warmup_steps": None, "decay_steps": None, "end_lr": None},
+    "exponential": {"warmup_steps": 0, "decay_steps": None, "decay_rate": 0.1, "end_lr": None},
+}
+_COMMON: dict[str, Any] = {"name": "adamw", "lr": 1e-3, "schedule": "constant"}
+_ALL_KEYS: list[str] = list(
+    dict.fromkeys([*_COMMON, *(k for d in _OPTIMIZERS.values() for k in d), *(k for d in _SCHEDULES.values() for k in d)])
+)
+
+# (kind, rule text, predicate)
+_RULES: dict[str, tuple[str, str, Callable[[Any], bool]]] = {
+    "lr": ("float", "a float > 0", lambda v: v > 0),
+    "weight_decay": ("float", "a float >= 0", lambda v: v >= 0),
+    "b1": ("float", "a float in [0, 1)", lambda v: 0 <= v < 1),
+    "b2": ("float", "a float in [0, 1)", lambda v: 0 <= v < 1),
+    "eps": ("float", "a float > 0", lambda v: v > 0),
+    "momentum": ("float", "a float in [0, 1)", lambda v: 0 <= v < 1),
+    "nesterov": ("bool", "true or false", lambda v: True),
+    "decay_biases": ("bool", "true or false", lambda v: True),
+    "warmup_steps": ("int", "an int >= 0", lambda v: v >= 0),
+    "decay_steps": ("int", "an int >= 1", lambda v: v >= 1),
+    "end_lr": ("float", "a float >= 0", lambda v: v >= 0),
+    "decay_rate": ("float", "a float > 0", lambda v: v > 0),
+}
+
+
+def _did_you_mean(name: str, names: list[str]) -> str:
+    hits = closest(str(name), names)
+    return f" (did you mean {' or '.join(repr(h) for h in hits)}?)" if hits else ""
+
+
+def _check_value(key: str, value: Any) -> Any:
+    kind, rule, ok = _RULES[key]
+    bad = f"optimizer_config.{key} must be {rule}, got {value!r}"
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(bad)
+        return value
+    if isinstance(value, str):
+        hint = " (YAML reads 1e-3 as text; write 1.0e-3)" if kind == "float" else ""
+        raise ConfigError(f"{bad}, a string{hint}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(bad)
+    if kind == "int":
+        if isinstance(value, float) and not value.is_integer():
+            raise ConfigError(bad)
+        value = int(value)
+    else:
+        value = float(value)
+    if not (math.isfinite(value) and ok(value)):
+        raise ConfigError(bad)
+    return value
+
+
+def _resolve(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Check `config` and fill in the defaults; the keys of the result are exactly those that apply."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"optimizer_config must be a mapping, got {type(config).__name__}")
+    for key in config:
+        if key not in _ALL_KEYS:
+            raise ConfigError(
+                f"unknown optimizer_config key {key!r}{_did_you_mean(key, _ALL_KEYS)}; "
+                f"allowed keys: {', '.join(_ALL_KEYS)}"
+            )
+    name = config.get("name", _COMMON["name"])
+    if name not in _OPTIMIZERS:
+        raise ConfigError(
+            f"optimizer_config.name must be one of {', '.join(_OPTIMIZERS)}, got {name!r}"
+            f"{_did_you_mean(name, list(_OPTIMIZERS))}"
+        )
+    schedule = config.get("schedule", _COMMON["schedule"])
+    if schedule not in _SCHEDULES:
+        raise ConfigError(
+            f"optimizer_config.schedule must be one of {', '.join(_SCHEDULES)}, got {schedule!r}"
+            f"{_did_you_mean(schedule, list(_SCHEDULES))}"
+        )
+    allowed = {**_OPTIMIZERS[name], **_SCHEDULES[schedule]}
+    for key in config:
+        if key in _COMMON or key in allowed:
+            continue
+        if key in {k for d in _OPTIMIZERS.values() for k in d}:
+            users = [n for n, d in _OPTIMIZERS.items() if key in d]
+            extra = " (use name: adamw for decoupled weight decay)" if name == "adam" and key == "weight_decay" else ""
+            raise ConfigError(
+                f"optimizer_config.{key} does not apply to name={name!r}{extra}; {name} takes "
+                f"{', '.join(_OPTIMIZERS[name]) or 'no extra keys'}; {key} applies to {', '.join(users)}"
+            )
+        users = [n for n, d in _SCHEDULES.items() if key in d]
+        raise ConfigError(
+            f"optimizer_config.{key} does not apply to schedule={schedule!r}; {schedule} takes "
+            f"{', '.join(_SCHEDULES[schedule])}; {key} applies to {', '.join(users)}"
+        )
+    out: dict[str, Any] = {"name": name, "schedule": schedule, "lr": _check_value("lr", config.get("lr", 1e-3))}
+    for key, default in allowed.items():
+        out[key] = _check_value(key, config[key]) if key in config else default
+    if out.get("nesterov") and not out.get("momentum"):
+        raise ConfigError(f"optimizer_config.nesterov: true needs momentum > 0, got momentum={out['momentum']!r}")
+    if schedule == "onecycle" and out["end_lr"] is not None and out["end_lr"] <= 0:
+        raise ConfigError(f"optimizer_config.end_lr must be a float > 0 for schedule 'onecycle', got {out['end_lr']!r}")
+    return out
+
+
+def check_optimizer_config(config: Mapping[str, Any]) -> None:
+    """Raise `pipekit.ConfigError` if `config` would not build (no `max_steps` needed: run it at validation)."""
+    _resolve(config)
+
+
+def _schedule(cfg: dict[str, Any], max_steps: int) -> optax.Schedule:
+    lr, kind = cfg["lr"], cfg["schedule"]
+    decay_steps = cfg.get("decay_steps") or max_steps
+    warmup = cfg.get("warmup_steps")
+    if kind == "onecycle":
+        warmup = round(0.3 * decay_steps) if warmup is None else warmup
+        if not 0 < warmup < decay_steps:
+            raise ConfigError(
+                f"optimizer_config.warmup_steps must be in (0, {decay_steps}) for schedule 'onecycle' "
+                f"(decay_steps={decay_steps}), got {warmup}"
+            )
+        final_div = 1e4 if cfg["end_lr"] is None else (lr / 25.0) / cfg["end_lr"]
+        return optax.cosine_onecycle_schedule(decay_steps, lr, pct_start=warmup / decay_steps, final_div_factor=final_div)
+    if kind == "warmup_cosine":
+        if warmup >= decay_steps:
+            raise ConfigError(
+                f"optimizer_config.warmup_steps must be < decay_steps ({decay_steps}) for schedule 'warmup_cosine', "
+                f"got {warmup}"
+            )
+        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, decay_steps, end_value=cfg["end_lr"])
+    if kind == "exponential":
+        main = optax.exponential_decay(lr, decay_steps, cfg["decay_rate"], end_value=cfg["end_lr"])
+    else:
+        main = optax.constant_schedule(lr)
+    if not warmup:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), main], [warmup])
+
+
+def build_schedule(config: Mapping[str, Any], *, max_steps: int) -> optax.Schedule:
+    """The learning-rate schedule of `config`, a function of the step (steps as the loop counts them)."""
+    return _schedule(_resolve(config), _check_positive_int("max_steps", max_steps))
+
+
+def learning_rate_at(config: Mapping[str, Any], step: int, max_steps: int) -> float:
+    """The scheduled learning rate at loop step `step`, for logging (multiply by `get_lr_scale` for the effective one).
+
+    Example:
+        >>> learning_rate_at({"lr": 1.0, "schedule": "warmup_cosine", "warmup_steps": 4}, 2, max_steps=100)
+        0.5
+    """
+    return float(build_schedule(config, max_steps=max_steps)(step))
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"build_optimizer: {name} must be an int >= 1, got {value!r}")
+    return value
+
+
+# The run-time learning-rate scale ------------------------------------------------------------------------
+class LrScaleState(NamedTuple):
+    """State of `scale_by_lr_scale`: the factor (a float32 scalar array) applied to every update."""
+
+    scale: jax.Array
+
+
+def scale_by_lr_scale() -> optax.GradientTransformation:
+    """Multiply updates by a factor kept in the state (1.0 at init); change it with `set_lr_scale`."""
+
+    def init_fn(params: Any) -> LrScaleState:
+        del params
+        return LrScaleState(scale=jnp.ones((), jnp.float32))
+
+    def update_fn(updates: Any, state: LrScaleState, params: Any = None) -> tuple[Any, LrScaleState]:
+        del params
+        return jax.tree.map(lambda u: u * state.scale.astype(u.dtype), updates), state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _is_scale(node: Any) -> bool:
+    return isinstance(node, LrScaleState)
+
+
+def get_lr_scale(opt_state: Any) -> float:
+    """The current run-time learning-rate factor in `opt_state` (inside `optax.MultiSteps` too)."""
+    found = [n for n in jax.tree.leaves(opt_state, is_leaf=_is_scale) if _is_scale(n)]
+    if not found:
+        raise PipekitError("opt_state holds no learning-rate scale; build the optimizer with build_optimizer")
+    return float(found[0].scale)
+
+
+def set_lr_scale(opt_state: Any, value: float) -> Any:
+    """A copy of `opt_state` with the run-time learning-rate factor set to `value` (same dtype and shape)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"set_lr_scale: value must be a finite float >= 0, got {value!r}")
+    get_lr_scale(opt_state)  # raises when there is none
+    new = LrScaleState(scale=jnp.asarray(value, jnp.float32))
+    return jax.tree.map(lambda n: new if _is_scale(n) else n, opt_state, is_leaf=_is_scale)
+
+
+# The recipe ----------------------------------------------------------------------------------------------
+def _decay_mask(params: Any) -> Any:
+    """True for leaves that are decayed: matrices and kernels, not biases or norm scales (ndim <= 1)."""
+    return jax.tree.map(lambda p: jnp.ndim(p) > 1, params)
+
+
+def build_optimizer(
+    config: Mapping[str, Any],
+    *,
+    max_steps: int,
+    grad_clip_norm: float | None = None,
+    accum: int = 1,
+) -> optax.GradientTransformation:
+    """Build the optax optimizer an ``optimizer_config`` describes.
+
+    Args:
+        config: flat keys: ``name`` (adamw, adam, sgd, lion, rmsprop; default adamw), ``lr`` (1e-3),
+            ``weight_decay``, ``b1``, ``b2``, ``eps``, ``momentum``, ``nesterov``, ``decay_biases``,
+            ``schedule`` (constant, warmup_cosine, onecycle, exponential; default constant), ``warmup_steps``,
+            ``decay_steps``, ``end_lr``, ``decay_rate``. A key that does not apply to the chosen optimizer or
+            schedule is an error, as is an unknown one.
+        max_steps: the run's length in loop steps (calls to `update`); the default schedule horizon.
+        grad_clip_norm: clip the (accumulated) gradient to this global norm first.
+        accum: accumulate the mean gradient over this many calls and update once (`optax.MultiSteps`); the
+            schedule still counts loop steps, so ``warmup_steps`` means the same with or without it.
+
+    Returns:
+        An `optax.GradientTransformation` whose state is a pytree of arrays and holds an `LrScaleState`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> opt = build_optimizer({"name": "sgd", "lr": 0.5}, max_steps=10)
+        >>> params = {"w": jnp.ones(2)}
+        >>> updates, state = opt.update({"w": jnp.ones(2)}, opt.init(params), params)
+        >>> updates["w"].tolist()
+        [-0.5, -0.5]
+    """
+    cfg = _resolve(config)
+    max_steps = _check_positive_int("max_steps", max_steps)
+    accum = _check_positive_int("accum", accum)
+    if grad_clip_norm is not None and (
+        isinstance(grad_clip_norm, bool)
+        or not isinstance(grad_clip_norm, (int, float))
+        or not (math.isfinite(grad_clip_norm) and grad_clip_norm > 0)
+    ):
+        raise ConfigError(f"build_optimizer: grad_clip_norm must be a float > 0 or None, got {grad_clip_norm!r}")
+    schedule = _schedule(cfg, max_steps)
+    # Inside MultiSteps the schedule's count is the number of real updates; convert it back to loop steps.
+    lr = schedule if accum == 1 else (lambda count: schedule(count * accum))
+
+    parts: list[optax.GradientTransformation] = []
+    if grad_clip_norm is not None:
+        parts.append(optax.clip_by_global_norm(float(grad_clip_norm)))
+    name = cfg["name"]
+    if name in ("adam", "adamw"):
+        parts.append(optax.scale_by_adam(cfg["b1"], cfg["b2"], cfg["eps"]))
+    elif name == "lion":
+        parts.append(optax.scale_by_lion(cfg["b1"], cfg["b2"]))
+    elif name == "rmsprop":
+        parts.append(optax.scale_by_rms(decay=cfg["b2"], eps=cfg["eps"]))
+    if cfg.get("momentum"):
+        parts.append(optax.trace(decay=cfg["momentum"], nesterov=cfg["nesterov"]))
+    if cfg.get("weight_decay"):
+        mask = None if cfg["decay_biases"] else _decay_mask
+        parts.append(optax.add_decayed_weights(cfg["weight_decay"], mask=mask))
+    parts.append(optax.scale_by_learning_rate(lr))
+    parts.append(scale_by_lr_scale())
+    optimizer = optax.chain(*parts)
+    if accum > 1:
+        optimizer = optax.MultiSteps(optimizer, every_k_schedule=accum).gradient_transformation()
+    return optimizer

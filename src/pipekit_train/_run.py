@@ -1,0 +1,163 @@
+"""Running a `TrainingLoop` stage: the run directory, the adapter call, the artifact, the next carry-state."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import pipekit
+
+from ._loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Where a pipeline run writes, set for a block of code with `run_settings`.
+
+    Attributes:
+        run_dir: The run's directory; default ``runs/<run_id>`` under the working directory.
+        store: Path of the artifact store (SQLite); ``None`` means `ArtifactStore`'s default; ``False``: record
+            nothing.
+        resume: ``"never"`` starts fresh; ``"auto"`` continues the run found in `run_dir` exactly.
+        pipeline: The whole pipeline being run (recorded with each stage's artifact for `reproduce`).
+    """
+
+    run_dir: str | None = None
+    store: str | None | Literal[False] = None
+    resume: Literal["never", "auto"] = "never"
+    pipeline: Any = None
+
+
+_SETTINGS: contextvars.ContextVar[RunSettings] = contextvars.ContextVar("pipekit_train_run", default=RunSettings())
+
+
+@contextlib.contextmanager
+def run_settings(**kwargs: Any) -> Iterator[RunSettings]:
+    """Set where runs inside the block write: ``with run_settings(run_dir="runs/a", store=False): op.run()``."""
+    settings = replace(_SETTINGS.get(), **kwargs)
+    token = _SETTINGS.set(settings)
+    try:
+        yield settings
+    finally:
+        _SETTINGS.reset(token)
+
+
+def current_settings() -> RunSettings:
+    return _SETTINGS.get()
+
+
+def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tuple[str, str, int]:
+    from ._artifacts import new_run_id
+
+    if state is not None and state.run_id is not None:
+        return state.run_id, state.run_dir or os.path.join("runs", state.run_id), state.stage_index
+    run_dir = settings.run_dir
+    meta_path = os.path.join(run_dir, "run.json") if run_dir else None
+    if meta_path and os.path.exists(meta_path):
+        with open(meta_path, encoding="utf-8") as f:
+            existing = json.load(f)
+        if settings.resume == "auto" or existing.get("finished") is False:
+            return existing["run_id"], run_dir, 0  # type: ignore[return-value]
+    run_id = new_run_id()
+    return run_id, run_dir or os.path.join("runs", run_id), 0
+
+
+def run_stage(
+    loop: TrainingLoop, carrier: Any, state: TrainerCarryState | None
+) -> tuple[TrainingResult, TrainerCarryState]:
+    """Train one stage. `state` is what the previous stage of a `Sequential` returned (or ``None``)."""
+    settings = current_settings()
+    run_id, run_dir, stage_index = _run_identity(settings, state)
+    stage = loop.name or f"stage{stage_index}"
+    parents: tuple[str, ...] = ()
+    if state is not None and state.artifact_id:
+        parents = (state.artifact_id,)
+    info = RunInfo(
+        run_id=run_id,
+        run_dir=run_dir,
+        stage=stage,
+        stage_index=stage_index,
+        parent_ids=parents,
+        stage_dir=os.path.join(run_dir, stage),
+    )
+    os.makedirs(info.stage_dir, exist_ok=True)
+    _write_run_meta(run_dir, run_id, settings)
+    hooks = None
+    from ._checkpointing import make_hooks
+
+    hooks = make_hooks(loop, info, settings)
+    result = loop.adapter().run(loop, state, info, hooks)
+    artifact = _build_artifact(loop, result, info, settings)
+    new_state = TrainerCarryState(
+        model=result.model,
+        opt_state=result.opt_state,
+        step=result.step,
+        epoch=result.epoch,
+        metrics=result.metrics,
+        rng=result.rng,
+        run_id=run_id,
+        run_dir=run_dir,
+        stage_index=stage_index + 1,
+        artifact_id=artifact.artifact_id,
+    )
+    return TrainingResult(result.model, artifact), new_state
+
+
+def _write_run_meta(run_dir: str, run_id: str, settings: RunSettings) -> None:
+    path = os.path.join(run_dir, "run.json")
+    if os.path.exists(path):
+        return
+    meta: dict[str, Any] = {"run_id": run_id}
+    if settings.pipeline is not None:
+        meta["pipeline_yaml"] = pipekit.dumps(settings.pipeline, strict=False)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _build_artifact(loop: TrainingLoop, result: Any, info: RunInfo, settings: RunSettings) -> Any:
+    from ._artifacts import TrainingArtifact, collect_deps_lock, git_state, new_artifact_id
+
+    yaml_text = pipekit.dumps(loop, strict=False)
+    fields = dict(result.artifact_fields)
+    model_hash = fields.pop("trained_model_hash", None) or result.model.weights_hash()
+    artifact = TrainingArtifact(
+        artifact_id=new_artifact_id(),
+        run_id=info.run_id,
+        stage=info.stage,
+        parent_ids=info.parent_ids,
+        training_pipeline_yaml=yaml_text,
+        pipeline_hash="sha256:" + hashlib.sha256(yaml_text.encode()).hexdigest(),
+        dataset_hash=loop.dataset.content_hash(),
+        backend=loop.backend,
+        backend_info=result.backend_info,
+        deps_lock=collect_deps_lock(),
+        tracker_run_id=fields.pop("tracker_run_id", None),
+        model_registry_uri=fields.pop("model_registry_uri", None),
+        trained_model_hash=model_hash,
+        started_at=result.started_at,
+        ended_at=result.ended_at,
+        final_metrics=result.metrics,
+        seed=loop.seed,
+        git=git_state(os.getcwd()),
+        status=result.status,
+        run_dir=info.stage_dir,
+    )
+    if settings.store is not False:
+        from ._store import ArtifactStore
+
+        with ArtifactStore(settings.store or None) as store:
+            store.record(artifact)
+    path = os.path.join(info.stage_dir, "artifact.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(artifact.to_dict(), f, indent=2)
+    os.replace(tmp, path)
+    return artifact

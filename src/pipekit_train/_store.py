@@ -1,0 +1,489 @@
+"""`ArtifactStore`: the training artifacts of every run, in one SQLite file, queryable.
+
+The file is an SQLite database in WAL mode, so readers never block the writer and many processes (the stages of a
+sweep, several machines' jobs on a shared disk that supports locking) can record at once: each write is one short
+``BEGIN IMMEDIATE`` transaction and a writer that finds the database locked waits (``busy_timeout``) rather than
+failing. The whole artifact is kept as JSON; the columns and the ``parents`` and ``metrics`` tables beside it are
+indexes for the queries.
+
+Where the file is: the ``path`` argument, else ``$PIPEKIT_ARTIFACT_STORE``, else ``./runs/artifacts.sqlite``.
+
+The schema is versioned: the ``schema_version`` table holds one number, and `MIGRATIONS` lists the steps from
+each version to the next. Opening a store brings an older file up to date in one transaction; a file written by a
+newer pipekit-train is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import difflib
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipekit import PipekitError
+
+from ._artifacts import TrainingArtifact
+
+__all__ = [
+    "ArtifactStore",
+    "ArtifactStoreError",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "UnknownArtifactError",
+]
+
+ENV_VAR = "PIPEKIT_ARTIFACT_STORE"
+DEFAULT_PATH = os.path.join("runs", "artifacts.sqlite")
+#: How long a writer waits for the lock before giving up, in milliseconds.
+BUSY_TIMEOUT_MS = 60_000
+
+#: `MIGRATIONS[v]` takes a database from schema version ``v`` to ``v + 1`` (version 0 is an empty file).
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE artifacts (
+            artifact_id TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            stage TEXT NOT NULL,
+            pipeline_hash TEXT,
+            dataset_hash TEXT,
+            backend TEXT,
+            trained_model_hash TEXT,
+            model_registry_uri TEXT,
+            tracker_run_id TEXT,
+            status TEXT NOT NULL,
+            started_at TEXT NOT NULL,
+            ended_at TEXT,
+            seed INTEGER,
+            record TEXT NOT NULL
+        )""",
+        "CREATE INDEX artifacts_started ON artifacts(started_at)",
+        "CREATE INDEX artifacts_dataset ON artifacts(dataset_hash)",
+        "CREATE INDEX artifacts_pipeline ON artifacts(pipeline_hash)",
+        "CREATE INDEX artifacts_model ON artifacts(trained_model_hash)",
+        "CREATE INDEX artifacts_run ON artifacts(run_id)",
+        """CREATE TABLE parents (
+            child_id TEXT NOT NULL REFERENCES artifacts(artifact_id),
+            parent_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (child_id, parent_id)
+        )""",
+        "CREATE INDEX parents_by_parent ON parents(parent_id)",
+        """CREATE TABLE metrics (
+            artifact_id TEXT NOT NULL REFERENCES artifacts(artifact_id),
+            name TEXT NOT NULL,
+            value REAL,
+            PRIMARY KEY (artifact_id, name)
+        )""",
+        "CREATE INDEX metrics_by_name ON metrics(name, value)",
+    ),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "=", "=": "=", "!=": "!="}
+_MAX_DEPTH = 1000
+
+
+class ArtifactStoreError(PipekitError):
+    """The artifact store cannot do what was asked (a newer schema, a conflicting record, a locked file)."""
+
+
+class UnknownArtifactError(ArtifactStoreError):
+    """No artifact (or more than one) has the id or id prefix given."""
+
+
+def time_key(value: str | _dt.datetime) -> str:
+    """A time as a fixed-width UTC ISO string, so that times compare as strings (naive times are taken as UTC)."""
+    if isinstance(value, str):
+        try:
+            value = _dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise ArtifactStoreError(
+                f"not an ISO-8601 time: {value!r} (expected e.g. 2026-05-01 or 2026-05-01T12:00:00Z)"
+            ) from None
+    if not isinstance(value, _dt.datetime):
+        raise ArtifactStoreError(f"a time must be an ISO-8601 string or a datetime, got {value!r}")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=_dt.UTC)
+    return value.astimezone(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
+
+
+def _float_or_none(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if out != out else out
+
+
+class ArtifactStore:
+    """Training artifacts in one SQLite file: record them, find them, trace their lineage, compare two.
+
+    Args:
+        path: The database file. Default: ``$PIPEKIT_ARTIFACT_STORE``, else ``./runs/artifacts.sqlite``. The
+            folder is created if needed.
+
+    Example:
+        >>> import tempfile, os
+        >>> store = ArtifactStore(os.path.join(tempfile.mkdtemp(), "a.sqlite"))
+        >>> art = TrainingArtifact(run_id="r1", backend="equinox", final_metrics={"validate/accuracy": 0.93})
+        >>> store.record(art)
+        >>> store.get(art.artifact_id[:8]) == art
+        True
+        >>> [a.run_id for a in store.query(metrics=[("validate/accuracy", ">=", 0.9)])]
+        ['r1']
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        if path is None:
+            path = os.environ.get(ENV_VAR) or DEFAULT_PATH
+        self.path = Path(path).expanduser().absolute()
+        self._ready = False
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({str(self.path)!r})"
+
+    def __enter__(self) -> ArtifactStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release: every operation opens and closes its own connection (safe across processes)."""
+
+    # Connections and schema ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A fresh connection (safe across processes and threads), schema brought up to date on first use."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            if not self._ready:
+                self._set_wal(conn)
+                self._migrate(conn)
+                self._ready = True
+            conn.execute("PRAGMA foreign_keys = ON")
+            yield conn
+        finally:
+            conn.close()
+
+    def _set_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching to WAL needs a moment of exclusive access; when another process holds the file, wait a little.
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise ArtifactStoreError(f"{self.path}: cannot switch the database to WAL mode: {e}") from None
+                time.sleep(0.01)
+        if str(mode).lower() != "wal":
+            raise ArtifactStoreError(
+                f"{self.path}: SQLite refused WAL mode (got {mode!r}); the store needs a local file system"
+            )
+
+    @staticmethod
+    def _version(conn: sqlite3.Connection) -> int:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "schema_version" not in tables:
+            return -1 if tables else 0
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        return int(row[0] or 0)
+
+    def schema_version(self) -> int:
+        """The schema version of the file (after opening, always `SCHEMA_VERSION`)."""
+        with self._connect() as conn:
+            return self._version(conn)
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        if self._version(conn) == SCHEMA_VERSION:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._version(conn)  # again, under the write lock: another process may have migrated
+            if version < 0:
+                raise ArtifactStoreError(
+                    f"{self.path} is an SQLite database without a schema_version table, so it is not a pipekit "
+                    "artifact store; point --store / $PIPEKIT_ARTIFACT_STORE at another file"
+                )
+            if version > SCHEMA_VERSION:
+                raise ArtifactStoreError(
+                    f"{self.path} has artifact-store schema version {version}, newer than this pipekit-train "
+                    f"reads ({SCHEMA_VERSION}); upgrade pipekit-train"
+                )
+            if version == 0:
+                conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            for step in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[step]:
+                    conn.execute(statement)
+            conn.execute("DELETE FROM schema_version")
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    # Writing ---------------------------------------------------------------------------------------------
+    def record(self, artifact: TrainingArtifact) -> None:
+        """Add `artifact`. Recording the same artifact again is a no-op; a different one under its id is an error."""
+        if not isinstance(artifact, TrainingArtifact):
+            raise TypeError(f"ArtifactStore.record expects a TrainingArtifact, got {type(artifact).__name__}")
+        doc = artifact.to_json()
+        row = (
+            artifact.artifact_id,
+            artifact.run_id,
+            artifact.stage,
+            artifact.pipeline_hash,
+            artifact.dataset_hash,
+            artifact.backend,
+            artifact.trained_model_hash,
+            artifact.model_registry_uri,
+            artifact.tracker_run_id,
+            artifact.status,
+            time_key(artifact.started_at),
+            time_key(artifact.ended_at) if artifact.ended_at else None,
+            artifact.seed,
+            doc,
+        )
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                old = conn.execute(
+                    "SELECT record FROM artifacts WHERE artifact_id = ?", (artifact.artifact_id,)
+                ).fetchone()
+                if old is not None:
+                    conn.execute("ROLLBACK")
+                    if old[0] == doc:
+                        return
+                    raise ArtifactStoreError(
+                        f"{self.path} already holds a different artifact with id {artifact.artifact_id!r}; "
+                        "artifacts are immutable, record a new one instead"
+                    )
+                conn.execute(f"INSERT INTO artifacts VALUES ({', '.join('?' * len(row))})", row)
+                conn.executemany(
+                    "INSERT OR IGNORE INTO parents (child_id, parent_id, position) VALUES (?, ?, ?)",
+                    [(artifact.artifact_id, p, i) for i, p in enumerate(artifact.parent_ids)],
+                )
+                conn.executemany(
+                    "INSERT INTO metrics (artifact_id, name, value) VALUES (?, ?, ?)",
+                    [(artifact.artifact_id, k, _float_or_none(v)) for k, v in artifact.final_metrics.items()],
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    # Reading ---------------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        with self._connect() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM artifacts").fetchone()[0])
+
+    def get(self, artifact_id: str) -> TrainingArtifact:
+        """The artifact with id `artifact_id`, or with an id starting with it (a unique prefix, as in git)."""
+        if not isinstance(artifact_id, str) or not artifact_id:
+            raise UnknownArtifactError(f"an artifact id must be a non-empty string, got {artifact_id!r}")
+        with self._connect() as conn:
+            row = conn.execute("SELECT record FROM artifacts WHERE artifact_id = ?", (artifact_id,)).fetchone()
+            if row is not None:
+                return TrainingArtifact.from_json(row[0])
+            rows = conn.execute(
+                "SELECT artifact_id, record FROM artifacts WHERE artifact_id >= ? AND artifact_id < ? "
+                "ORDER BY artifact_id LIMIT 6",
+                (artifact_id, artifact_id + "\U0010ffff"),
+            ).fetchall()
+            if len(rows) == 1:
+                return TrainingArtifact.from_json(rows[0][1])
+            if rows:
+                shown = ", ".join(r[0] for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
+                raise UnknownArtifactError(
+                    f"artifact id prefix {artifact_id!r} is ambiguous in {self.path}: it matches {shown}; "
+                    "give more characters"
+                )
+            ids = [r[0] for r in conn.execute("SELECT artifact_id FROM artifacts")]
+        near = self._close_ids(artifact_id, ids)
+        hint = f"; closest ids: {', '.join(near)}" if near else f" ({len(ids)} artifacts recorded)"
+        raise UnknownArtifactError(f"no artifact with id {artifact_id!r} in {self.path}{hint}")
+
+    @staticmethod
+    def _close_ids(wanted: str, ids: Sequence[str], n: int = 3) -> list[str]:
+        """Ids sharing the longest prefix with `wanted`, then difflib's closest; at most `n`."""
+        out: list[str] = []
+        for k in range(len(wanted) - 1, 0, -1):
+            out = sorted(i for i in ids if i.startswith(wanted[:k]))[:n]
+            if out:
+                break
+        for near in difflib.get_close_matches(wanted, list(ids), n=n, cutoff=0.6):
+            if near not in out and len(out) < n:
+                out.append(near)
+        return out
+
+    def query(
+        self,
+        *,
+        dataset_hash: str | None = None,
+        pipeline_hash: str | None = None,
+        model_hash: str | None = None,
+        backend: str | None = None,
+        stage: str | None = None,
+        run_id: str | None = None,
+        status: str | None = None,
+        since: str | _dt.datetime | None = None,
+        until: str | _dt.datetime | None = None,
+        metrics: Sequence[tuple[str, str, float]] = (),
+        limit: int | None = None,
+    ) -> list[TrainingArtifact]:
+        """The artifacts matching every filter given, newest first.
+
+        Args:
+            dataset_hash, pipeline_hash, model_hash: A hash, or a prefix of one (``"sha256:1f2e"``).
+            backend, stage, run_id: Exact values.
+            status: ``"completed"``, ``"failed"``, or ``"stopped"`` (any stop reason).
+            since, until: Start-time bounds (inclusive), ISO-8601 strings or datetimes; naive means UTC.
+            metrics: ``(name, op, value)`` filters on final metrics, ``op`` one of ``< <= > >= == !=``:
+                ``[("validate/accuracy", ">=", 0.9)]``. An artifact without the metric does not match.
+            limit: At most this many (the newest).
+        """
+        where: list[str] = []
+        args: list[Any] = []
+        for column, value in (
+            ("dataset_hash", dataset_hash),
+            ("pipeline_hash", pipeline_hash),
+            ("trained_model_hash", model_hash),
+        ):
+            if value is not None:
+                where.append(f"substr({column}, 1, length(?)) = ?")
+                args += [value, value]
+        for column, value in (("backend", backend), ("stage", stage), ("run_id", run_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if status is not None:
+            if status == "stopped":
+                where.append("status LIKE 'stopped:%'")
+            else:
+                where.append("status = ?")
+                args.append(status)
+        if since is not None:
+            where.append("started_at >= ?")
+            args.append(time_key(since))
+        if until is not None:
+            where.append("started_at <= ?")
+            args.append(time_key(until))
+        for item in metrics:
+            try:
+                name, op, value = item
+            except (TypeError, ValueError):
+                raise ArtifactStoreError(
+                    f"a metric filter is (name, op, value), like ('validate/accuracy', '>=', 0.9); got {item!r}"
+                ) from None
+            if op not in _OPS:
+                raise ArtifactStoreError(
+                    f"metric filter operator must be one of {', '.join(sorted(set(_OPS)))}, got {op!r}"
+                )
+            where.append(
+                "EXISTS (SELECT 1 FROM metrics m WHERE m.artifact_id = a.artifact_id "
+                f"AND m.name = ? AND m.value {_OPS[op]} ?)"
+            )
+            args += [str(name), float(value)]
+        sql = "SELECT record FROM artifacts a"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY started_at DESC, artifact_id"
+        if limit is not None:
+            if limit < 0:
+                raise ArtifactStoreError(f"query limit must be a non-negative int, got {limit}")
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        with self._connect() as conn:
+            return [TrainingArtifact.from_json(r[0]) for r in conn.execute(sql, args)]
+
+    def lineage(self, artifact_id: str) -> dict[str, list[Any]]:
+        """The artifacts `artifact_id` descends from and those descending from it, nearest first.
+
+        Returns:
+            ``{"ancestors": [TrainingArtifact, …], "descendants": [TrainingArtifact, …], "missing": [id, …]}``;
+            ``missing`` lists ancestor ids that are named as parents but not recorded in this store.
+        """
+        root = self.get(artifact_id).artifact_id
+        ancestors_sql = f"""
+            WITH RECURSIVE up(id, depth) AS (
+                SELECT parent_id, 1 FROM parents WHERE child_id = ?
+                UNION
+                SELECT p.parent_id, up.depth + 1 FROM parents p JOIN up ON p.child_id = up.id
+                WHERE up.depth < {_MAX_DEPTH}
+            )
+            SELECT up.id, MIN(up.depth) AS d, a.record FROM up LEFT JOIN artifacts a ON a.artifact_id = up.id
+            WHERE up.id != ? GROUP BY up.id ORDER BY d, up.id"""
+        descendants_sql = f"""
+            WITH RECURSIVE down(id, depth) AS (
+                SELECT child_id, 1 FROM parents WHERE parent_id = ?
+                UNION
+                SELECT p.child_id, down.depth + 1 FROM parents p JOIN down ON p.parent_id = down.id
+                WHERE down.depth < {_MAX_DEPTH}
+            )
+            SELECT down.id, MIN(down.depth) AS d, a.record FROM down JOIN artifacts a ON a.artifact_id = down.id
+            WHERE down.id != ? GROUP BY down.id ORDER BY d, a.started_at, down.id"""
+        with self._connect() as conn:
+            up = conn.execute(ancestors_sql, (root, root)).fetchall()
+            down = conn.execute(descendants_sql, (root, root)).fetchall()
+        return {
+            "ancestors": [TrainingArtifact.from_json(r[2]) for r in up if r[2] is not None],
+            "descendants": [TrainingArtifact.from_json(r[2]) for r in down],
+            "missing": [r[0] for r in up if r[2] is None],
+        }
+
+    def diff(self, a: str, b: str) -> dict[str, Any]:
+        """What differs between artifacts `a` and `b` (ids or unique prefixes).
+
+        Returns:
+            ``{"a": id, "b": id, "pipeline": unified diff or None, "dataset_hash": {"a", "b"} or None,
+            "backend": …, "deps": {"added", "removed", "changed", "python", "jax", "devices"} or None,
+            "code": {"a": git, "b": git} or None, "seed": {"a", "b"} or None,
+            "metrics": {name: [value_a, value_b]} or None}``; a section is ``None`` when the two agree.
+        """
+        x, y = self.get(a), self.get(b)
+        out: dict[str, Any] = {"a": x.artifact_id, "b": y.artifact_id}
+        pipeline = "".join(
+            difflib.unified_diff(
+                x.training_pipeline_yaml.splitlines(keepends=True),
+                y.training_pipeline_yaml.splitlines(keepends=True),
+                fromfile=f"a/{x.artifact_id[:12]}/pipeline.yaml",
+                tofile=f"b/{y.artifact_id[:12]}/pipeline.yaml",
+            )
+        )
+        out["pipeline"] = pipeline or None
+        for name in ("dataset_hash", "backend", "seed", "trained_model_hash"):
+            va, vb = getattr(x, name), getattr(y, name)
+            out[name] = None if va == vb else {"a": va, "b": vb}
+        out["deps"] = _deps_diff(x.deps_lock, y.deps_lock)
+        out["code"] = None if (x.git or None) == (y.git or None) else {"a": x.git, "b": y.git}
+        metrics: dict[str, list[float | None]] = {}
+        for name in sorted(set(x.final_metrics) | set(y.final_metrics)):
+            va, vb = x.final_metrics.get(name), y.final_metrics.get(name)
+            if va != vb:
+                metrics[name] = [va, vb]
+        out["metrics"] = metrics or None
+        return out
+
+
+def _deps_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    da, db = a.get("distributions") or {}, b.get("distributions") or {}
+    out: dict[str, Any] = {
+        "added": {k: db[k] for k in sorted(set(db) - set(da))},
+        "removed": {k: da[k] for k in sorted(set(da) - set(db))},
+        "changed": {k: [da[k], db[k]] for k in sorted(set(da) & set(db)) if da[k] != db[k]},
+    }
+    for key in ("python", "jax", "devices"):
+        if a.get(key) != b.get(key):
+            out[key] = [a.get(key), b.get(key)]
+    if not any(out.values()):
+        return None
+    return out

@@ -1,0 +1,41 @@
+"""`check_pipeline`: everything that can be checked about a pipeline without training it."""
+
+from __future__ import annotations
+
+from pipekit import Operator, Sequential
+
+
+def _stages(op: Operator) -> list[Operator]:
+    if isinstance(op, Sequential):
+        out: list[Operator] = []
+        for stage in op.stages:
+            out.extend(_stages(stage))
+        return out
+    return [op]
+
+
+def check_pipeline(op: Operator) -> str:
+    """Build every stage's model, load its data, and check data/model/loss shapes and weight transfers.
+
+    Raises the same errors a run would raise before compiling; returns a one-line description.
+    """
+    import jax
+
+    from ._loop import TrainerCarryState, TrainingLoop
+    from .adapters.equinox import check_before_compile, initial_module
+
+    loops = [s for s in _stages(op) if isinstance(s, TrainingLoop)]
+    state: TrainerCarryState | None = None
+    steps = 0
+    for index, loop in enumerate(loops):
+        stage = loop.name or f"stage{index}"
+        init_key = jax.random.split(jax.random.key(loop.seed))[0]
+        check_before_compile(loop)
+        module = initial_module(loop, state, init_key, stage)
+        for ds in (loop.val_dataset, loop.test_dataset):
+            if ds is not None:
+                ds.element_spec()
+        state = TrainerCarryState(model=loop.model_op.bind(module), stage_index=index + 1)
+        steps += loop.max_steps
+    plural = "s" if len(loops) != 1 else ""
+    return f"{len(loops)} training stage{plural}, {steps} steps in all"

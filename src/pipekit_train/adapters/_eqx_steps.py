@@ -1,0 +1,157 @@
+"""The compiled train and eval steps of the Equinox adapter.
+
+The model is partitioned once per stage into ``params`` (inexact arrays, trained), ``consts`` (other arrays) and
+``static`` (everything else). The step is a module-level `jax.jit` function with ``static``, the loss and the
+optimizer as static arguments, so JAX's own cache is keyed by structure: a second stage (or a second run in the
+same process) with the same model structure, loss, optimizer and batch shapes compiles nothing new. Parameters and
+optimizer state are donated. ``n > 1`` runs ``n`` steps in one dispatch with `lax.scan` over stacked batches.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+from .._losses import split_loss_output
+
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class LossSpec(eqx.Module):
+    """How a batch becomes a loss: a `Loss` on ``model(batch[input_key])`` vs ``batch[target_key]``, or a task.
+
+    Static (hashable) so it can be a `jax.jit` static argument.
+    """
+
+    loss: Any = eqx.field(static=True)
+    task: Any = eqx.field(static=True)
+    input_key: str = eqx.field(static=True)
+    target_key: str = eqx.field(static=True)
+    aux_prefix: str = eqx.field(static=True)
+
+    def __call__(self, model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
+        if self.task is not None:
+            loss, metrics = self.task.loss_fn(model, batch, key)
+            return loss, dict(metrics)
+        x = batch[self.input_key]
+        keys = jax.random.split(key, x.shape[0])
+        predicted = jax.vmap(lambda xi, ki: model(xi, key=ki))(x, keys)
+        total, aux = split_loss_output(self.loss(predicted, batch[self.target_key]))
+        metrics = {"loss": total}
+        for name, value in aux.items():
+            metrics[f"{self.aux_prefix}{name}"] = value
+        return total, metrics
+
+
+def partition(model: Any) -> tuple[Any, Any, Any]:
+    """Split a model into (params, consts, static): trained arrays, other arrays, everything else."""
+    params, rest = eqx.partition(model, eqx.is_inexact_array)
+    consts, static = eqx.partition(rest, eqx.is_array)
+    return params, consts, static
+
+
+def combine(params: Any, consts: Any, static: Any) -> Any:
+    return eqx.combine(params, consts, static)
+
+
+def _one_step(
+    params: Any,
+    opt_state: Any,
+    consts: Any,
+    batch: dict[str, jax.Array],
+    step: jax.Array,
+    base_key: jax.Array,
+    static: Any,
+    spec: LossSpec,
+    optimizer: optax.GradientTransformation,
+) -> tuple[Any, Any, dict[str, jax.Array]]:
+    key = jax.random.fold_in(base_key, step)
+
+    def loss_of(p: Any) -> tuple[jax.Array, dict[str, Any]]:
+        return spec(combine(p, consts, static), batch, key)
+
+    grads, metrics = jax.grad(loss_of, has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = eqx.apply_updates(params, updates)
+    return params, opt_state, metrics
+
+
+@functools.partial(jax.jit, static_argnames=("static", "spec", "optimizer", "n"), donate_argnums=(0, 1))
+def train_chunk(
+    params: Any,
+    opt_state: Any,
+    consts: Any,
+    batches: dict[str, jax.Array],
+    step: jax.Array,
+    base_key: jax.Array,
+    *,
+    static: Any,
+    spec: LossSpec,
+    optimizer: optax.GradientTransformation,
+    n: int,
+) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """``n`` optimizer steps. With ``n == 1`` `batches` is one batch; else each leaf has a leading axis ``n``.
+
+    Returns the new params, the new optimizer state and the metrics (leading axis ``n`` when ``n > 1``).
+    """
+    if n == 1:
+        return _one_step(params, opt_state, consts, batches, step, base_key, static, spec, optimizer)
+
+    def body(carry: tuple[Any, Any, jax.Array], batch: dict[str, jax.Array]) -> tuple[Any, dict[str, jax.Array]]:
+        p, o, s = carry
+        p, o, metrics = _one_step(p, o, consts, batch, s, base_key, static, spec, optimizer)
+        return (p, o, s + 1), metrics
+
+    (params, opt_state, _), metrics = jax.lax.scan(body, (params, opt_state, step), batches)
+    return params, opt_state, metrics
+
+
+@functools.partial(jax.jit, static_argnames=("static", "spec"))
+def eval_batch(
+    params: Any, consts: Any, batch: dict[str, jax.Array], base_key: jax.Array, *, static: Any, spec: LossSpec
+) -> dict[str, jax.Array]:
+    """Metrics of one batch in inference mode, without gradients."""
+    model = eqx.nn.inference_mode(combine(params, consts, static))
+    _, metrics = spec(model, batch, base_key)
+    return metrics
+
+
+class CompileCounter:
+    """Counts XLA backend compiles while active (`jax.monitoring` events): ``with CompileCounter() as c: ...``."""
+
+    _installed = False
+    _active: list[CompileCounter] = []
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @classmethod
+    def _listener(cls, event: str, duration: float, **kwargs: Any) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            for counter in cls._active:
+                counter.count += 1
+
+    def __enter__(self) -> CompileCounter:
+        if not CompileCounter._installed:
+            jax.monitoring.register_event_duration_secs_listener(CompileCounter._listener)
+            CompileCounter._installed = True
+        CompileCounter._active.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        CompileCounter._active.remove(self)
+
+
+def host_copy(tree: Any) -> Any:
+    """A fresh device copy of every array leaf, so donation never deletes arrays the caller still holds."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True) if eqx.is_array(x) else x, tree)
+
+
+def is_hashable(value: Any) -> bool:
+    return isinstance(value, Hashable)

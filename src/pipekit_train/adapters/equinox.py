@@ -1,0 +1,210 @@
+"""The Equinox backend adapter: the seed's primitives plus `run`, which `TrainingLoop` dispatches to.
+
+`TrainState`, `TrainTask`, `train_step`, `save_state` and `restore_state` are the seed's Layer-1 primitives (in
+`_eqx_primitives`). `run` drives the production path: the model is partitioned once, steps go through the cached,
+donating `jax.jit` step of `_eqx_steps`, and the backend-agnostic `Engine` decides when to log, validate, checkpoint
+and stop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipekit import ConfigError, ShapeError
+from pipekit._errors import suggestion
+
+from .._engine import AdapterResult, Engine
+from .._optim import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
+from ._eqx_primitives import TrainState as TrainState
+from ._eqx_primitives import TrainTask as TrainTask
+from ._eqx_primitives import make_task as make_task
+from ._eqx_primitives import restore_state as restore_state
+from ._eqx_primitives import save_state as save_state
+from ._eqx_primitives import train_step as train_step
+from ._eqx_steps import LossSpec, combine, eval_batch, host_copy, partition, train_chunk
+
+if TYPE_CHECKING:
+    from .._loop import RunInfo, TrainerCarryState, TrainingLoop
+
+_OPTIMIZERS: dict[Any, Any] = {}
+
+
+def _optimizer(loop: TrainingLoop) -> Any:
+    """One optax object per distinct configuration, so the compiled step is reused across stages and runs."""
+    from pipekit._operator import _canonical
+
+    key = (_canonical(loop.optimizer_config), loop.max_steps, loop.grad_clip_norm, loop.accum)
+    opt = _OPTIMIZERS.get(key)
+    if opt is None:
+        opt = build_optimizer(
+            loop.optimizer_config, max_steps=loop.max_steps, grad_clip_norm=loop.grad_clip_norm, accum=loop.accum
+        )
+        _OPTIMIZERS[key] = opt
+    return opt
+
+
+class EquinoxBackend:
+    """The `StepBackend` of the Equinox adapter: holds params/opt_state on the device between steps."""
+
+    def __init__(self, loop: TrainingLoop, model_op: Any, module: Any, base_key: jax.Array) -> None:
+        self.loop = loop
+        self.model_op = model_op
+        self.optimizer = _optimizer(loop)
+        params, consts, static = partition(module)
+        # Donation deletes the arrays passed in: never hand the caller's own arrays to the step.
+        self.params = host_copy(params)
+        self.consts = consts
+        self.static = static
+        self.opt_state = self.optimizer.init(self.params)
+        self.base_key = base_key
+        self.spec = LossSpec(
+            loss=loop.loss,
+            task=loop.task,
+            input_key=loop.input_key,
+            target_key=loop.target_key,
+            aux_prefix=getattr(loop.loss, "aux_prefix", "loss/"),
+        )
+
+    # StepBackend -------------------------------------------------------------------------------------------
+    def train(self, batches: list[dict[str, np.ndarray]], step: int) -> dict[str, Any]:
+        n = len(batches)
+        if n == 1:
+            device_batch = jax.device_put(batches[0])
+        else:
+            device_batch = jax.device_put({k: np.stack([b[k] for b in batches]) for k in batches[0]})
+        self.params, self.opt_state, metrics = train_chunk(
+            self.params,
+            self.opt_state,
+            self.consts,
+            device_batch,
+            jnp.asarray(step, jnp.int32),
+            self.base_key,
+            static=self.static,
+            spec=self.spec,
+            optimizer=self.optimizer,
+            n=n,
+        )
+        return metrics
+
+    def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        return eval_batch(self.params, self.consts, jax.device_put(batch), self.base_key, static=self.static, spec=self.spec)
+
+    def module(self) -> Any:
+        return combine(self.params, self.consts, self.static)
+
+    def bound_model(self) -> Any:
+        return self.model_op.bind(host_copy(self.module()))
+
+    def set_model(self, model_op: Any) -> None:
+        params, consts, _ = partition(model_op.module)
+        if jax.tree.structure(params) != jax.tree.structure(self.params):
+            raise ShapeError("set_model: the new model's parameter structure differs from the one being trained")
+        self.params = host_copy(params)
+        self.consts = consts
+
+    def get_lr_scale(self) -> float:
+        return get_lr_scale(self.opt_state)
+
+    def set_lr_scale(self, value: float) -> None:
+        self.opt_state = set_lr_scale(self.opt_state, value)
+
+    def learning_rate(self, step: int) -> float:
+        return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
+
+    # Checkpointing -----------------------------------------------------------------------------------------
+    def state_tree(self) -> dict[str, Any]:
+        """The arrays a checkpoint holds: parameters, non-trained arrays, optimizer state."""
+        return {"params": self.params, "consts": self.consts, "opt_state": self.opt_state}
+
+    def load_state_tree(self, tree: dict[str, Any]) -> None:
+        self.params = tree["params"]
+        self.consts = tree["consts"]
+        self.opt_state = tree["opt_state"]
+
+
+def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
+    """The Equinox module a stage starts from: fresh, carried over whole, or assembled by `loop.transfer`."""
+    fresh_needed = incoming is None or incoming.model is None
+    if fresh_needed:
+        return loop.model_op.build(init_key)
+    previous = incoming.model  # type: ignore[union-attr]
+    if loop.transfer is not None:
+        return loop.transfer.apply(previous.module, loop.model_op.build(init_key))
+    if previous == loop.model_op:
+        return previous.module
+    raise ConfigError(
+        f"stage {stage!r} trains {loop.model_op!r} but the previous stage produced {previous!r}; "
+        "say which weights to carry over with `transfer:` (for example "
+        "`transfer: {type: Transfer, paths: {encoder: encoder}}`, or `transfer: {type: Transfer}` to start fresh)"
+    )
+
+
+def check_before_compile(loop: TrainingLoop) -> None:
+    """Refuse data/model/loss mismatches with named shapes before anything is compiled or built.
+
+    Works on the architecture alone (`jax.eval_shape` of the model's `build`), so it runs before any weights
+    exist; a `transfer` cannot change shapes (it refuses mismatched sub-trees itself).
+    """
+    spec = loop.dataset.element_spec()
+    for role, key in (("input_key", loop.input_key), ("target_key", loop.target_key)):
+        if loop.task is None and key not in spec:
+            raise ConfigError(
+                f"TrainingLoop.{role} is {key!r} but the dataset's batches have keys {sorted(spec)}"
+                f"{suggestion(key, spec)}"
+            )
+    if loop.task is not None:
+        return
+    shape, dtype = spec[loop.input_key]
+    out = loop.model_op.check_input(tuple(shape), dtype)
+    target_shape, target_dtype = spec[loop.target_key]
+    batch = loop.batch_size
+    predicted = jax.ShapeDtypeStruct((batch, *out.shape), out.dtype)
+    target = jax.ShapeDtypeStruct((batch, *target_shape), target_dtype)
+    try:
+        jax.eval_shape(lambda p, t: loop.loss(p, t), predicted, target)  # type: ignore[misc]
+    except Exception as e:
+        raise ShapeError(
+            f"loss {loop.loss!r} cannot compare the model's predictions of shape {predicted.shape} "
+            f"({predicted.dtype}) with targets {loop.target_key!r} of shape {target.shape} ({target.dtype}): "
+            f"{str(e).splitlines()[0]}"
+        ) from None
+
+
+def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, hooks: Any = None) -> AdapterResult:
+    """Train one stage and return the trained model, its final metrics and what the artifact needs."""
+    check_before_compile(loop)
+    root = jax.random.key(loop.seed)
+    init_key, step_key = jax.random.split(root)
+    module = initial_module(loop, incoming, init_key, info.stage)
+    backend = EquinoxBackend(loop, loop.model_op, module, step_key)
+    start_step, data_state, callback_states = 0, None, None
+    if hooks is not None:
+        start_step, data_state, callback_states = hooks.restore(backend)
+    engine = Engine(
+        loop,
+        backend,
+        stage=info.stage,
+        run_id=info.run_id,
+        stage_dir=info.stage_dir,
+        start_step=start_step,
+        data_state=data_state,
+        callback_states=callback_states,
+        hooks=hooks,
+    )
+    result = engine.run()
+    result.opt_state = backend.opt_state
+    result.rng = np.asarray(jax.random.key_data(root)).tolist()
+    result.backend_info = {
+        "backend": "equinox",
+        "equinox": eqx.__version__,
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "num_params": int(sum(x.size for x in jax.tree.leaves(backend.params))),
+        "steps_per_call": loop.steps_per_call,
+    }
+    return result

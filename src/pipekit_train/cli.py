@@ -1,0 +1,201 @@
+"""The `pipekit-train` command line: run and validate pipelines, inspect runs, artifacts and checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+_DESCRIPTION = """\
+Train JAX models from YAML pipelines.
+
+  pipekit-train run PIPELINE.yaml              train (a TrainingLoop or a Sequential of them)
+  pipekit-train validate PIPELINE.yaml         check a pipeline file without training
+  pipekit-train artifacts list                 what was trained, from which data and code
+"""
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    import yaml
+
+    from pipekit import ConfigError
+
+    if "=" not in text:
+        raise ConfigError(f"--set expects PATH=VALUE (for example stages.0.max_steps=100), got {text!r}")
+    path, raw = text.split("=", 1)
+    parts = [p for p in path.replace("[", ".").replace("]", "").split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set {text!r}: the path before '=' is empty")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML: {e}") from None
+    return parts, value
+
+
+def apply_override(node: Any, path: list[str], value: Any, shown: str = "") -> Any:
+    """A copy of `node` with the field at `path` set to `value` (type-checked like the YAML loader does)."""
+    import dataclasses
+
+    from pipekit import ConfigError, Operator
+    from pipekit._errors import suggestion
+
+    head, rest = path[0], path[1:]
+    where = f"{shown}.{head}" if shown else head
+    if isinstance(node, Operator):
+        names = [f.name for f in dataclasses.fields(node)]  # type: ignore[arg-type]
+        if head not in names:
+            raise ConfigError(
+                f"--set {where}: {type(node).__name__} has no field {head!r}{suggestion(head, names)}; "
+                f"allowed fields: {', '.join(names)}"
+            )
+        current = getattr(node, head)
+        new = value if not rest else apply_override(current, rest, value, where)
+        return node.replace(**{head: new})
+    if isinstance(node, (list, tuple)):
+        try:
+            index = int(head)
+            current = node[index]
+        except (ValueError, IndexError):
+            raise ConfigError(f"--set {where}: expected an index below {len(node)}, got {head!r}") from None
+        items = list(node)
+        items[index] = value if not rest else apply_override(current, rest, value, where)
+        return type(node)(items)
+    if isinstance(node, dict):
+        out = dict(node)
+        out[head] = value if not rest else apply_override(node.get(head, {}), rest, value, where)
+        return out
+    raise ConfigError(f"--set {where}: {shown or 'the value'} is a {type(node).__name__}, not something with fields")
+
+
+def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
+    import pipekit
+
+    import pipekit_train  # noqa: F401  (registers the training operators)
+
+    op = pipekit.load(path)
+    for text in overrides:
+        parts, value = _parse_override(text)
+        op = apply_override(op, parts, value)
+    return op
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    op = _load_pipeline(args.pipeline, args.set or [])
+    from pipekit_train._validate import check_pipeline
+
+    report = check_pipeline(op)
+    print(f"{args.pipeline}: ok ({report})")
+    return EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import pipekit
+
+    from pipekit_train._run import run_settings
+
+    op = _load_pipeline(args.pipeline, args.set or [])
+    if args.print_config:
+        print(pipekit.dumps(op), end="")
+        return EXIT_OK
+    from pipekit_train._validate import check_pipeline
+
+    check_pipeline(op)
+    store: Any = False if args.no_store else args.store
+    run_dir = args.run_dir
+    with run_settings(run_dir=run_dir, store=store, resume=args.resume, pipeline=op):
+        result = op.run()
+    artifact = result[1] if isinstance(result, tuple) and len(result) == 2 else None
+    _print_summary(artifact, store)
+    return EXIT_OK
+
+
+def _print_summary(artifact: Any, store: Any) -> None:
+    if artifact is None:
+        return
+    stage_dir = getattr(artifact, "run_dir", None)
+    run_dir = os.path.dirname(stage_dir) if stage_dir else None
+    artifacts = []
+    if run_dir:
+        for path in sorted(glob.glob(os.path.join(run_dir, "*", "artifact.json")), key=os.path.getmtime):
+            with open(path, encoding="utf-8") as f:
+                artifacts.append(json.load(f))
+    if not artifacts:
+        artifacts = [artifact.to_dict()]
+    print("\nSummary")
+    header = f"{'stage':<14} {'steps':>6} {'train loss':>11} {'val loss':>9} {'val acc':>8} {'test acc':>9}  artifact"
+    print(header)
+    print("-" * len(header))
+    for a in artifacts:
+        m = a.get("final_metrics", {})
+        steps = a.get("backend_info", {}).get("steps", "")
+
+        def fmt(key: str, pct: bool = False, metrics: dict[str, Any] = m) -> str:
+            v = metrics.get(key)
+            if v is None:
+                return "-"
+            return f"{100 * v:.1f}%" if pct else f"{v:.4f}"
+
+        print(
+            f"{a['stage']:<14} {steps!s:>6} {fmt('train/loss'):>11} {fmt('validate/loss'):>9} "
+            f"{fmt('validate/accuracy', True):>8} {fmt('test/accuracy', True):>9}  {a['artifact_id'][:12]}"
+        )
+    print(f"\nrun directory: {run_dir}")
+    if store is not False:
+        print(f"lineage:       pipekit-train artifacts lineage {artifacts[-1]['artifact_id'][:12]}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipekit-train", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    run = sub.add_parser("run", help="train a pipeline", description="Train the pipeline in a YAML file.")
+    run.add_argument("pipeline", metavar="PIPELINE.yaml")
+    run.add_argument("--set", action="append", metavar="PATH=VALUE", help="override a field, e.g. stages.0.max_steps=50")
+    run.add_argument("--run-dir", metavar="DIR", help="where the run writes (default runs/<run id>)")
+    run.add_argument("--resume", choices=["never", "auto"], default="never", help="continue the run in --run-dir")
+    run.add_argument("--print-config", action="store_true", help="print the pipeline after --set and exit")
+    run.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
+    run.add_argument("--no-store", action="store_true", help="do not record artifacts")
+    run.set_defaults(func=_cmd_run)
+
+    val = sub.add_parser("validate", help="check a pipeline file without training")
+    val.add_argument("pipeline", metavar="PIPELINE.yaml")
+    val.add_argument("--set", action="append", metavar="PATH=VALUE")
+    val.set_defaults(func=_cmd_validate)
+
+    try:
+        from pipekit_train.cli_artifacts import add_artifact_commands
+    except ImportError:  # pragma: no cover - the module ships with the package
+        pass
+    else:
+        add_artifact_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `pipekit-train`; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from pipekit import PipekitError
+
+    try:
+        return int(args.func(args))
+    except (PipekitError, FileNotFoundError, FloatingPointError) as e:
+        print(f"pipekit-train: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""The ``pipekit-train artifacts`` commands: list, show, lineage, query and diff the recorded training artifacts.
+
+Every command takes ``--store PATH`` (default ``$PIPEKIT_ARTIFACT_STORE``, else ``./runs/artifacts.sqlite``) and
+``--json`` (machine-readable output instead of tables). Each returns an exit code: 0 on success, 1 on an error
+(printed as one line on standard error), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pipekit import PipekitError
+
+from ._artifacts import TrainingArtifact
+from ._store import ArtifactStore
+
+__all__ = ["add_artifact_commands", "main"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+_METRIC = re.compile(r"^\s*([^<>=!]+?)\s*(>=|<=|==|!=|>|<|=)\s*(\S+)\s*$")
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+class _CommandError(Exception):
+    """A user-facing error of a command: printed as one line."""
+
+
+# Parsing helpers -------------------------------------------------------------------------------------------
+def parse_metric_filter(text: str) -> tuple[str, str, float]:
+    """``"validate/accuracy>=0.9"`` → ``("validate/accuracy", ">=", 0.9)``."""
+    match = _METRIC.match(text)
+    if match is not None:
+        try:
+            return match.group(1), match.group(2), float(match.group(3))
+        except ValueError:
+            pass
+    raise _CommandError(
+        f"--metric must look like NAME OP NUMBER with OP one of < <= > >= == !=, e.g. 'validate/accuracy>=0.9'; "
+        f"got {text!r}"
+    )
+
+
+def parse_time(text: str, flag: str) -> str:
+    """An ISO-8601 time (``2026-05-01``, ``2026-05-01T12:00Z``) or an age (``30m``, ``12h``, ``7d``, ``2w``)."""
+    match = _RELATIVE.match(text.strip())
+    if match is not None:
+        delta = _dt.timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+        return (_dt.datetime.now(_dt.UTC) - delta).isoformat()
+    try:
+        _dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise _CommandError(
+            f"{flag} must be an ISO-8601 time (2026-05-01, 2026-05-01T12:00:00Z) or an age (30m, 12h, 7d, 2w); "
+            f"got {text!r}"
+        ) from None
+    return text
+
+
+# Formatting helpers ----------------------------------------------------------------------------------------
+def _short_time(iso: str | None) -> str:
+    if not iso:
+        return "-"
+    t = _dt.datetime.fromisoformat(iso)
+    if t.tzinfo is not None:
+        t = t.astimezone(_dt.UTC)
+    return t.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _key_metrics(artifact: TrainingArtifact, n: int = 3) -> str:
+    names = sorted(artifact.final_metrics, key=lambda k: (not k.startswith("validate/"), k))[:n]
+    return " ".join(f"{k}={_num(artifact.final_metrics[k])}" for k in names)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def _listing(artifacts: Sequence[TrainingArtifact]) -> str:
+    header = ["ID", "STARTED (UTC)", "RUN", "STAGE", "BACKEND", "STATUS", "METRICS"]
+    rows = [
+        [a.artifact_id[:12], _short_time(a.started_at), a.run_id, a.stage, a.backend, a.status, _key_metrics(a)]
+        for a in artifacts
+    ]
+    return _table(rows, header)
+
+
+def _git_text(git: dict[str, Any] | None) -> str:
+    if not git:
+        return "not a git repository"
+    commit = (git.get("commit") or "no commit")[:12]
+    if git.get("dirty"):
+        return f"{commit} + uncommitted changes (diff {git.get('diff_hash') or '?'})"
+    return f"{commit} (clean)"
+
+
+def _show(a: TrainingArtifact) -> str:
+    deps = a.deps_lock or {}
+    dists = deps.get("distributions") or {}
+    lock = deps.get("lock_path") or ("lock file recorded" if deps.get("lock_file") else "installed distributions")
+    lines = [
+        f"artifact   {a.artifact_id}",
+        f"run        {a.run_id}   stage {a.stage}",
+        f"status     {a.status}",
+        f"time       {_short_time(a.started_at)} -> {_short_time(a.ended_at)} UTC",
+        f"backend    {a.backend}",
+        f"pipeline   {a.pipeline_hash or '-'}",
+        f"dataset    {a.dataset_hash or '-'}",
+        f"model      {a.model_registry_uri or '-'}",
+        f"weights    {a.trained_model_hash or '-'}",
+        f"tracker    {a.tracker_run_id or '-'}",
+        f"seed       {a.seed if a.seed is not None else '-'}",
+        f"code       {_git_text(a.git)}",
+        f"parents    {', '.join(a.parent_ids) or '-'}",
+        f"deps       python {deps.get('python', '?')}, jax {deps.get('jax') or '?'}, "
+        f"{len(dists)} distributions ({lock})",
+        f"devices    {', '.join(deps.get('devices') or []) or '-'}",
+    ]
+    if a.run_dir:
+        lines.append(f"files      {a.run_dir}")
+    if a.final_metrics:
+        lines.append("metrics")
+        width = max(len(k) for k in a.final_metrics)
+        lines += [f"  {k.ljust(width)}  {_num(v)}" for k, v in sorted(a.final_metrics.items())]
+    if a.training_pipeline_yaml:
+        lines.append("pipeline YAML")
+        lines += ["  " + line for line in a.training_pipeline_yaml.rstrip("\n").splitlines()]
+    return "\n".join(lines)
+
+
+def _lineage(root: TrainingArtifact, lineage: dict[str, list[Any]]) -> str:
+    def line(a: TrainingArtifact, mark: str = " ") -> str:
+        return f"{mark} {a.artifact_id[:12]}  {a.stage:<10}  {a.status:<10}  {_short_time(a.started_at)}  {_key_metrics(a)}"
+
+    out = ["ancestors (oldest first):"]
+    out += [line(a) for a in reversed(lineage["ancestors"])] or ["  (none)"]
+    out += [line(root, "*") + "   <- this artifact"]
+    out += ["descendants (nearest first):"]
+    out += [line(a) for a in lineage["descendants"]] or ["  (none)"]
+    if lineage["missing"]:
+        out.append("parents not in this store: " + ", ".join(lineage["missing"]))
+    return "\n".join(out)
+
+
+def _diff(d: dict[str, Any]) -> str:
+    out = [f"a: {d['a']}", f"b: {d['b']}"]
+    same = [k for k in ("pipeline", "dataset_hash", "backend", "deps", "code", "seed", "metrics") if d[k] is None]
+    if d["pipeline"]:
+        out += ["pipeline:", *["  " + line for line in d["pipeline"].rstrip("\n").splitlines()]]
+    for key in ("dataset_hash", "backend", "seed", "trained_model_hash"):
+        if d.get(key):
+            out.append(f"{key}: {d[key]['a']} -> {d[key]['b']}")
+    if d["deps"]:
+        deps = d["deps"]
+        out.append("deps:")
+        out += [f"  + {k}=={v}" for k, v in deps["added"].items()]
+        out += [f"  - {k}=={v}" for k, v in deps["removed"].items()]
+        out += [f"  ~ {k} {va} -> {vb}" for k, (va, vb) in deps["changed"].items()]
+        out += [f"  {k}: {deps[k][0]} -> {deps[k][1]}" for k in ("python", "jax", "devices") if k in deps]
+    if d["code"]:
+        out.append(f"code: {_git_text(d['code']['a'])} -> {_git_text(d['code']['b'])}")
+    if d["metrics"]:
+        out.append("metrics:")
+        width = max(len(k) for k in d["metrics"])
+        out += [f"  {k.ljust(width)}  {_num(va)} -> {_num(vb)}" for k, (va, vb) in d["metrics"].items()]
+    if same:
+        out.append("same: " + ", ".join(same))
+    return "\n".join(out)
+
+
+# Commands --------------------------------------------------------------------------------------------------
+def _store(args: argparse.Namespace) -> ArtifactStore:
+    store = ArtifactStore(args.store)
+    if not store.path.exists():
+        raise _CommandError(
+            f"no artifact store at {store.path}; pass --store PATH or set $PIPEKIT_ARTIFACT_STORE "
+            "(runs record to ./runs/artifacts.sqlite by default)"
+        )
+    return store
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else text)
+
+
+def _matches(args: argparse.Namespace, artifacts: list[TrainingArtifact]) -> None:
+    if args.json:
+        _emit(args, [a.to_dict() for a in artifacts], "")
+    elif artifacts:
+        print(_listing(artifacts))
+    else:
+        print("no artifacts match")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """``artifacts list``: the newest artifacts."""
+    _matches(args, _store(args).query(limit=args.limit))
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """``artifacts show ID``: one artifact in full."""
+    artifact = _store(args).get(args.id)
+    _emit(args, artifact.to_dict(), _show(artifact))
+    return EXIT_OK
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    """``artifacts lineage ID``: what an artifact descends from and what descends from it."""
+    store = _store(args)
+    root = store.get(args.id)
+    lineage = store.lineage(root.artifact_id)
+    data = {
+        "artifact": root.artifact_id,
+        "ancestors": [a.to_dict() for a in lineage["ancestors"]],
+        "descendants": [a.to_dict() for a in lineage["descendants"]],
+        "missing": lineage["missing"],
+    }
+    _emit(args, data, "" if args.json else _lineage(root, lineage))
+    return EXIT_OK
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    """``artifacts query``: the artifacts matching every filter given."""
+    metrics = [parse_metric_filter(m) for m in args.metric or []]
+    found = _store(args).query(
+        dataset_hash=args.dataset_hash,
+        pipeline_hash=args.pipeline_hash,
+        model_hash=args.model_hash,
+        backend=args.backend,
+        stage=args.stage,
+        run_id=args.run_id,
+        status=args.status,
+        since=parse_time(args.since, "--since") if args.since else None,
+        until=parse_time(args.until, "--until") if args.until else None,
+        metrics=metrics,
+        limit=args.limit,
+    )
+    _matches(args, found)
+    return EXIT_OK
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """``artifacts diff A B``: what differs between two artifacts."""
+    d = _store(args).diff(args.a, args.b)
+    _emit(args, d, "" if args.json else _diff(d))
+    return EXIT_OK
+
+
+def _guarded(fn: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args))
+        except (_CommandError, PipekitError, OSError) as e:
+            message = " ".join(str(e).split())  # one line, whatever the message held
+            print(f"pipekit-train artifacts: error: {message}", file=sys.stderr)
+            return EXIT_ERROR
+
+    run.__name__ = run.__qualname__ = fn.__name__
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``artifacts list | show | lineage | query | diff`` to a CLI's subparsers; returns the ``artifacts`` parser.
+
+    Each leaf parser sets ``func``: call ``args.func(args)`` for the exit code.
+    """
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE, else runs/artifacts.sqlite)"
+    )
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    parser = subparsers.add_parser(
+        "artifacts",
+        help="list, show, trace and compare recorded training artifacts",
+        description="Inspect the training artifacts recorded in the artifact store.",
+    )
+    sub = parser.add_subparsers(dest="artifacts_command", metavar="ACTION")
+    sub.required = True
+
+    p = sub.add_parser("list", parents=[common], help="the newest artifacts")
+    p.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    p.set_defaults(func=_guarded(cmd_list))
+
+    p = sub.add_parser("show", parents=[common], help="one artifact in full")
+    p.add_argument("id", metavar="ID", help="artifact id or a unique prefix of it")
+    p.set_defaults(func=_guarded(cmd_show))
+
+    p = sub.add_parser("lineage", parents=[common], help="ancestors and descendants of an artifact")
+    p.add_argument("id", metavar="ID", help="artifact id or a unique prefix of it")
+    p.set_defaults(func=_guarded(cmd_lineage))
+
+    p = sub.add_parser("query", parents=[common], help="artifacts matching filters (all must hold)")
+    p.add_argument("--dataset-hash", metavar="H", help="dataset hash or a prefix of it")
+    p.add_argument("--pipeline-hash", metavar="H", help="pipeline YAML hash or a prefix of it")
+    p.add_argument("--model-hash", metavar="H", help="trained weights hash (sha256:<hex>) or a prefix of it")
+    p.add_argument("--backend", metavar="B")
+    p.add_argument("--stage", metavar="S")
+    p.add_argument("--run-id", metavar="R")
+    p.add_argument("--status", metavar="S", help="completed, failed or stopped")
+    p.add_argument("--since", metavar="T", help="started at or after T (ISO-8601, or an age: 30m, 12h, 7d)")
+    p.add_argument("--until", metavar="T", help="started at or before T")
+    p.add_argument(
+        "--metric", action="append", metavar="EXPR", help="final-metric filter, e.g. 'validate/accuracy>=0.9'"
+    )
+    p.add_argument("--limit", type=int, default=None, help="at most this many (newest first)")
+    p.set_defaults(func=_guarded(cmd_query))
+
+    p = sub.add_parser("diff", parents=[common], help="what differs between two artifacts")
+    p.add_argument("a", metavar="A", help="artifact id or prefix")
+    p.add_argument("b", metavar="B", help="artifact id or prefix")
+    p.set_defaults(func=_guarded(cmd_diff))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``pipekit-train artifacts …`` in-process: `argv` starts with ``"artifacts"``. Returns the exit code."""
+    parser = argparse.ArgumentParser(prog="pipekit-train")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_artifact_commands(sub)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage error (or --help)
+        return int(e.code or 0) if isinstance(e.code, int) else EXIT_USAGE
+    return int(args.func(args))

@@ -1,0 +1,228 @@
+"""Loss operators against hand-computed numpy values, under jit and grad, and through YAML."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pipekit
+import pytest
+from pipekit import ConfigError, ShapeError
+
+from pipekit_train._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss, split_loss_output
+
+P = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
+T = np.array([[0.0, 2.5], [1.0, 1.0]], np.float32)
+SQ = (P - T) ** 2
+
+
+class _Normal:
+    """A minimal distribution object (log_prob / kl_divergence), as distrax or TFP would provide."""
+
+    def __init__(self, mean, std):
+        self.mean, self.std = jnp.asarray(mean), jnp.asarray(std)
+
+    def log_prob(self, x):
+        return -0.5 * ((x - self.mean) / self.std) ** 2 - jnp.log(self.std) - 0.5 * math.log(2 * math.pi)
+
+    def kl_divergence(self, other):
+        return (
+            jnp.log(other.std / self.std)
+            + (self.std**2 + (self.mean - other.mean) ** 2) / (2 * other.std**2)
+            - 0.5
+        )
+
+
+ALL_LOSSES = [MSE(), MSE(reduction="sum"), NLL(), KL(), CrossEntropy(label_smoothing=0.1), Composite.example()]
+
+
+@pytest.mark.parametrize("loss", ALL_LOSSES, ids=repr)
+def test_every_loss_is_a_loss_and_round_trips_through_yaml(loss):
+    assert isinstance(loss, Loss)
+    assert pipekit.loads(pipekit.dumps(loss)) == loss
+
+
+@pytest.mark.parametrize(
+    ("reduction", "expected"), [("mean", SQ.mean()), ("sum", SQ.sum()), ("none", SQ)], ids=["mean", "sum", "none"]
+)
+def test_mse_reductions(reduction, expected):
+    np.testing.assert_allclose(MSE(reduction=reduction)(P, T), expected, rtol=1e-6)
+
+
+def test_mse_over_pytree_leaves_is_mean_over_all_elements():
+    got = MSE()({"a": P, "b": P[0]}, {"a": T, "b": T[0]})
+    expected = (SQ.sum() + SQ[0].sum()) / (SQ.size + 2)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_mse_refuses_broadcasting_shapes():
+    with pytest.raises(ShapeError, match=r"predicted shape \(4, 1\) != target shape \(4,\)"):
+        MSE()(jnp.zeros((4, 1)), jnp.zeros(4))
+
+
+def test_mse_refuses_different_structures():
+    with pytest.raises(ShapeError, match="predicted has 2 array leaves but target has 1"):
+        MSE()((P, P), P)
+
+
+def test_mse_rejects_unknown_reduction():
+    with pytest.raises(ConfigError, match=r"MSE.reduction must be one of 'mean', 'sum', 'none', got 'avg'"):
+        MSE(reduction="avg")
+
+
+def _gaussian_nll(mean, log_var, y):
+    return 0.5 * (np.log(2 * np.pi) + log_var + (y - mean) ** 2 / np.exp(log_var))
+
+
+def test_nll_gaussian_tuple_matches_numpy():
+    log_var = np.array([[0.0, 1.0], [-1.0, 0.5]], np.float32)
+    per = _gaussian_nll(P, log_var, T)
+    np.testing.assert_allclose(NLL()((P, log_var), T), per.mean(), rtol=1e-6)
+    np.testing.assert_allclose(NLL(reduction="sum")((P, log_var), T), per.sum(), rtol=1e-6)
+    np.testing.assert_allclose(NLL(reduction="none")((P, log_var), T), per, rtol=1e-6)
+
+
+def test_nll_includes_the_constant():
+    # a standard normal at its mean: 0.5 * log(2π)
+    np.testing.assert_allclose(NLL()((jnp.zeros(3), jnp.zeros(3)), jnp.zeros(3)), 0.5 * np.log(2 * np.pi), rtol=1e-6)
+
+
+def test_nll_with_a_distribution_object_equals_the_tuple_form():
+    log_var = np.array([[0.0, 1.0], [-1.0, 0.5]], np.float32)
+    dist = _Normal(P, np.exp(0.5 * log_var))
+    np.testing.assert_allclose(NLL()(dist, T), NLL()((P, log_var), T), rtol=1e-5)
+
+
+def test_nll_errors():
+    with pytest.raises(TypeError, match=r"NLL: predicted must be a \(mean, log_var\) pair or an object with"):
+        NLL()(jnp.zeros(3), jnp.zeros(3))
+    with pytest.raises(ShapeError, match=r"mean shape \(3,\) != log_var shape \(2,\)"):
+        NLL()((jnp.zeros(3), jnp.zeros(2)), jnp.zeros(3))
+    with pytest.raises(ShapeError, match=r"NLL: predicted shape \(3,\) != target shape \(3, 1\)"):
+        NLL()((jnp.zeros(3), jnp.zeros(3)), jnp.zeros((3, 1)))
+
+
+def test_kl_known_value_and_zero_for_identical():
+    # KL(N(0, 1) || N(1, e)) per dimension = 0.5 * (1 - 0 + (1 + 1) / e - 1) = 1 / e
+    q = (jnp.zeros((2, 3)), jnp.zeros((2, 3)))
+    p = (jnp.ones((2, 3)), jnp.ones((2, 3)))
+    np.testing.assert_allclose(KL()(q, p), 3 / np.e, rtol=1e-6)  # batchmean: summed over 3 dims, per example
+    np.testing.assert_allclose(KL(reduction="mean")(q, p), 1 / np.e, rtol=1e-6)
+    np.testing.assert_allclose(KL(reduction="sum")(q, p), 6 / np.e, rtol=1e-6)
+    np.testing.assert_allclose(KL(reduction="none")(q, p), np.full((2, 3), 1 / np.e), rtol=1e-6)
+    some = (jnp.array([[0.3, -2.0]]), jnp.array([[0.1, 0.7]]))
+    assert float(KL()(some, some)) == 0.0
+
+
+def test_kl_with_distribution_objects_matches_the_tuple_form():
+    mq, lq, mp, lp = (np.array([[0.5, -1.0]], np.float32), np.array([[0.2, -0.3]], np.float32), 0.0 * P[:1], 0 * P[:1])
+    q, p = _Normal(mq, np.exp(0.5 * lq)), _Normal(mp, np.exp(0.5 * lp))
+    np.testing.assert_allclose(KL()(q, p), KL()((mq, lq), (mp, lp)), rtol=1e-5)
+
+
+def test_kl_errors():
+    with pytest.raises(ShapeError, match=r"KL: q shape \(2,\) != p shape \(3,\)"):
+        KL()((jnp.zeros(2), jnp.zeros(2)), (jnp.zeros(3), jnp.zeros(3)))
+    with pytest.raises(TypeError, match=r"KL: q must be a \(mean, log_var\) pair or an object with .kl_divergence"):
+        KL()(jnp.zeros(2), (jnp.zeros(2), jnp.zeros(2)))
+
+
+def test_cross_entropy_int_and_one_hot_agree_and_match_numpy():
+    logits = np.array([[2.0, 0.5, -1.0], [0.1, 0.2, 3.0], [1.0, 1.5, 0.0]], np.float32)
+    labels = np.array([0, 2, 0])
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = -log_softmax[np.arange(3), labels].mean()
+    loss_int, aux_int = CrossEntropy()(logits, labels)
+    loss_hot, aux_hot = CrossEntropy()(logits, np.eye(3, dtype=np.float32)[labels])
+    np.testing.assert_allclose(loss_int, expected, rtol=1e-6)
+    np.testing.assert_allclose(loss_hot, loss_int, rtol=1e-6)
+    np.testing.assert_allclose(aux_int["accuracy"], 2 / 3, rtol=1e-6)  # the third is predicted 1, labelled 0
+    np.testing.assert_allclose(aux_hot["accuracy"], 2 / 3, rtol=1e-6)
+
+
+def test_cross_entropy_label_smoothing_matches_numpy():
+    logits = np.array([[2.0, 0.5, -1.0]], np.float32)
+    s = 0.2
+    target = (1 - s) * np.eye(3)[[0]] + s / 3
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    loss, _ = CrossEntropy(label_smoothing=s)(logits, np.array([0]))
+    np.testing.assert_allclose(loss, -(target * log_softmax).sum(), rtol=1e-6)
+
+
+def test_cross_entropy_errors():
+    with pytest.raises(ConfigError, match=r"CrossEntropy.label_smoothing must be in \[0, 1\), got 1.0"):
+        CrossEntropy(label_smoothing=1.0)
+    with pytest.raises(ShapeError, match=r"integer labels of shape \(4, 1\) need logits of shape \(4, 1\)"):
+        CrossEntropy()(jnp.zeros((4, 3)), jnp.zeros((4, 1), jnp.int32))
+    with pytest.raises(ShapeError, match=r"one-hot target shape \(4, 2\) != logits shape \(4, 3\)"):
+        CrossEntropy()(jnp.zeros((4, 3)), jnp.zeros((4, 2)))
+
+
+def test_composite_weights_and_term_names():
+    comp = Composite(components=((2.0, MSE()), (0.5, MSE(reduction="sum"))))
+    total, terms = comp(P, T)
+    assert list(terms) == ["MSE_0", "MSE_1"]
+    np.testing.assert_allclose(terms["MSE_0"], SQ.mean(), rtol=1e-6)
+    np.testing.assert_allclose(terms["MSE_1"], SQ.sum(), rtol=1e-6)
+    np.testing.assert_allclose(total, 2.0 * SQ.mean() + 0.5 * SQ.sum(), rtol=1e-6)
+
+
+def test_composite_uses_the_scalar_of_a_component_with_aux():
+    logits, labels = np.array([[2.0, 0.0], [0.0, 1.0]], np.float32), np.array([0, 0])
+    total, terms = Composite(components=((3.0, CrossEntropy()),))(logits, labels)
+    ce, aux = CrossEntropy()(logits, labels)
+    np.testing.assert_allclose(total, 3.0 * ce, rtol=1e-6)
+    assert set(terms) == {"CrossEntropy_0", "CrossEntropy_0/accuracy"}
+    np.testing.assert_allclose(terms["CrossEntropy_0/accuracy"], aux["accuracy"])
+
+
+def test_composite_errors():
+    with pytest.raises(ConfigError, match=r"Composite.components must hold at least one"):
+        Composite(components=())
+    with pytest.raises(ConfigError, match=r"components\[1\] is MSE\(reduction='none'\); a component must reduce"):
+        Composite(components=((1.0, MSE()), (1.0, MSE(reduction="none"))))
+    with pytest.raises(ConfigError, match=r"components\[0\] weight must be a finite float, got nan"):
+        Composite(components=((float("nan"), MSE()),))
+    with pytest.raises(ConfigError, match=r"Composite.components\[0\]\[1\] must be Loss"):
+        Composite(components=((1.0, 3),))
+
+
+def test_composite_from_yaml():
+    text = "pipekit: 1\ntype: Composite\ncomponents:\n  - [1, {type: MSE}]\n  - [0.5, {type: NLL, reduction: sum}]\n"
+    comp = pipekit.loads(text)
+    assert comp == Composite(components=((1.0, MSE()), (0.5, NLL(reduction="sum"))))
+
+
+def test_split_loss_output():
+    assert split_loss_output(2.0) == (2.0, {})
+    value, aux = split_loss_output((2.0, {"a": 1}))
+    assert (value, aux) == (2.0, {"a": 1})
+    # a plain pair without a mapping is a (strange) value, not (scalar, aux)
+    assert split_loss_output((1.0, 2.0)) == ((1.0, 2.0), {})
+
+
+_CASES = [
+    (MSE(), lambda w: w * P, T),
+    (NLL(), lambda w: (w * P, 0.1 * w * P), T),
+    (KL(), lambda w: (w * P, 0.1 * w * P), (T, 0.0 * T)),
+    (CrossEntropy(label_smoothing=0.1), lambda w: w * P, np.array([1, 0])),
+    (Composite(components=((1.0, MSE()), (0.1, MSE(reduction="sum")))), lambda w: w * P, T),
+]
+
+
+@pytest.mark.parametrize(("loss", "make", "target"), _CASES, ids=[type(c[0]).__name__ for c in _CASES])
+def test_losses_jit_and_grad(loss, make, target):
+    def scalar(w):
+        value, _ = split_loss_output(loss(make(w), target))
+        return value
+
+    eager = scalar(1.3)
+    jitted = jax.jit(scalar)(1.3)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-5)
+    grad = jax.jit(jax.grad(scalar))(1.3)
+    eps = 1e-2
+    numeric = (scalar(1.3 + eps) - scalar(1.3 - eps)) / (2 * eps)
+    assert np.isfinite(grad)
+    np.testing.assert_allclose(grad, numeric, rtol=2e-2, atol=1e-3)

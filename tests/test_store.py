@@ -1,0 +1,414 @@
+"""ArtifactStore: every query filter, lineage, diff, schema versions, id lookup, and 8 concurrent writer processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pipekit_train._artifacts import TrainingArtifact
+from pipekit_train._store import (
+    SCHEMA_VERSION,
+    ArtifactStore,
+    ArtifactStoreError,
+    UnknownArtifactError,
+)
+
+YAML_A = "pipekit: 1\ntype: TrainingLoop\nmax_steps: 10\nbatch_size: 32\n"
+YAML_B = "pipekit: 1\ntype: TrainingLoop\nmax_steps: 20\nbatch_size: 32\n"
+DEPS_A = {"lock_file": None, "distributions": {"jax": "0.10.2", "optax": "0.2.8", "grain": "0.2.18"}, "python": "3.11"}
+DEPS_B = {"lock_file": None, "distributions": {"jax": "0.10.3", "optax": "0.2.8", "numpy": "2.0"}, "python": "3.11"}
+
+
+def _art(artifact_id: str, **changes) -> TrainingArtifact:
+    base = dict(
+        artifact_id=artifact_id,
+        run_id="run-1",
+        stage="stage0",
+        training_pipeline_yaml=YAML_A,
+        dataset_hash="sha256:" + "d1" * 32,
+        backend="equinox",
+        deps_lock=DEPS_A,
+        trained_model_hash="sha256:" + "m1" * 32,
+        started_at="2026-05-01T12:00:00+00:00",
+        ended_at="2026-05-01T12:01:00+00:00",
+        final_metrics={"train/loss": 0.5, "validate/accuracy": 0.8},
+        seed=0,
+        git={"commit": "c" * 40, "dirty": False, "diff_hash": None},
+    )
+    base.update(changes)
+    return TrainingArtifact(**base)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ArtifactStore:
+    s = ArtifactStore(tmp_path / "artifacts.sqlite")
+    s.record(_art("aaaa0001"))
+    s.record(
+        _art(
+            "aaaa0002",
+            stage="finetune",
+            parent_ids=("aaaa0001",),
+            training_pipeline_yaml=YAML_B,
+            dataset_hash="sha256:" + "d2" * 32,
+            trained_model_hash="sha256:" + "m2" * 32,
+            started_at="2026-05-02T12:00:00+02:00",  # 10:00 UTC
+            final_metrics={"train/loss": 0.2, "validate/accuracy": 0.95},
+        )
+    )
+    s.record(
+        _art(
+            "bbbb0003",
+            run_id="run-2",
+            backend="keras",
+            started_at="2026-05-03T00:00:00Z",
+            final_metrics={"train/loss": 0.9},
+            status="failed",
+        )
+    )
+    s.record(_art("cccc0004", run_id="run-3", started_at="2026-05-04T00:00:00", status="stopped: patience"))
+    return s
+
+
+def _ids(artifacts) -> list[str]:
+    return [a.artifact_id for a in artifacts]
+
+
+def test_record_and_get_round_trip_with_prefixes(store: ArtifactStore):
+    assert len(store) == 4
+    assert store.get("aaaa0002") == _ids_get(store, "aaaa0002")
+    assert store.get("bbbb").artifact_id == "bbbb0003"  # a unique prefix, as in git
+    art = store.get("aaaa0002")
+    assert art.parent_ids == ("aaaa0001",) and art.final_metrics["validate/accuracy"] == 0.95
+    store.record(art)  # recording the same artifact again changes nothing
+    assert len(store) == 4
+
+
+def _ids_get(store: ArtifactStore, artifact_id: str) -> TrainingArtifact:
+    (match,) = [a for a in store.query() if a.artifact_id == artifact_id]
+    return match
+
+
+def test_bad_ids_name_the_id_and_the_close_ones(store: ArtifactStore):
+    with pytest.raises(UnknownArtifactError, match=r"no artifact with id 'aaaa0009' .*closest ids: aaaa0001, aaaa0002"):
+        store.get("aaaa0009")
+    with pytest.raises(UnknownArtifactError, match=r"prefix 'aaaa' is ambiguous .*aaaa0001, aaaa0002; give more"):
+        store.get("aaaa")
+    with pytest.raises(UnknownArtifactError, match=r"no artifact with id 'zzzz' .*\(4 artifacts recorded\)"):
+        store.get("zzzz")
+    with pytest.raises(UnknownArtifactError, match=r"non-empty string, got ''"):
+        store.get("")
+
+
+def test_a_different_artifact_under_a_recorded_id_is_refused(store: ArtifactStore):
+    with pytest.raises(ArtifactStoreError, match=r"already holds a different artifact with id 'aaaa0001'"):
+        store.record(_art("aaaa0001", seed=5))
+
+
+def test_query_every_filter(store: ArtifactStore):
+    assert _ids(store.query()) == ["cccc0004", "bbbb0003", "aaaa0002", "aaaa0001"]  # newest first
+    assert _ids(store.query(dataset_hash="sha256:" + "d2" * 32)) == ["aaaa0002"]
+    assert _ids(store.query(dataset_hash="sha256:d2d2")) == ["aaaa0002"]  # a prefix of a hash
+    assert _ids(store.query(pipeline_hash=store.get("aaaa0002").pipeline_hash)) == ["aaaa0002"]
+    assert _ids(store.query(model_hash="sha256:m2")) == ["aaaa0002"]
+    assert _ids(store.query(backend="keras")) == ["bbbb0003"]
+    assert _ids(store.query(stage="finetune")) == ["aaaa0002"]
+    assert _ids(store.query(run_id="run-1")) == ["aaaa0002", "aaaa0001"]
+    assert _ids(store.query(status="failed")) == ["bbbb0003"]
+    assert _ids(store.query(status="stopped")) == ["cccc0004"]
+    # Times compare in UTC whatever offset they were written with; naive times are UTC.
+    assert _ids(store.query(since="2026-05-02T10:00:00Z")) == ["cccc0004", "bbbb0003", "aaaa0002"]
+    assert _ids(store.query(since="2026-05-02T10:00:01Z")) == ["cccc0004", "bbbb0003"]
+    assert _ids(store.query(until="2026-05-02")) == ["aaaa0001"]
+    assert _ids(store.query(since="2026-05-02", until="2026-05-03T00:00:00+00:00")) == ["bbbb0003", "aaaa0002"]
+    assert _ids(store.query(metrics=[("validate/accuracy", ">=", 0.9)])) == ["aaaa0002"]
+    assert _ids(store.query(metrics=[("validate/accuracy", "<", 0.9)])) == ["cccc0004", "aaaa0001"]
+    assert _ids(store.query(metrics=[("train/loss", "==", 0.9)])) == ["bbbb0003"]
+    assert _ids(store.query(metrics=[("train/loss", "!=", 0.5)])) == ["bbbb0003", "aaaa0002"]
+    assert _ids(store.query(metrics=[("train/loss", "<=", 0.5), ("validate/accuracy", ">", 0.9)])) == ["aaaa0002"]
+    assert _ids(store.query(run_id="run-1", stage="stage0", backend="equinox")) == ["aaaa0001"]
+    assert _ids(store.query(limit=2)) == ["cccc0004", "bbbb0003"]
+    assert store.query(backend="lightning") == []
+
+
+def test_query_errors_name_the_rule(store: ArtifactStore):
+    with pytest.raises(ArtifactStoreError, match=r"operator must be one of .*got '=>'"):
+        store.query(metrics=[("validate/accuracy", "=>", 0.9)])
+    with pytest.raises(ArtifactStoreError, match=r"a metric filter is \(name, op, value\)"):
+        store.query(metrics=[("validate/accuracy>=0.9",)])
+    with pytest.raises(ArtifactStoreError, match=r"not an ISO-8601 time: 'last tuesday'"):
+        store.query(since="last tuesday")
+    with pytest.raises(ArtifactStoreError, match=r"limit must be a non-negative int, got -1"):
+        store.query(limit=-1)
+
+
+def test_lineage_across_a_chain_of_three(tmp_path: Path):
+    store = ArtifactStore(tmp_path / "a.sqlite")
+    store.record(_art("pre", stage="pretrain", parent_ids=("elsewhere",)))
+    store.record(_art("mid", stage="finetune", parent_ids=("pre",), started_at="2026-05-02T00:00:00Z"))
+    store.record(_art("end", stage="distill", parent_ids=("mid",), started_at="2026-05-03T00:00:00Z"))
+    store.record(_art("side", stage="probe", parent_ids=("pre",), started_at="2026-05-04T00:00:00Z"))
+    store.record(_art("lone", stage="other"))
+    up = store.lineage("end")
+    assert _ids(up["ancestors"]) == ["mid", "pre"]  # nearest first
+    assert up["descendants"] == [] and up["missing"] == ["elsewhere"]
+    down = store.lineage("pre")
+    assert _ids(down["descendants"]) == ["mid", "side", "end"]
+    assert down["ancestors"] == []
+    middle = store.lineage("mid")
+    assert _ids(middle["ancestors"]) == ["pre"] and _ids(middle["descendants"]) == ["end"]
+    assert store.lineage("lone") == {"ancestors": [], "descendants": [], "missing": []}
+    with pytest.raises(UnknownArtifactError, match=r"no artifact with id 'nope'"):
+        store.lineage("nope")
+
+
+def test_diff_reports_pipeline_dataset_deps_code_seed_and_metrics(tmp_path: Path):
+    store = ArtifactStore(tmp_path / "a.sqlite")
+    store.record(_art("one"))
+    store.record(
+        _art(
+            "two",
+            training_pipeline_yaml=YAML_B,
+            dataset_hash="sha256:" + "d2" * 32,
+            deps_lock={**DEPS_B, "jax": "0.10.3"},
+            git={"commit": "c" * 40, "dirty": True, "diff_hash": "sha256:" + "9" * 64},
+            seed=1,
+            final_metrics={"train/loss": 0.5, "validate/accuracy": 0.9, "validate/loss": 0.3},
+        )
+    )
+    d = store.diff("one", "two")
+    assert d["a"] == "one" and d["b"] == "two"
+    assert "-max_steps: 10\n+max_steps: 20\n" in d["pipeline"] and d["pipeline"].startswith("--- a/one/")
+    assert d["dataset_hash"] == {"a": "sha256:" + "d1" * 32, "b": "sha256:" + "d2" * 32}
+    assert d["deps"] == {
+        "added": {"numpy": "2.0"},
+        "removed": {"grain": "0.2.18"},
+        "changed": {"jax": ["0.10.2", "0.10.3"]},
+        "jax": [None, "0.10.3"],
+    }
+    assert d["code"]["a"]["dirty"] is False and d["code"]["b"]["diff_hash"] == "sha256:" + "9" * 64
+    assert d["seed"] == {"a": 0, "b": 1}
+    assert d["metrics"] == {"validate/accuracy": [0.8, 0.9], "validate/loss": [None, 0.3]}
+    assert d["backend"] is None and d["trained_model_hash"] is None
+    same = store.diff("one", "one")
+    assert all(v is None for k, v in same.items() if k not in ("a", "b"))
+    json.dumps(d)
+
+
+def test_schema_version_is_recorded(store: ArtifactStore):
+    assert store.schema_version() == SCHEMA_VERSION >= 1
+    with sqlite3.connect(store.path) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_migrates_an_empty_v0_database(tmp_path: Path):
+    path = tmp_path / "old.sqlite"
+    sqlite3.connect(path).close()  # an empty file: schema version 0
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == []
+    store = ArtifactStore(path)
+    assert store.schema_version() == SCHEMA_VERSION
+    store.record(_art("x1"))
+    assert _ids(ArtifactStore(path).query()) == ["x1"]
+
+
+def test_refuses_a_newer_schema_and_a_foreign_database(tmp_path: Path):
+    newer = tmp_path / "newer.sqlite"
+    with sqlite3.connect(newer) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(ArtifactStoreError, match=rf"schema version {SCHEMA_VERSION + 1}, newer than .*upgrade"):
+        len(ArtifactStore(newer))
+    foreign = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE users (name TEXT)")
+    with pytest.raises(ArtifactStoreError, match=r"foreign.sqlite is an SQLite database without a schema_version"):
+        len(ArtifactStore(foreign))
+
+
+def test_default_path_honours_the_environment(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("PIPEKIT_ARTIFACT_STORE", str(tmp_path / "env.sqlite"))
+    assert ArtifactStore().path == tmp_path / "env.sqlite"
+    monkeypatch.delenv("PIPEKIT_ARTIFACT_STORE")
+    monkeypatch.chdir(tmp_path)
+    assert ArtifactStore().path == tmp_path / "runs" / "artifacts.sqlite"
+
+
+_WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    from pipekit_train._artifacts import TrainingArtifact
+    from pipekit_train._store import ArtifactStore
+    path, worker, count, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    open(go + f".ready{worker}", "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            sys.exit("no go signal")
+        time.sleep(0.001)
+    store = ArtifactStore(path)  # a fresh store object: every process also races the schema migration
+    parent = ()
+    for i in range(count):
+        art = TrainingArtifact(
+            artifact_id=f"w{worker}n{i:04d}",
+            run_id=f"worker-{worker}",
+            stage=f"stage{i}",
+            parent_ids=parent,
+            training_pipeline_yaml=f"n: {i}\\n",
+            final_metrics={"validate/accuracy": i / count, "train/loss": float(worker)},
+        )
+        store.record(art)
+        parent = (art.artifact_id,)
+    print(time.time())
+    """
+)
+
+
+@pytest.mark.slow
+def test_eight_processes_writing_at_once_lose_nothing(tmp_path: Path):
+    workers, count = 8, 50
+    path = tmp_path / "shared.sqlite"  # does not exist yet: the processes create and migrate it together
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    go = str(tmp_path / "go")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(path), str(w), str(count), go],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for w in range(workers)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(f"{go}.ready{w}") for w in range(workers)):
+            assert time.monotonic() < deadline, "workers did not start"
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+            time.sleep(0.01)
+        start = time.time()
+        Path(go).touch()
+        results = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * workers, [err for _, err in results]
+    elapsed = max(float(out.strip().splitlines()[-1]) for out, _ in results) - start
+    store = ArtifactStore(path)
+    assert len(store) == workers * count
+    assert store.schema_version() == SCHEMA_VERSION
+    for w in range(workers):
+        chain = store.lineage(f"w{w}n{count - 1:04d}")["ancestors"]
+        assert len(chain) == count - 1
+        assert len(store.query(run_id=f"worker-{w}", metrics=[("train/loss", "==", float(w))])) == count
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert conn.execute("SELECT COUNT(*) FROM metrics").fetchone()[0] == 2 * workers * count
+        assert conn.execute("SELECT COUNT(*) FROM parents").fetchone()[0] == workers * (count - 1)
+    print(f"\n{workers * count} artifacts from {workers} processes in {elapsed:.2f}s: {workers * count / elapsed:.0f}/s")
+
+
+# The `pipekit-train artifacts` commands (cli_artifacts), run in-process through argparse -----------------------
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from pipekit_train.cli_artifacts import main
+
+    code = main(["artifacts", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_list_and_query_tables_and_json(store: ArtifactStore, capsys):
+    s = str(store.path)
+    code, out, err = _cli(capsys, "list", "--store", s)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["ID", "STARTED", "(UTC)", "RUN", "STAGE", "BACKEND", "STATUS", "METRICS"]
+    assert [line.split()[0] for line in lines[1:]] == ["cccc0004", "bbbb0003", "aaaa0002", "aaaa0001"]
+    assert "2026-05-02 10:00:00" in lines[3] and "validate/accuracy=0.95" in lines[3]
+    code, out, _ = _cli(capsys, "list", "--store", s, "--limit", "1", "--json")
+    assert code == 0 and [a["artifact_id"] for a in json.loads(out)] == ["cccc0004"]
+    code, out, _ = _cli(
+        capsys, "query", "--store", s, "--metric", "validate/accuracy>=0.9", "--dataset-hash", "sha256:d2", "--json"
+    )
+    assert code == 0 and [a["artifact_id"] for a in json.loads(out)] == ["aaaa0002"]
+    for argv, expected in [
+        (["--backend", "keras"], ["bbbb0003"]),
+        (["--stage", "finetune"], ["aaaa0002"]),
+        (["--run-id", "run-1", "--metric", "train/loss < 0.3"], ["aaaa0002"]),
+        (["--since", "2026-05-03", "--until", "2026-05-03T23:59:59Z"], ["bbbb0003"]),
+        (["--status", "stopped"], ["cccc0004"]),
+        (["--model-hash", "sha256:m1", "--pipeline-hash", store.get("aaaa0001").pipeline_hash], ["cccc0004", "bbbb0003", "aaaa0001"]),
+        (["--since", "1d"], []),
+    ]:
+        code, out, _ = _cli(capsys, "query", "--store", s, "--json", *argv)
+        assert code == 0 and [a["artifact_id"] for a in json.loads(out)] == expected, argv
+    code, out, _ = _cli(capsys, "query", "--store", s, "--backend", "jax")
+    assert code == 0 and out == "no artifacts match\n"
+
+
+def test_cli_show_lineage_and_diff(store: ArtifactStore, capsys):
+    s = str(store.path)
+    code, out, _ = _cli(capsys, "show", "aaaa0002", "--store", s)
+    assert code == 0
+    assert "artifact   aaaa0002" in out and "parents    aaaa0001" in out
+    assert "code       cccccccccccc (clean)" in out and "  validate/accuracy  0.95" in out
+    assert "pipeline YAML\n  pipekit: 1\n" in out
+    code, out, _ = _cli(capsys, "show", "aaaa0002", "--store", s, "--json")
+    assert TrainingArtifact.from_dict(json.loads(out)) == store.get("aaaa0002")
+    code, out, _ = _cli(capsys, "lineage", "aaaa0001", "--store", s)
+    assert code == 0
+    assert out.splitlines()[1:4] == [
+        "  (none)",
+        out.splitlines()[2],
+        "descendants (nearest first):",
+    ] and out.splitlines()[2].startswith("* aaaa0001") and "aaaa0002" in out.splitlines()[4]
+    code, out, _ = _cli(capsys, "lineage", "aaaa0002", "--store", s, "--json")
+    assert [a["artifact_id"] for a in json.loads(out)["ancestors"]] == ["aaaa0001"]
+    code, out, _ = _cli(capsys, "diff", "aaaa0001", "aaaa0002", "--store", s)
+    assert code == 0
+    assert "-max_steps: 10" in out and "+max_steps: 20" in out
+    assert f"dataset_hash: sha256:{'d1' * 32} -> sha256:{'d2' * 32}" in out
+    assert "validate/accuracy  0.8 -> 0.95" in out and "same: backend, deps, code, seed" in out
+    code, out, _ = _cli(capsys, "diff", "aaaa0001", "aaaa0002", "--store", s, "--json")
+    assert json.loads(out)["seed"] is None
+
+
+def test_cli_errors_are_one_line_with_exit_codes(store: ArtifactStore, capsys, tmp_path: Path):
+    s = str(store.path)
+    code, out, err = _cli(capsys, "show", "aaaa0009", "--store", s)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("pipekit-train artifacts: error: no artifact with id 'aaaa0009'")
+    assert "closest ids: aaaa0001" in err
+    code, _, err = _cli(capsys, "query", "--store", s, "--metric", "accuracy~0.9")
+    assert code == 1 and "--metric must look like NAME OP NUMBER" in err
+    code, _, err = _cli(capsys, "query", "--store", s, "--since", "someday")
+    assert code == 1 and "--since must be an ISO-8601 time" in err
+    missing = tmp_path / "nowhere.sqlite"
+    code, _, err = _cli(capsys, "list", "--store", str(missing))
+    assert code == 1 and f"no artifact store at {missing}" in err and not missing.exists()
+    code, _, err = _cli(capsys, "show")
+    assert code == 2 and "the following arguments are required: ID" in err
+
+
+def test_cli_commands_plug_into_another_parser(store: ArtifactStore, capsys):
+    import argparse
+
+    from pipekit_train.cli_artifacts import add_artifact_commands
+
+    parser = argparse.ArgumentParser(prog="pipekit-train")
+    add_artifact_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["artifacts", "show", "bbbb", "--store", str(store.path), "--json"])
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)["artifact_id"] == "bbbb0003"
