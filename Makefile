@@ -15,8 +15,12 @@ $(STAMP): pyproject.toml requirements.lock
 
 install: $(STAMP)
 
+DEMO_RUN := runs/demo-$(shell date +%Y%m%d-%H%M%S)
+
 demo: $(STAMP)
-	$(PY) -m pipekit_train.cli run examples/digits/pretrain_finetune.yaml --run-dir runs/demo
+	$(VENV)/bin/pipekit-train run examples/digits/pretrain_finetune.yaml --run-dir $(DEMO_RUN)
+	$(VENV)/bin/pipekit-train run examples/digits/from_scratch.yaml --run-dir $(DEMO_RUN)-scratch
+	$(PY) examples/digits/compare.py $(DEMO_RUN) $(DEMO_RUN)-scratch
 
 test: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n 2 --dist loadgroup

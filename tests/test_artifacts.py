@@ -83,7 +83,9 @@ def test_new_run_ids_are_unique_and_sort_by_time():
 
 
 def test_deps_lock_reads_the_lock_file_walking_up(tmp_path: Path):
-    (tmp_path / "requirements.lock").write_text("# pinned\njax==0.10.2\nEquinox==0.13.8  # comment\nmsgpack[x]==1.1.0\n")
+    (tmp_path / "requirements.lock").write_text(
+        "# pinned\njax==0.10.2\nEquinox==0.13.8  # comment\nmsgpack[x]==1.1.0\n"
+    )
     nested = tmp_path / "a" / "b"
     nested.mkdir(parents=True)
     deps = collect_deps_lock(nested)

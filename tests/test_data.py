@@ -508,8 +508,8 @@ def test_digits_label_fraction_keeps_a_nested_stratified_subset():
 
 
 def test_digits_argument_errors_and_the_missing_extra(monkeypatch: pytest.MonkeyPatch):
-    with pytest.raises(ConfigError, match=r"digits: split must be one of 'train', 'test', 'all', got 'val'"):
-        RegisteredSource(name="digits", kwargs={"split": "val"}).load()
+    with pytest.raises(ConfigError, match=r"digits: split must be one of 'train', 'val', 'test', 'all', got 'valid'"):
+        RegisteredSource(name="digits", kwargs={"split": "valid"}).load()
     with pytest.raises(ConfigError, match=r"digits: label_fraction must be a number in \(0, 1\], got 0"):
         RegisteredSource(name="digits", kwargs={"label_fraction": 0}).load()
     with pytest.raises(ConfigError, match=r"digits: test_fraction must be a number in \(0, 1\), got 1.0"):
@@ -520,3 +520,18 @@ def test_digits_argument_errors_and_the_missing_extra(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
     with pytest.raises(ImportError, match=r"needs scikit-learn: pip install 'pipekit-train\[examples\]'"):
         RegisteredSource(name="digits").load()
+
+
+def test_digits_validation_split_is_disjoint_and_needs_a_fraction():
+    def load(split):
+        return RegisteredSource(name="digits", kwargs={"split": split, "val_fraction": 0.1}).load()
+
+    train, val, test = load("train"), load("val"), load("test")
+    assert len(train["x"]) + len(val["x"]) + len(test["x"]) == 1797
+    rows = {split: {r.tobytes() for r in d["x"]} for split, d in (("train", train), ("val", val), ("test", test))}
+    assert not rows["train"] & rows["val"] and not rows["val"] & rows["test"]
+    assert sorted(np.unique(val["y"]).tolist()) == list(range(10))  # stratified: every class is there
+    with pytest.raises(ConfigError, match=r"split 'val' needs val_fraction > 0"):
+        RegisteredSource(name="digits", kwargs={"split": "val"}).load()
+    with pytest.raises(ConfigError, match=r"test_fraction \+ val_fraction must be below 1"):
+        RegisteredSource(name="digits", kwargs={"test_fraction": 0.5, "val_fraction": 0.5}).load()

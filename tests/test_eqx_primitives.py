@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from pipekit import ShapeError
 
+from pipekit import ShapeError
 from pipekit_train._losses import MSE, Composite, CrossEntropy
 from pipekit_train._models import EquinoxModel
 from pipekit_train._optim import build_optimizer, get_lr_scale, set_lr_scale
@@ -131,7 +131,9 @@ def test_autoencoder_task_uses_the_input_as_target():
     op = EquinoxModel(factory="autoencoder", kwargs={"in_size": 6, "latent_size": 2, "hidden": [4]})
     opt = build_optimizer({"lr": 0.01}, max_steps=5)
     state = init_state(op.build(0), opt)
-    state, metrics = train_step(state, {"x": jnp.ones((3, 6))}, jax.random.key(0), make_task(MSE(), target_key="x"), opt)
+    state, metrics = train_step(
+        state, {"x": jnp.ones((3, 6))}, jax.random.key(0), make_task(MSE(), target_key="x"), opt
+    )
     assert np.isfinite(float(metrics["loss"]))
 
 

@@ -7,10 +7,10 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pipekit
 import pytest
-from pipekit import ConfigError, ShapeError
 
+import pipekit
+from pipekit import ConfigError, ShapeError
 from pipekit_train._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss, split_loss_output
 
 P = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
@@ -28,11 +28,7 @@ class _Normal:
         return -0.5 * ((x - self.mean) / self.std) ** 2 - jnp.log(self.std) - 0.5 * math.log(2 * math.pi)
 
     def kl_divergence(self, other):
-        return (
-            jnp.log(other.std / self.std)
-            + (self.std**2 + (self.mean - other.mean) ** 2) / (2 * other.std**2)
-            - 0.5
-        )
+        return jnp.log(other.std / self.std) + (self.std**2 + (self.mean - other.mean) ** 2) / (2 * other.std**2) - 0.5
 
 
 ALL_LOSSES = [MSE(), MSE(reduction="sum"), NLL(), KL(), CrossEntropy(label_smoothing=0.1), Composite.example()]

@@ -9,10 +9,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pipekit
 import pytest
-from pipekit import ConfigError, PipekitError, ShapeError
 
+import pipekit
+from pipekit import ConfigError, PipekitError, ShapeError
 from pipekit_train._models import (
     EquinoxModel,
     ModelOp,

@@ -1,4 +1,4 @@
-"""build_optimizer: every optimizer × schedule, config errors, the decay mask, accumulation, the lr scale."""
+"""build_optimizer: every optimizer and schedule, config errors, the decay mask, accumulation, the lr scale."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from pipekit import ConfigError, PipekitError
 
+from pipekit import ConfigError, PipekitError
 from pipekit_train._optim import (
     LrScaleState,
     build_optimizer,
@@ -230,7 +230,9 @@ def test_lr_scale_get_set_changes_the_update_magnitude(accum):
 def test_lr_scale_errors_and_state():
     opt = build_optimizer({}, max_steps=10)
     state = opt.init(_params())
-    found = [n for n in jax.tree.leaves(state, is_leaf=lambda n: isinstance(n, LrScaleState)) if isinstance(n, LrScaleState)]
+    found = [
+        n for n in jax.tree.leaves(state, is_leaf=lambda n: isinstance(n, LrScaleState)) if isinstance(n, LrScaleState)
+    ]
     assert len(found) == 1
     assert found[0].scale.dtype == jnp.float32 and found[0].scale.shape == ()
     with pytest.raises(ConfigError, match=r"set_lr_scale: value must be a finite float >= 0, got -0.5"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ _PLAIN_TAGS = {
     "tag:yaml.org,2002:null",
 }
 _scalar_constructor = yaml.SafeLoader("")
+# YAML 1.1 (PyYAML) reads `1e-3` as a string because it wants a dot; people write learning rates that way.
+_FLOAT_WITHOUT_DOT = re.compile(r"^[-+]?[0-9]+[eE][-+]?[0-9]+$")
 
 
 # Dumping ---------------------------------------------------------------------------------------------------
@@ -141,6 +144,8 @@ class _Builder:
                     f"YAML tag {node.tag!r} is not allowed; only plain strings, numbers, booleans and null are",
                     self.where(node),
                 )
+            if node.tag == "tag:yaml.org,2002:str" and node.style is None and _FLOAT_WITHOUT_DOT.match(node.value):
+                return float(node.value)
             return _scalar_constructor.construct_object(node, deep=True)
         if isinstance(node, yaml.SequenceNode):
             if node.tag != "tag:yaml.org,2002:seq":

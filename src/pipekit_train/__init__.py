@@ -22,6 +22,7 @@ from ._data import Source as Source
 from ._data import TrainingDataset as TrainingDataset
 from ._data import Transform as Transform
 from ._data import register_dataset as register_dataset
+from ._artifacts import TrainingArtifact as TrainingArtifact
 from ._engine import NonFiniteLossError as NonFiniteLossError
 from ._loop import TrainerCarryState as TrainerCarryState
 from ._loop import TrainingLoop as TrainingLoop
@@ -32,12 +33,18 @@ from ._losses import NLL as NLL
 from ._losses import Composite as Composite
 from ._losses import CrossEntropy as CrossEntropy
 from ._losses import Loss as Loss
+from ._model_registry import LocalModelRegistry as LocalModelRegistry
+from ._model_registry import ModelIntegrityError as ModelIntegrityError
+from ._model_registry import load_model as load_model
 from ._models import EquinoxModel as EquinoxModel
 from ._models import ModelOp as ModelOp
 from ._models import Transfer as Transfer
 from ._models import register_model as register_model
 from ._optim import build_optimizer as build_optimizer
 from ._run import RunSettings as RunSettings
+from ._store import ArtifactStore as ArtifactStore
+from ._tracking import LogToExperiment as LogToExperiment
+from ._tracking import RegisterModel as RegisterModel
 from ._run import run_settings as run_settings
 from ._warnings import PipekitTrainWarning as PipekitTrainWarning
 from ._writers import ConsoleWriter as ConsoleWriter

@@ -130,9 +130,7 @@ class TrainingArtifact:
                 try:
                     _dt.datetime.fromisoformat(value)
                 except (TypeError, ValueError):
-                    raise ConfigError(
-                        f"TrainingArtifact.{name} must be an ISO-8601 time, got {value!r}"
-                    ) from None
+                    raise ConfigError(f"TrainingArtifact.{name} must be an ISO-8601 time, got {value!r}") from None
         object.__setattr__(self, "final_metrics", {str(k): float(v) for k, v in self.final_metrics.items()})
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,9 +189,7 @@ def _parse_requirements_lock(text: str) -> dict[str, str]:
 
 def _parse_uv_lock(text: str) -> dict[str, str]:
     data = tomllib.loads(text)
-    return {
-        _normalise(p["name"]): str(p["version"]) for p in data.get("package", []) if "name" in p and "version" in p
-    }
+    return {_normalise(p["name"]): str(p["version"]) for p in data.get("package", []) if "name" in p and "version" in p}
 
 
 def _normalise(name: str) -> str:

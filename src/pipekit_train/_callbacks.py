@@ -9,7 +9,7 @@ Hooks, in the order a run calls them:
 - ``on_train_start(ctx)``: once, after the model, optimizer and data are ready (and after a resume).
 - ``on_step_end(ctx, metrics)``: after every optimizer step. ``metrics`` maps names to scalars that may still be on
   the device; reading one (``float(metrics["loss"])``) waits for the step, so read only when you need to.
-- ``on_eval_end(ctx, metrics)``: after each validation pass, with host floats (``validate/`` names are bare here).
+- ``on_eval_end(ctx, metrics)``: after each validation pass, with host floats named ``validate/<metric>``.
 - ``on_epoch_end(ctx)``: when ``step`` crosses a multiple of ``steps_per_epoch``.
 - ``on_checkpoint(ctx, step)``: after a checkpoint of ``step`` was handed to the checkpointer.
 - ``on_train_end(ctx)``: once, when the run ends normally or by a requested stop.

@@ -15,8 +15,8 @@ import json
 import logging
 import math
 import os
+import secrets
 import shutil
-import tempfile
 import threading
 import time
 import warnings
@@ -242,7 +242,11 @@ class Checkpointer:
         return [e.step for e in self.manifest()]
 
     def latest_step(self) -> int | None:
-        """The highest committed step, or ``None``; an interrupted save is never the latest."""
+        """The highest committed step, or ``None``.
+
+        An interrupted save is never the latest, and neither is one still being written in the background
+        (call `wait` first to count it).
+        """
         steps = self.steps()
         return steps[-1] if steps else None
 
@@ -337,13 +341,32 @@ class Checkpointer:
         return True
 
     def wait(self) -> None:
-        """Wait for an asynchronous save to commit and be rotated; raise `CheckpointSaveError` if it failed."""
+        """Wait for an asynchronous save to commit and be rotated; raise `CheckpointSaveError` if it failed.
+
+        The failure is raised once; the checkpointer stays usable (the next `save` starts a fresh Orbax manager,
+        which also removes the failed write's temporary directory).
+        """
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
         error, self._error = self._error, None
         if error is not None:
+            self._discard_manager()
             raise error
+
+    def _discard_manager(self) -> None:
+        """Drop a manager whose last save failed: Orbax re-raises that failure once in every thread that waits."""
+        manager, self._manager = self._manager, None
+        if manager is None:
+            return
+        try:
+            manager.wait_until_finished()
+        except Exception:  # the failure just reported
+            pass
+        try:
+            manager.close()
+        except Exception as e:
+            logger.warning("closing the Orbax manager of %s after a failed save: %s", self.directory, e)
 
     def close(self) -> None:
         """Wait for the last save (raising its failure) and release Orbax's resources."""
@@ -357,8 +380,14 @@ class Checkpointer:
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # an exception is already on its way out: do not mask it with a save failure
+            self.close()
+        except CheckpointError as e:
+            logger.error("while closing %s: %s", self.directory, e)
 
     # Restoring -------------------------------------------------------------------------------------------
     def restore(self, which: int | str = "latest", abstract_state: Any = None) -> tuple[Any, dict[str, Any], Any]:
@@ -628,6 +657,8 @@ def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
                 f"Checkpointer.save: state leaf {name!r} is a {type(leaf).__name__}; checkpoint state leaves must be "
                 f"arrays (wrap scalars: jnp.asarray({leaf!r:.40}))"
             )
+        if np.dtype(leaf.dtype).kind == "O":
+            raise CheckpointError(f"Checkpointer.save: state leaf {name!r} is an array of Python objects")
         names.append(name)
         datas.append(leaf)
         rec.update(shape=list(np.shape(leaf)), dtype=str(leaf.dtype))
@@ -720,7 +751,8 @@ def _write_manifest(directory: Path, header: Mapping[str, Any], entries: list[Ma
     """Replace ``manifest.json`` atomically: write a temporary file, fsync it, rename it over the old one."""
     doc = {"format": FORMAT, **header, "updated": time.time(), "entries": [e.to_json() for e in entries]}
     text = json.dumps(doc, indent=1, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", suffix=".tmp", dir=directory)
+    tmp = directory / f".{MANIFEST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for Orbax's files
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

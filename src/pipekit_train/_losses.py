@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import ClassVar, Any, Literal, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+
 from pipekit import ConfigError, Operator, ShapeError
 
 __all__ = ["KL", "MSE", "NLL", "Composite", "CrossEntropy", "Loss", "split_loss_output"]
@@ -209,6 +210,9 @@ class CrossEntropy(Operator):
     """
 
     label_smoothing: float = 0.0
+    #: The loop logs a loss's aux values as ``<aux_prefix><name>``; loss terms default to ``"loss/"``.
+    #: Accuracy is a metric, not a loss term, so it is logged as plain ``accuracy``.
+    aux_prefix: ClassVar[str] = ""
 
     def validate(self) -> None:
         if not 0.0 <= self.label_smoothing < 1.0:

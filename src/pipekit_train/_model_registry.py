@@ -17,6 +17,7 @@ match its address.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import io
@@ -114,7 +115,7 @@ class LocalModelRegistry:
     def locator(self, uri: str) -> str:
         """`uri` with this registry's folder added as ``?root=<path>``, so `load_model` finds it without arguments."""
         digest, _ = parse_model_uri(uri)
-        return f"{SCHEME}:sha256:{digest}?" + urllib.parse.urlencode({"root": str(self.root)})
+        return f"{SCHEME}:sha256:{digest}?root=" + urllib.parse.quote(str(self.root), safe="/")
 
     def __contains__(self, uri: object) -> bool:
         return isinstance(uri, str) and (self.path_of(uri) / META_FILE).is_file()
@@ -172,6 +173,8 @@ class LocalModelRegistry:
                 self._check_same_architecture(final, architecture)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            with contextlib.suppress(OSError):  # leave no empty tmp/ behind (another put may still be using it)
+                tmp.parent.rmdir()
         return uri
 
     def _check_same_architecture(self, folder: Path, architecture: str) -> None:

@@ -18,6 +18,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from pipekit import ConfigError, Operator, PipekitError, ShapeError, closest, field
 
 __all__ = [
@@ -191,7 +192,7 @@ class ModelOp(Operator, register=False):
         digest = hashlib.sha256()
         for path, leaf in jax.tree_util.tree_flatten_with_path(arrays)[0]:
             host = np.asarray(leaf)
-            digest.update(f"{jax.tree_util.keystr(path)}|{host.shape}|{host.dtype.str};".encode())
+            digest.update(f"{jax.tree_util.keystr(path)}|{host.shape}|{host.dtype.name};".encode())
             digest.update(np.ascontiguousarray(host).tobytes())
         return f"sha256:{digest.hexdigest()}"
 
@@ -393,7 +394,9 @@ class Transfer(Operator):
 def _pair_diff(src: dict[str, Any], dst: dict[str, Any]) -> str:
     for path in [*dst, *src]:
         if src.get(path) != dst.get(path):
-            return f"at {path or '<root>'} the source has {_fmt(src.get(path))} and the target has {_fmt(dst.get(path))}"
+            return (
+                f"at {path or '<root>'} the source has {_fmt(src.get(path))} and the target has {_fmt(dst.get(path))}"
+            )
     return "the structures differ"
 
 

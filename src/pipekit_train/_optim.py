@@ -5,8 +5,7 @@ The recipe is a chain of optax verbs, in this order::
     clip_by_global_norm            (when grad_clip_norm)
     scale_by_adam / scale_by_lion / scale_by_rms / trace       (the optimizer's direction)
     add_decayed_weights            (masked: skips leaves with ndim <= 1 unless decay_biases)
-    scale_by_learning_rate         (the schedule)
-    scale_by_lr_scale              (a run-time factor, for ReduceLROnPlateau)
+    scale_by_scheduled_lr          (the schedule times a run-time factor, for ReduceLROnPlateau)
 
 wrapped in `optax.MultiSteps` when ``accum > 1``. Every state leaf is an array, so the state checkpoints with
 Orbax's ``StandardSave``. See ``design/optimizers.md`` for the keys and why.
@@ -21,6 +20,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+
 from pipekit import ConfigError, PipekitError, closest
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
     "check_optimizer_config",
     "get_lr_scale",
     "learning_rate_at",
-    "scale_by_lr_scale",
+    "scale_by_scheduled_lr",
     "set_lr_scale",
 ]
 
@@ -52,7 +52,9 @@ _SCHEDULES: dict[str, dict[str, Any]] = {
 }
 _COMMON: dict[str, Any] = {"name": "adamw", "lr": 1e-3, "schedule": "constant"}
 _ALL_KEYS: list[str] = list(
-    dict.fromkeys([*_COMMON, *(k for d in _OPTIMIZERS.values() for k in d), *(k for d in _SCHEDULES.values() for k in d)])
+    dict.fromkeys(
+        [*_COMMON, *(k for d in _OPTIMIZERS.values() for k in d), *(k for d in _SCHEDULES.values() for k in d)]
+    )
 )
 
 # (kind, rule text, predicate)
@@ -165,7 +167,9 @@ def _schedule(cfg: dict[str, Any], max_steps: int) -> optax.Schedule:
                 f"(decay_steps={decay_steps}), got {warmup}"
             )
         final_div = 1e4 if cfg["end_lr"] is None else (lr / 25.0) / cfg["end_lr"]
-        return optax.cosine_onecycle_schedule(decay_steps, lr, pct_start=warmup / decay_steps, final_div_factor=final_div)
+        return optax.cosine_onecycle_schedule(
+            decay_steps, lr, pct_start=warmup / decay_steps, final_div_factor=final_div
+        )
     if kind == "warmup_cosine":
         if warmup >= decay_steps:
             raise ConfigError(
@@ -205,21 +209,32 @@ def _check_positive_int(name: str, value: Any) -> int:
 
 # The run-time learning-rate scale ------------------------------------------------------------------------
 class LrScaleState(NamedTuple):
-    """State of `scale_by_lr_scale`: the factor (a float32 scalar array) applied to every update."""
+    """State of `scale_by_scheduled_lr`: the step count and the run-time factor (float32 scalars)."""
 
+    count: jax.Array
     scale: jax.Array
 
 
-def scale_by_lr_scale() -> optax.GradientTransformation:
-    """Multiply updates by a factor kept in the state (1.0 at init); change it with `set_lr_scale`."""
+def scale_by_scheduled_lr(schedule: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+    """Multiply updates by ``-schedule(count) * scale``; ``scale`` (1.0 at init) is changed with `set_lr_scale`.
+
+    One transform, one multiply per leaf: the factor is folded into the learning rate before it meets the
+    updates. A separate "multiply by scale" after optax's learning-rate scaling would add a second rounding
+    step per element and change which product XLA contracts into a fused multiply-add with the parameter
+    update, so results would drift from a plain optax optimizer in the last bit; folded, ``scale == 1`` gives
+    exactly the numbers of ``optax.sgd`` / ``optax.adam`` (tests/test_loop.py checks bitwise).
+    """
+    schedule_fn = schedule if callable(schedule) else (lambda count: schedule)
 
     def init_fn(params: Any) -> LrScaleState:
         del params
-        return LrScaleState(scale=jnp.ones((), jnp.float32))
+        return LrScaleState(count=jnp.zeros((), jnp.int32), scale=jnp.ones((), jnp.float32))
 
     def update_fn(updates: Any, state: LrScaleState, params: Any = None) -> tuple[Any, LrScaleState]:
         del params
-        return jax.tree.map(lambda u: u * state.scale.astype(u.dtype), updates), state
+        step_size = -schedule_fn(state.count) * state.scale
+        updates = jax.tree.map(lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates)
+        return updates, LrScaleState(count=optax.safe_increment(state.count), scale=state.scale)
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -241,8 +256,8 @@ def set_lr_scale(opt_state: Any, value: float) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
         raise ConfigError(f"set_lr_scale: value must be a finite float >= 0, got {value!r}")
     get_lr_scale(opt_state)  # raises when there is none
-    new = LrScaleState(scale=jnp.asarray(value, jnp.float32))
-    return jax.tree.map(lambda n: new if _is_scale(n) else n, opt_state, is_leaf=_is_scale)
+    scale = jnp.asarray(value, jnp.float32)
+    return jax.tree.map(lambda n: n._replace(scale=scale) if _is_scale(n) else n, opt_state, is_leaf=_is_scale)
 
 
 # The recipe ----------------------------------------------------------------------------------------------
@@ -310,8 +325,7 @@ def build_optimizer(
     if cfg.get("weight_decay"):
         mask = None if cfg["decay_biases"] else _decay_mask
         parts.append(optax.add_decayed_weights(cfg["weight_decay"], mask=mask))
-    parts.append(optax.scale_by_learning_rate(lr))
-    parts.append(scale_by_lr_scale())
+    parts.append(scale_by_scheduled_lr(lr))
     optimizer = optax.chain(*parts)
     if accum > 1:
         optimizer = optax.MultiSteps(optimizer, every_k_schedule=accum).gradient_transformation()

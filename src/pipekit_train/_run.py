@@ -53,6 +53,9 @@ def current_settings() -> RunSettings:
 
 
 def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tuple[str, str, int]:
+    """(run id, run dir, stage index): from the previous stage, from the run directory, or new."""
+    from pipekit import ConfigError
+
     from ._artifacts import new_run_id
 
     if state is not None and state.run_id is not None:
@@ -62,8 +65,12 @@ def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tup
     if meta_path and os.path.exists(meta_path):
         with open(meta_path, encoding="utf-8") as f:
             existing = json.load(f)
-        if settings.resume == "auto" or existing.get("finished") is False:
-            return existing["run_id"], run_dir, 0  # type: ignore[return-value]
+        if settings.resume != "auto":
+            raise ConfigError(
+                f"run directory {run_dir} already holds run {existing.get('run_id')!r}; continue it with "
+                "resume='auto' (`--resume auto`) or choose another run directory"
+            )
+        return str(existing["run_id"]), str(run_dir), 0
     run_id = new_run_id()
     return run_id, run_dir or os.path.join("runs", run_id), 0
 

@@ -222,12 +222,16 @@ class RegisteredSource(Source):
 
 
 # The built-in `digits` dataset --------------------------------------------------------------------------------
-_SPLITS = ("train", "test", "all")
+_SPLITS = ("train", "val", "test", "all")
 
 
 @register_dataset("digits")
 def digits(
-    split: str = "train", test_fraction: float = 0.2, label_fraction: float = 1.0, seed: int = 0
+    split: str = "train",
+    test_fraction: float = 0.2,
+    label_fraction: float = 1.0,
+    seed: int = 0,
+    val_fraction: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """scikit-learn's bundled 8x8 digits: ``{"x": float32 (N, 64) in [0, 1], "y": int32 (N,)}``.
 
@@ -237,8 +241,10 @@ def digits(
     their original order.
 
     Args:
-        split: ``"train"``, ``"test"`` or ``"all"`` (`test_fraction` is then ignored).
+        split: ``"train"``, ``"val"``, ``"test"`` or ``"all"`` (the fractions are then ignored).
         test_fraction: the fraction of each class held out as the test split, in (0, 1).
+        val_fraction: the fraction of each class held out (from what the test split leaves) as the validation
+            split, in [0, 1); ``split: val`` needs it above 0. The train split is what remains.
         label_fraction: the fraction of the split to keep, in (0, 1].
         seed: a non-negative int choosing the split and the kept records.
     """
@@ -250,6 +256,14 @@ def digits(
         raise ConfigError(f"digits: label_fraction must be a number in (0, 1], got {label_fraction!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"digits: seed must be a non-negative int, got {seed!r}")
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
+        raise ConfigError(f"digits: val_fraction must be a number in [0, 1), got {val_fraction!r}")
+    if test_fraction + val_fraction >= 1:
+        raise ConfigError(
+            f"digits: test_fraction + val_fraction must be below 1, got {test_fraction} + {val_fraction}"
+        )
+    if split == "val" and val_fraction == 0:
+        raise ConfigError("digits: split 'val' needs val_fraction > 0 (for example val_fraction: 0.1)")
     try:
         from sklearn.datasets import load_digits
     except ImportError:
@@ -263,7 +277,13 @@ def digits(
     for cls in np.unique(y):
         members = split_rng.permutation(np.flatnonzero(y == cls))
         n_test = round(len(members) * test_fraction)
-        part = {"test": members[:n_test], "train": members[n_test:], "all": members}[split]
+        n_val = round(len(members) * val_fraction)
+        part = {
+            "test": members[:n_test],
+            "val": members[n_test : n_test + n_val],
+            "train": members[n_test + n_val :],
+            "all": members,
+        }[split]
         part = keep_rng.permutation(part)
         n_keep = max(1, round(len(part) * label_fraction)) if len(part) else 0
         chosen.append(part[:n_keep])

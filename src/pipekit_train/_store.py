@@ -1,10 +1,12 @@
 """`ArtifactStore`: the training artifacts of every run, in one SQLite file, queryable.
 
-The file is an SQLite database in WAL mode, so readers never block the writer and many processes (the stages of a
-sweep, several machines' jobs on a shared disk that supports locking) can record at once: each write is one short
-``BEGIN IMMEDIATE`` transaction and a writer that finds the database locked waits (``busy_timeout``) rather than
-failing. The whole artifact is kept as JSON; the columns and the ``parents`` and ``metrics`` tables beside it are
-indexes for the queries.
+The file is an SQLite database in WAL mode, so readers never block the writer and many processes on one machine
+(the runs of a sweep) can record at once: each write is one short ``BEGIN IMMEDIATE`` transaction and a writer that
+finds the database locked waits (``busy_timeout``) rather than failing. WAL needs every process on the same host
+(it shares memory through a ``-shm`` file), so keep the file on a local disk, not a network file system.
+
+The whole artifact is kept as JSON; the columns and the ``parents`` and ``metrics`` tables beside it are indexes
+for the queries.
 
 Where the file is: the ``path`` argument, else ``$PIPEKIT_ARTIFACT_STORE``, else ``./runs/artifacts.sqlite``.
 

@@ -142,7 +142,8 @@ def _show(a: TrainingArtifact) -> str:
 
 def _lineage(root: TrainingArtifact, lineage: dict[str, list[Any]]) -> str:
     def line(a: TrainingArtifact, mark: str = " ") -> str:
-        return f"{mark} {a.artifact_id[:12]}  {a.stage:<10}  {a.status:<10}  {_short_time(a.started_at)}  {_key_metrics(a)}"
+        when = _short_time(a.started_at)
+        return f"{mark} {a.artifact_id[:12]}  {a.stage:<10}  {a.status:<10}  {when}  {_key_metrics(a)}"
 
     out = ["ancestors (oldest first):"]
     out += [line(a) for a in reversed(lineage["ancestors"])] or ["  (none)"]

@@ -1,4 +1,4 @@
-"""The Equinox primitives of Layer 1: `TrainState`, `TrainTask`, `make_task`, `train_step`, `save_state`, `restore_state`.
+"""The Equinox primitives of Layer 1: `TrainState`, `TrainTask`, `make_task`, `train_step` and save/restore.
 
 `train_step` is the reference step, exactly the seed's: ``eqx.filter_jit`` over the whole state. The loop's fast
 step (``jax.jit`` over partitioned arrays, donation, ``lax.scan``) must agree with it.
@@ -14,11 +14,21 @@ import jax
 import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
+
 from pipekit import ShapeError
 
 from .._losses import Loss, split_loss_output
 
-__all__ = ["LossTask", "TrainState", "TrainTask", "init_state", "make_task", "restore_state", "save_state", "train_step"]
+__all__ = [
+    "LossTask",
+    "TrainState",
+    "TrainTask",
+    "init_state",
+    "make_task",
+    "restore_state",
+    "save_state",
+    "train_step",
+]
 
 
 class TrainState(eqx.Module):
@@ -109,7 +119,7 @@ def train_step(
 
 def save_state(mngr: ocp.CheckpointManager, state: TrainState, step: int) -> None:
     """Save the array leaves of `state` as checkpoint `step` (asynchronously: `mngr.wait_until_finished()`)."""
-    arrays, static = eqx.partition(state, eqx.is_array)
+    arrays, _ = eqx.partition(state, eqx.is_array)
     mngr.save(step, args=ocp.args.StandardSave(arrays))
 
 

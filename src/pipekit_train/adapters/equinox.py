@@ -205,6 +205,7 @@ def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, h
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
         "num_params": int(sum(x.size for x in jax.tree.leaves(backend.params))),
+        "steps": result.step,
         "steps_per_call": loop.steps_per_call,
     }
     return result
