@@ -6,6 +6,9 @@ same pipeline as YAML and run ``pipekit-train run pipeline.yaml``.
 
 from ._callbacks import Callback as Callback
 from ._callbacks import TrainContext as TrainContext
+from ._controls import EMA as EMA
+from ._controls import EarlyStopping as EarlyStopping
+from ._controls import ReduceLROnPlateau as ReduceLROnPlateau
 from ._data import ArraySource as ArraySource
 from ._data import BatchIterator as BatchIterator
 from ._data import Cast as Cast

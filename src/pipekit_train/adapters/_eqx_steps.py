@@ -60,9 +60,19 @@ def combine(params: Any, consts: Any, static: Any) -> Any:
     return eqx.combine(params, consts, static)
 
 
+def ema_decay(decay: float, warmup: bool, step: jax.Array) -> jax.Array:
+    """The EMA decay used after `step` (0-based) updates: ``decay``, or ``min(decay, (1 + t) / (10 + t))``
+    with warmup so early averages are not dominated by the random initial weights."""
+    if not warmup:
+        return jnp.asarray(decay, jnp.float32)
+    t = step.astype(jnp.float32) + 1.0
+    return jnp.minimum(jnp.float32(decay), (1.0 + t) / (10.0 + t))
+
+
 def _one_step(
     params: Any,
     opt_state: Any,
+    ema: Any,
     consts: Any,
     batch: dict[str, jax.Array],
     step: jax.Array,
@@ -70,7 +80,8 @@ def _one_step(
     static: Any,
     spec: LossSpec,
     optimizer: optax.GradientTransformation,
-) -> tuple[Any, Any, dict[str, jax.Array]]:
+    ema_config: tuple[float, bool] | None,
+) -> tuple[Any, Any, Any, dict[str, jax.Array]]:
     key = jax.random.fold_in(base_key, step)
 
     def loss_of(p: Any) -> tuple[jax.Array, dict[str, Any]]:
@@ -79,13 +90,19 @@ def _one_step(
     grads, metrics = jax.grad(loss_of, has_aux=True)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     params = eqx.apply_updates(params, updates)
-    return params, opt_state, metrics
+    if ema_config is not None:
+        d = ema_decay(*ema_config, step)
+        ema = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, ema, params)
+    return params, opt_state, ema, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("static", "spec", "optimizer", "n"), donate_argnums=(0, 1))
+@functools.partial(
+    jax.jit, static_argnames=("static", "spec", "optimizer", "n", "ema_config"), donate_argnums=(0, 1, 2)
+)
 def train_chunk(
     params: Any,
     opt_state: Any,
+    ema: Any,
     consts: Any,
     batches: dict[str, jax.Array],
     step: jax.Array,
@@ -95,21 +112,24 @@ def train_chunk(
     spec: LossSpec,
     optimizer: optax.GradientTransformation,
     n: int,
-) -> tuple[Any, Any, dict[str, jax.Array]]:
+    ema_config: tuple[float, bool] | None = None,
+) -> tuple[Any, Any, Any, dict[str, jax.Array]]:
     """``n`` optimizer steps. With ``n == 1`` `batches` is one batch; else each leaf has a leading axis ``n``.
 
-    Returns the new params, the new optimizer state and the metrics (leading axis ``n`` when ``n > 1``).
+    `ema` is the exponential moving average of the params (``None`` when `ema_config` is ``None``), updated
+    after every step inside the same dispatch. Returns the new params, optimizer state, EMA and the metrics
+    (leading axis ``n`` when ``n > 1``).
     """
     if n == 1:
-        return _one_step(params, opt_state, consts, batches, step, base_key, static, spec, optimizer)
+        return _one_step(params, opt_state, ema, consts, batches, step, base_key, static, spec, optimizer, ema_config)
 
-    def body(carry: tuple[Any, Any, jax.Array], batch: dict[str, jax.Array]) -> tuple[Any, dict[str, jax.Array]]:
-        p, o, s = carry
-        p, o, metrics = _one_step(p, o, consts, batch, s, base_key, static, spec, optimizer)
-        return (p, o, s + 1), metrics
+    def body(carry: tuple[Any, Any, Any, jax.Array], batch: dict[str, jax.Array]) -> tuple[Any, dict[str, jax.Array]]:
+        p, o, e, s = carry
+        p, o, e, metrics = _one_step(p, o, e, consts, batch, s, base_key, static, spec, optimizer, ema_config)
+        return (p, o, e, s + 1), metrics
 
-    (params, opt_state, _), metrics = jax.lax.scan(body, (params, opt_state, step), batches)
-    return params, opt_state, metrics
+    (params, opt_state, ema, _), metrics = jax.lax.scan(body, (params, opt_state, ema, step), batches)
+    return params, opt_state, ema, metrics
 
 
 @functools.partial(jax.jit, static_argnames=("static", "spec"))

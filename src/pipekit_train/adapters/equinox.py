@@ -62,6 +62,12 @@ class EquinoxBackend:
         self.static = static
         self.opt_state = self.optimizer.init(self.params)
         self.base_key = base_key
+        from .._controls import EMA
+
+        ema = next((cb for cb in loop.callbacks if isinstance(cb, EMA)), None)
+        self.ema_callback = ema
+        self.ema_config = (ema.decay, ema.warmup) if ema is not None else None
+        self.ema = host_copy(self.params) if ema is not None else None
         self.spec = LossSpec(
             loss=loop.loss,
             task=loop.task,
@@ -77,9 +83,10 @@ class EquinoxBackend:
             device_batch = jax.device_put(batches[0])
         else:
             device_batch = jax.device_put({k: np.stack([b[k] for b in batches]) for k in batches[0]})
-        self.params, self.opt_state, metrics = train_chunk(
+        self.params, self.opt_state, self.ema, metrics = train_chunk(
             self.params,
             self.opt_state,
+            self.ema,
             self.consts,
             device_batch,
             jnp.asarray(step, jnp.int32),
@@ -88,14 +95,23 @@ class EquinoxBackend:
             spec=self.spec,
             optimizer=self.optimizer,
             n=n,
+            ema_config=self.ema_config,
         )
         return metrics
 
-    def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        return eval_batch(self.params, self.consts, jax.device_put(batch), self.base_key, static=self.static, spec=self.spec)
+    def _weights(self, use_ema: bool) -> Any:
+        return self.ema if (use_ema and self.ema is not None) else self.params
 
-    def module(self) -> Any:
-        return combine(self.params, self.consts, self.static)
+    def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        use_ema = self.ema_callback is not None and self.ema_callback.evaluate_with_ema
+        return eval_batch(
+            self._weights(use_ema), self.consts, jax.device_put(batch), self.base_key, static=self.static, spec=self.spec
+        )
+
+    def module(self, use_ema: bool | None = None) -> Any:
+        if use_ema is None:
+            use_ema = self.ema_callback is not None and self.ema_callback.return_ema
+        return combine(self._weights(use_ema), self.consts, self.static)
 
     def bound_model(self) -> Any:
         return self.model_op.bind(host_copy(self.module()))
@@ -106,6 +122,8 @@ class EquinoxBackend:
             raise ShapeError("set_model: the new model's parameter structure differs from the one being trained")
         self.params = host_copy(params)
         self.consts = consts
+        if self.ema is not None:
+            self.ema = host_copy(params)
 
     def get_lr_scale(self) -> float:
         return get_lr_scale(self.opt_state)
@@ -119,12 +137,17 @@ class EquinoxBackend:
     # Checkpointing -----------------------------------------------------------------------------------------
     def state_tree(self) -> dict[str, Any]:
         """The arrays a checkpoint holds: parameters, non-trained arrays, optimizer state."""
-        return {"params": self.params, "consts": self.consts, "opt_state": self.opt_state}
+        tree = {"params": self.params, "consts": self.consts, "opt_state": self.opt_state}
+        if self.ema is not None:
+            tree["ema"] = self.ema
+        return tree
 
     def load_state_tree(self, tree: dict[str, Any]) -> None:
         self.params = tree["params"]
         self.consts = tree["consts"]
         self.opt_state = tree["opt_state"]
+        if self.ema is not None:
+            self.ema = tree["ema"]
 
 
 def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:

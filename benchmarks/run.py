@@ -1,0 +1,597 @@
+"""Step-time benchmarks of pipekit-train against hand-written JAX loops, the seed's step and Keras 3 ``fit``.
+
+Run with ``make bench`` (installs the benchmark-only ``keras`` extra first), or directly::
+
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/run.py            # full run, ~5 minutes on 2 cores
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/run.py --quick    # smoke run, ~1 minute
+
+Method (see docs/performance.md):
+
+- Every contender is built and compiled first and then run once untimed (warm-up). Then, for ``--rounds``
+  rounds, every contender of a comparison is measured once per round, in an order rotated each round, so that
+  drift in the machine's load hits all of them alike. The reported time is the median over rounds; a ratio is the
+  median over rounds of the ratio of that round's two measurements (a paired comparison).
+- Times are steady-state microseconds per optimizer step. Whole runs (`TrainingLoop.run`, Keras ``fit``) have fixed
+  costs per call (building the model, the artifact, git state, Keras' data adapter); they are cancelled by timing a
+  short and a long run of the same compiled structure and dividing the difference by the difference in steps.
+  Hand-written loops have no such cost: they run N steps and block on the result.
+- Throughput ratio = baseline µs / contender µs: >= 1 means pipekit is at least as fast.
+
+Results are printed as a Markdown table and written to ``benchmarks/results.json`` and ``benchmarks/results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("KERAS_BACKEND", "jax")  # Keras reads it once, at its first import
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from pipekit_train import MSE, ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, run_settings  # noqa: E402
+from pipekit_train.adapters.equinox import TrainState, make_task, train_step  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+IN_SIZE = 32
+RECORDS = 16_384
+LR, WEIGHT_DECAY, B1, B2, EPS = 1e-3, 1e-4, 0.9, 0.999, 1e-8  # pipekit's adamw defaults, given to every contender
+
+
+# Configuration ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Size:
+    name: str
+    width: int
+    depth: int
+    batch: int
+    short: int  # steps of the short run (run-difference method)
+    long: int  # steps of the long run; the hand-written loops run long - short steps
+    checkpoint: bool  # also measure checkpointing every 50 steps at this size
+
+
+SIZES = (
+    Size("small", 64, 2, 32, short=200, long=2000, checkpoint=True),
+    Size("medium", 256, 3, 128, short=100, long=600, checkpoint=True),
+    Size("compute-bound", 1024, 4, 256, short=4, long=24, checkpoint=False),
+)
+QUICK_DIVISOR = {"small": 4, "medium": 5, "compute-bound": 2}
+
+
+def quick_size(size: Size) -> Size:
+    d = QUICK_DIVISOR[size.name]
+    short = max(2, size.short // d // 10 * 10 or size.short // d)
+    long = max(short + 4, size.long // d // 10 * 10 or size.long // d)
+    if size.checkpoint:  # keep at least one checkpoint boundary in the difference
+        long = max(long, short + 100)
+    return Size(size.name, size.width, size.depth, size.batch, short, long, size.checkpoint)
+
+
+# Timing --------------------------------------------------------------------------------------------------------
+@dataclass
+class Contender:
+    """Something timed in µs per step: `setup` compiles and warms up, `measure` returns one sample."""
+
+    name: str
+    measure: Callable[[], float]
+    setup: Callable[[], None] = lambda: None
+    samples: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def run_interleaved(contenders: list[Contender], rounds: int) -> None:
+    """Warm up each contender, then measure them round-robin, rotating the order every round."""
+    for c in contenders:
+        try:
+            c.setup()
+            c.measure()  # untimed warm-up: compile caches, allocator, page faults
+        except Exception as e:  # a broken contender is reported, never hidden, and does not stop the rest
+            c.error = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+    live = [c for c in contenders if c.error is None]
+    for r in range(rounds):
+        k = r % max(len(live), 1)
+        for c in live[k:] + live[:k]:
+            try:
+                c.samples.append(c.measure())
+            except Exception as e:
+                c.error = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+
+
+def run_difference(run: Callable[[int], None], short: int, long: int) -> float:
+    """µs per step of `run(n)` with its fixed per-call cost cancelled: (T(long) - T(short)) / (long - short)."""
+    t0 = time.perf_counter()
+    run(short)
+    t1 = time.perf_counter()
+    run(long)
+    t2 = time.perf_counter()
+    return ((t2 - t1) - (t1 - t0)) / (long - short) * 1e6
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def paired_ratio(baseline: Contender, contender: Contender) -> float | None:
+    """Median over rounds of baseline µs / contender µs (>= 1: the contender is at least as fast)."""
+    pairs = [b / c for b, c in zip(baseline.samples, contender.samples, strict=False) if c > 0 and b > 0]
+    return statistics.median(pairs) if pairs else None
+
+
+# Data ------------------------------------------------------------------------------------------------------------
+def make_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((RECORDS, IN_SIZE)).astype(np.float32)
+    w = rng.standard_normal((IN_SIZE, 1)).astype(np.float32)
+    y = (np.tanh(x @ w) + 0.1 * rng.standard_normal((RECORDS, 1))).astype(np.float32)
+    return x, y
+
+
+def prebatched(x: np.ndarray, y: np.ndarray, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """One shuffled epoch cut into batches: ``(num_batches, batch, ...)``."""
+    perm = np.random.default_rng(seed).permutation(len(x))
+    nb = len(x) // batch
+    idx = perm[: nb * batch]
+    return x[idx].reshape(nb, batch, -1), y[idx].reshape(nb, batch, -1)
+
+
+def adamw() -> optax.GradientTransformation:
+    """optax's adamw with pipekit's defaults (decay on weight matrices, not on biases)."""
+    return optax.adamw(LR, b1=B1, b2=B2, eps=EPS, weight_decay=WEIGHT_DECAY, mask=lambda p: jax.tree.map(lambda a: a.ndim > 1, p))
+
+
+def eqx_mlp(size: Size, seed: int = 0) -> Any:
+    return eqx.nn.MLP(IN_SIZE, 1, size.width, size.depth, key=jax.random.key(seed))
+
+
+# Contenders: pipekit -----------------------------------------------------------------------------------------------
+class PipekitRuns:
+    """`TrainingLoop.run()` with its defaults; each run gets a fresh run directory under one temporary root."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, size: Size, root: str, **loop_kwargs: Any) -> None:
+        self.size = size
+        self.root = root
+        self.dataset = TrainingDataset(source=ArraySource(arrays={"x": x, "y": y}))
+        self.loop_kwargs = loop_kwargs
+        self.count = 0
+        self.last_run_dir = ""
+
+    def loop(self, steps: int) -> TrainingLoop:
+        s = self.size
+        kwargs: dict[str, Any] = {
+            "model_op": EquinoxModel(
+                factory="mlp",
+                kwargs={"in_size": IN_SIZE, "out_size": 1, "width_size": s.width, "depth": s.depth},
+            ),
+            "dataset": self.dataset,
+            "loss": MSE(),
+            "optimizer_config": {"name": "adamw", "lr": LR},
+            "max_steps": steps,
+            "batch_size": s.batch,
+            "log_every_n_steps": 100,
+            "progress": False,
+            "steps_per_call": 1,
+        }
+        kwargs.update(self.loop_kwargs)
+        return TrainingLoop(**kwargs)
+
+    def run(self, steps: int) -> None:
+        self.count += 1
+        run_dir = os.path.join(self.root, f"run{self.count:05d}")
+        with run_settings(store=False, run_dir=run_dir):
+            model, _artifact = self.loop(steps).run()
+        jax.block_until_ready(model.module)
+        shutil.rmtree(self.last_run_dir, ignore_errors=True)  # keep the last one for inspection
+        self.last_run_dir = run_dir
+
+    def measure(self) -> float:
+        return run_difference(self.run, self.size.short, self.size.long)
+
+    def setup(self) -> None:
+        self.run(self.size.short)  # compiles: the optimizer (and so the step) is cached per max_steps
+        self.run(self.size.long)
+
+
+# Contenders: hand-written loops ------------------------------------------------------------------------------------
+def jit_step_fn(static: Any, optimizer: optax.GradientTransformation) -> Callable[..., Any]:
+    def loss_fn(params: Any, xb: jax.Array, yb: jax.Array) -> jax.Array:
+        model = eqx.combine(params, static)
+        return jnp.mean((jax.vmap(model)(xb) - yb) ** 2)
+
+    def step(params: Any, opt_state: Any, xb: jax.Array, yb: jax.Array) -> tuple[Any, Any, jax.Array]:
+        loss, grads = jax.value_and_grad(loss_fn)(params, xb, yb)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+class HandJit:
+    """``jax.jit`` with donation over pre-batched device arrays; ``chunk > 1`` scans ``chunk`` steps per call."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, size: Size, chunk: int = 1) -> None:
+        self.size = size
+        self.chunk = chunk
+        params, self.static = eqx.partition(eqx_mlp(size), eqx.is_inexact_array)
+        self.optimizer = adamw()
+        self.params = jax.tree.map(jnp.copy, params)
+        self.opt_state = self.optimizer.init(self.params)
+        xb, yb = prebatched(x, y, size.batch)
+        step = jit_step_fn(self.static, self.optimizer)
+        if chunk == 1:
+            self.fn = jax.jit(step, donate_argnums=(0, 1))
+            self.batches = [(jnp.asarray(a), jnp.asarray(b)) for a, b in zip(xb, yb, strict=True)]
+        else:
+            def chunked(params: Any, opt_state: Any, xs: jax.Array, ys: jax.Array) -> tuple[Any, Any, jax.Array]:
+                def body(carry: Any, xy: Any) -> Any:
+                    p, o, loss = step(*carry, *xy)
+                    return (p, o), loss
+
+                (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), (xs, ys))
+                return params, opt_state, losses
+
+            self.fn = jax.jit(chunked, donate_argnums=(0, 1))
+            nc = len(xb) // chunk
+            xs = xb[: nc * chunk].reshape(nc, chunk, *xb.shape[1:])
+            ys = yb[: nc * chunk].reshape(nc, chunk, *yb.shape[1:])
+            self.batches = [(jnp.asarray(a), jnp.asarray(b)) for a, b in zip(xs, ys, strict=True)]
+
+    def measure(self) -> float:
+        steps = self.size.long - self.size.short
+        calls = max(1, steps // self.chunk)
+        fn, batches, nb = self.fn, self.batches, len(self.batches)
+        params, opt_state = self.params, self.opt_state
+        t0 = time.perf_counter()
+        for i in range(calls):
+            xb, yb = batches[i % nb]
+            params, opt_state, loss = fn(params, opt_state, xb, yb)
+        jax.block_until_ready((params, loss))
+        elapsed = time.perf_counter() - t0
+        self.params, self.opt_state = params, opt_state
+        return elapsed / (calls * self.chunk) * 1e6
+
+
+class SeedStep:
+    """The seed's step (`eqx.filter_jit` over the whole `TrainState`), called once per step, pre-batched data."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, size: Size) -> None:
+        self.size = size
+        model = eqx_mlp(size)
+        self.optimizer = adamw()
+        self.task = make_task(MSE())
+        self.state = TrainState(
+            model=model, opt_state=self.optimizer.init(eqx.filter(model, eqx.is_array)), step=0
+        )
+        xb, yb = prebatched(x, y, size.batch)
+        self.batches = [{"x": jnp.asarray(a), "y": jnp.asarray(b)} for a, b in zip(xb, yb, strict=True)]
+        base = jax.random.key(1)
+        self.keys = [jax.random.fold_in(base, i) for i in range(len(self.batches))]  # no per-step key dispatch
+
+    def measure(self) -> float:
+        steps = self.size.long - self.size.short
+        state, task, opt, batches, keys, nb = self.state, self.task, self.optimizer, self.batches, self.keys, len(self.batches)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            state, metrics = train_step(state, batches[i % nb], keys[i % nb], task, opt)
+        jax.block_until_ready((state, metrics))
+        elapsed = time.perf_counter() - t0
+        self.state = state
+        return elapsed / steps * 1e6
+
+
+# Contenders: Keras -----------------------------------------------------------------------------------------------
+class KerasFit:
+    """Keras 3 ``fit`` on the JAX backend: same MLP, AdamW (biases not decayed), MSE, data, batch, shuffling."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, size: Size, steps_per_execution: int) -> None:
+        import keras
+
+        if keras.backend.backend() != "jax":
+            raise RuntimeError(f"Keras backend is {keras.backend.backend()!r}; set KERAS_BACKEND=jax before import")
+        self.size = size
+        self.x, self.y = x, y
+        layers = [keras.Input(shape=(IN_SIZE,))]
+        layers += [keras.layers.Dense(size.width, activation="relu") for _ in range(size.depth)]
+        layers += [keras.layers.Dense(1)]
+        self.model = keras.Sequential(layers)
+        optimizer = keras.optimizers.AdamW(
+            learning_rate=LR, weight_decay=WEIGHT_DECAY, beta_1=B1, beta_2=B2, epsilon=EPS
+        )
+        optimizer.exclude_from_weight_decay(var_names=["bias"])
+        self.model.compile(optimizer=optimizer, loss="mse", steps_per_execution=steps_per_execution)
+
+    def run(self, steps: int) -> None:
+        n = steps * self.size.batch
+        reps = -(-n // len(self.x))
+        x = np.concatenate([self.x] * reps)[:n] if reps > 1 else self.x[:n]
+        y = np.concatenate([self.y] * reps)[:n] if reps > 1 else self.y[:n]
+        self.model.fit(x, y, batch_size=self.size.batch, epochs=1, shuffle=True, verbose=0)
+
+    def measure(self) -> float:
+        return run_difference(self.run, self.size.short, self.size.long)
+
+
+# Data path ---------------------------------------------------------------------------------------------------------
+class DataPath:
+    """Batches per second: `TrainingDataset.iterator` vs numpy slicing of a per-epoch permutation."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, batch: int, batches: int) -> None:
+        self.arrays = {"x": x, "y": y}
+        self.batch = batch
+        self.batches = batches
+        self.it = TrainingDataset(source=ArraySource(arrays=self.arrays)).iterator(batch, 0)
+
+    def pipekit(self) -> float:
+        it, n = self.it, self.batches
+        t0 = time.perf_counter()
+        for _ in range(n):
+            next(it)
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def numpy(self) -> float:
+        items, batch, n = tuple(self.arrays.items()), self.batch, self.batches
+        records = len(self.arrays["x"])
+        per_epoch = records // batch
+        epoch, b, perm = 0, 0, np.random.default_rng([0, 0]).permutation(records)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if b == per_epoch:
+                epoch, b = epoch + 1, 0
+                perm = np.random.default_rng([0, epoch]).permutation(records)
+            idx = perm[b * batch : (b + 1) * batch]
+            {k: v[idx] for k, v in items}
+            b += 1
+        return (time.perf_counter() - t0) / n * 1e6
+
+
+# Checkpointing -----------------------------------------------------------------------------------------------------
+def checkpoint_callback() -> tuple[Any, str | None]:
+    try:
+        from pipekit_train._checkpoint import Checkpoint
+    except Exception as e:  # the checkpoint layer is being written
+        return None, f"cannot import Checkpoint: {type(e).__name__}: {e}"
+    return Checkpoint(every_n_steps=50), None
+
+
+def checkpoints_written(run_dir: str) -> int:
+    """Committed checkpoint step directories under `run_dir` (any layout: digit-named directories)."""
+    return sum(1 for p in Path(run_dir).rglob("*") if p.is_dir() and p.name.isdigit())
+
+
+# The suite ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    section: str
+    size: str
+    baseline: str
+    contender: str
+    baseline_us: float | None
+    contender_us: float | None
+    ratio: float | None
+    target: float
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.ratio is None:
+            return "N/A"
+        return "PASS" if self.ratio >= self.target else "MISS"
+
+
+TARGETS = {
+    "1 vs hand jit": {"small": 0.90, "medium": 0.90, "compute-bound": 0.97},
+    "2 vs seed filter_jit": 3.0,
+    "3 vs Keras fit": 2.0,
+    "4 steps_per_call=10 vs lax.scan": 0.90,
+    "5 checkpoint every 50 vs none": 0.95,
+    "6 data path vs numpy": 0.90,
+}
+
+
+def target_of(section: str, size: str) -> float:
+    t = TARGETS[section]
+    return t[size] if isinstance(t, dict) else t
+
+
+def row(section: str, size: str, base: Contender, cont: Contender, note: str = "") -> Row:
+    err = base.error or cont.error
+    return Row(
+        section=section,
+        size=size,
+        baseline=base.name,
+        contender=cont.name,
+        baseline_us=median(base.samples),
+        contender_us=median(cont.samples),
+        ratio=None if err else paired_ratio(base, cont),
+        target=target_of(section, size),
+        note=(f"error: {err}" if err else note),
+    )
+
+
+def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str, keras_ok: str | None) -> list[Row]:
+    """All step-time comparisons of one model size, interleaved in one round-robin."""
+    print(f"\n## {size.name}: MLP {IN_SIZE}->{size.width}x{size.depth}->1, batch {size.batch}, "
+          f"steps {size.short}/{size.long}", flush=True)
+    pk = PipekitRuns(x, y, size, os.path.join(root, size.name, "default"))
+    pk10 = PipekitRuns(x, y, size, os.path.join(root, size.name, "spc10"), steps_per_call=10)
+    c_pk = Contender("pipekit TrainingLoop", pk.measure, pk.setup)
+    c_pk10 = Contender("pipekit steps_per_call=10", pk10.measure, pk10.setup)
+    holder: dict[str, Any] = {}
+
+    def lazy(key: str, make: Callable[[], Any]) -> Contender:
+        def setup() -> None:
+            holder[key] = make()
+
+        return Contender(key, lambda: holder[key].measure(), setup)
+
+    c_jit = lazy("hand jax.jit+donate", lambda: HandJit(x, y, size))
+    c_scan = lazy("hand lax.scan x10", lambda: HandJit(x, y, size, chunk=10))
+    c_seed = lazy("seed eqx.filter_jit step", lambda: SeedStep(x, y, size))
+    contenders = [c_pk, c_jit, c_seed, c_pk10, c_scan]
+    keras_c: list[Contender] = []
+    for spe in (1, 10):
+        c = lazy(f"Keras fit spe={spe}", functools.partial(KerasFit, x, y, size, spe))
+        if keras_ok is not None:
+            c.error = keras_ok
+        keras_c.append(c)
+    contenders += keras_c
+    c_ck: Contender | None = None
+    ck_note = ""
+    if size.checkpoint:
+        cb, err = checkpoint_callback()
+        pkc = PipekitRuns(x, y, size, os.path.join(root, size.name, "ckpt"), callbacks=(cb,) if cb else ())
+        c_ck = Contender("pipekit + Checkpoint(50)", pkc.measure, pkc.setup)
+        if err:
+            c_ck.error = err
+        contenders.append(c_ck)
+    t0 = time.perf_counter()
+    run_interleaved(contenders, rounds)
+    if c_ck is not None and c_ck.error is None:
+        written = checkpoints_written(pkc.last_run_dir)
+        if written == 0:
+            c_ck.error = "Checkpoint callback is not wired into the loop yet: no checkpoint was written"
+        else:
+            ck_note = f"{written} checkpoints in the last {size.long}-step run"
+    print(f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
+    for c in contenders:
+        med = median(c.samples)
+        print(f"   {c.name:28s} " + (f"{med:10.1f} µs/step" if med else f"-- {c.error}"), flush=True)
+    rows = [
+        row("1 vs hand jit", size.name, c_jit, c_pk),
+        row("2 vs seed filter_jit", size.name, c_seed, c_pk),
+    ]
+    rows += [row("3 vs Keras fit", size.name, c, c_pk) for c in keras_c]
+    rows.append(row("4 steps_per_call=10 vs lax.scan", size.name, c_scan, c_pk10))
+    if c_ck is not None:
+        rows.append(row("5 checkpoint every 50 vs none", size.name, c_pk, c_ck, ck_note))
+    return rows
+
+
+def bench_data(x: np.ndarray, y: np.ndarray, rounds: int, batches: int) -> list[Row]:
+    print(f"\n## data path: batch 32, {batches} batches per sample", flush=True)
+    dp = DataPath(x, y, 32, batches)
+    c_np = Contender("numpy permutation slicing", dp.numpy)
+    c_pk = Contender("TrainingDataset.iterator", dp.pipekit)
+    run_interleaved([c_np, c_pk], rounds)
+    return [row("6 data path vs numpy", "batch 32", c_np, c_pk, "µs per batch")]
+
+
+def keras_available() -> str | None:
+    try:
+        import keras  # noqa: F401
+    except ImportError:
+        return "keras is not installed (make bench installs it: pip install 'keras>=3.10')"
+    return None
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "| comparison | model | baseline | µs/step | pipekit contender | µs/step | ratio | target | result |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        note = f" ({r.note})" if r.note else ""
+        lines.append(
+            f"| {r.section} | {r.size} | {r.baseline} | {fmt(r.baseline_us, '.1f')} | {r.contender} | "
+            f"{fmt(r.contender_us, '.1f')} | {fmt(r.ratio, '.2f')} | ≥{r.target:g} | {r.verdict}{note} |"
+        )
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "equinox": eqx.__version__,
+        "optax": optax.__version__,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "jax_devices": [str(d) for d in jax.devices()],
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+    }
+    try:
+        import keras
+
+        info["keras"] = keras.__version__
+    except ImportError:
+        info["keras"] = None
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: fewer steps and rounds (~1 minute)")
+    parser.add_argument("--rounds", type=int, default=None, help="measured rounds per comparison (default 5; 2 quick)")
+    parser.add_argument("--sizes", default="small,medium,compute-bound", help="comma-separated model sizes to run")
+    parser.add_argument("--out", default=str(HERE), help="directory for results.json and results.md")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 5)
+    wanted = set(args.sizes.split(","))
+    sizes = [quick_size(s) if args.quick else s for s in SIZES if s.name in wanted]
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    x, y = make_data()
+    keras_ok = keras_available()
+    rows: list[Row] = []
+    root = tempfile.mkdtemp(prefix="pipekit-bench-")
+    try:
+        for size in sizes:
+            rows += bench_size(size, x, y, rounds, root, keras_ok)
+        rows += bench_data(x, y, rounds, 2_000 if args.quick else 20_000)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    elapsed = time.perf_counter() - started
+    table = markdown(rows)
+    header = (
+        f"pipekit-train benchmarks ({'quick' if args.quick else 'full'}; {rounds} interleaved rounds; "
+        f"median µs per optimizer step; ratio = baseline µs / pipekit µs, paired per round; "
+        f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; {elapsed:.0f} s)"
+    )
+    print("\n" + header + "\n\n" + table, flush=True)
+    misses = [r for r in rows if r.verdict == "MISS"]
+    print(f"\n{len(rows) - len(misses)} of {len(rows)} comparisons meet their target; "
+          f"{len(misses)} miss; {sum(r.verdict == 'N/A' for r in rows)} not measured.")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "mode": "quick" if args.quick else "full",
+        "rounds": rounds,
+        "seconds": round(elapsed, 1),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "environment": environment(),
+        "sizes": [s.__dict__ for s in sizes],
+        "rows": [{**r.__dict__, "verdict": r.verdict} for r in rows],
+        "argv": sys.argv[1:],
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "results.md").write_text(header + "\n\n" + table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
