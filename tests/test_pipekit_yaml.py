@@ -135,3 +135,14 @@ def test_loader_never_imports_named_modules():
     with pytest.raises(ConfigError):
         pipekit.loads("type: os.environ.clear\n")
     assert dict(os.environ) == env_before
+
+
+def test_scientific_notation_without_a_dot_is_a_float():
+    shapes = pipekit.loads("type: AssertShape\nshapes: {x: [1]}\ndtypes: {x: '1e-3'}\n")
+    assert shapes.dtypes == {"x": "1e-3"}  # quoted stays a string
+    builder = pipekit._yaml._Builder("t")
+    import yaml
+
+    assert builder.plain(yaml.compose("{a: 1e-3, b: -2E+4, c: 1.5e-3, d: 1e3x}")) == {
+        "a": 0.001, "b": -20000.0, "c": 0.0015, "d": "1e3x"
+    }

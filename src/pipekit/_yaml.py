@@ -144,7 +144,7 @@ class _Builder:
                     f"YAML tag {node.tag!r} is not allowed; only plain strings, numbers, booleans and null are",
                     self.where(node),
                 )
-            if node.tag == "tag:yaml.org,2002:str" and node.style is None and _FLOAT_WITHOUT_DOT.match(node.value):
+            if node.tag == "tag:yaml.org,2002:str" and not node.style and _FLOAT_WITHOUT_DOT.match(node.value):
                 return float(node.value)
             return _scalar_constructor.construct_object(node, deep=True)
         if isinstance(node, yaml.SequenceNode):

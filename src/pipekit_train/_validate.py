@@ -22,6 +22,7 @@ def check_pipeline(op: Operator) -> str:
     import jax
 
     from ._loop import TrainerCarryState, TrainingLoop
+    from ._optim import check_optimizer_config
     from .adapters.equinox import check_before_compile, initial_module
 
     loops = [s for s in _stages(op) if isinstance(s, TrainingLoop)]
@@ -30,6 +31,7 @@ def check_pipeline(op: Operator) -> str:
     for index, loop in enumerate(loops):
         stage = loop.name or f"stage{index}"
         init_key = jax.random.split(jax.random.key(loop.seed))[0]
+        check_optimizer_config(loop.optimizer_config)
         check_before_compile(loop)
         module = initial_module(loop, state, init_key, stage)
         for ds in (loop.val_dataset, loop.test_dataset):

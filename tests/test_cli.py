@@ -1,0 +1,110 @@
+"""The `pipekit-train` command line, run as a real subprocess on a tiny pipeline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TINY = """\
+pipekit: 1
+type: Sequential
+stages:
+- type: TrainingLoop
+  name: fit
+  model_op: {type: EquinoxModel, factory: mlp, kwargs: {in_size: 4, out_size: 1, width_size: 8, depth: 1}}
+  dataset: {type: TrainingDataset, source: {type: NpzSource, path: data.npz}}
+  val_dataset: {type: TrainingDataset, source: {type: NpzSource, path: data.npz}, shuffle: false}
+  loss: {type: MSE}
+  optimizer_config: {name: adam, lr: 1e-2}
+  max_steps: 20
+  batch_size: 8
+  eval_every_n_steps: 10
+  log_every_n_steps: 5
+"""
+
+
+def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipekit_train.cli", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"},
+    )
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 4)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
+    (tmp_path / "pipe.yaml").write_text(TINY)
+    return tmp_path
+
+
+def test_run_trains_records_and_summarises(workdir: Path):
+    out = _cli("run", "pipe.yaml", "--run-dir", "runs/a", "--store", "store.sqlite", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert "Summary" in out.stdout and "fit" in out.stdout and "runs/a" in out.stdout
+    assert "pipekit-train artifacts lineage" in out.stdout
+    records = [json.loads(line) for line in (workdir / "runs/a/fit/metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["type"] == "finish" and records[-1]["status"] == "completed"
+    listing = _cli("artifacts", "list", "--store", "store.sqlite", "--json", cwd=workdir)
+    assert listing.returncode == 0, listing.stderr
+    rows = json.loads(listing.stdout)
+    assert len(rows) == 1 and rows[0]["stage"] == "fit"
+
+
+def test_set_overrides_and_print_config(workdir: Path):
+    out = _cli("run", "pipe.yaml", "--set", "stages.0.max_steps=7", "--set", "stages[0].seed=5", "--print-config",
+               cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert "max_steps: 7" in out.stdout and "seed: 5" in out.stdout
+
+
+def test_validate_checks_without_training(workdir: Path):
+    out = _cli("validate", "pipe.yaml", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert "ok (1 training stage, 20 steps in all)" in out.stdout
+    assert not (workdir / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (("max_steps: 20", "max_step: 20"), r"pipe.yaml:\d+:\d+: TrainingLoop has no field 'max_step' \(did you mean 'max_steps'\?\)"),
+        (("in_size: 4", "in_size: 5"), r"per-example input has shape \(4,\)"),
+        (("name: adam", "name: adamm"), r"adamm"),
+        (("path: data.npz}}\n  val", "path: missing.npz}}\n  val"), r"missing.npz"),
+    ],
+    ids=["misspelled-field", "shape-mismatch", "optimizer-name", "missing-file"],
+)
+def test_bad_input_is_one_clear_error(workdir: Path, edit, message):
+    import re
+
+    (workdir / "pipe.yaml").write_text(TINY.replace(*edit))
+    out = _cli("validate", "pipe.yaml", cwd=workdir)
+    assert out.returncode == 1
+    lines = [line for line in out.stderr.strip().splitlines() if line]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("pipekit-train: error: ")
+    assert re.search(message, lines[0]), lines[0]
+
+
+def test_bad_override_and_existing_run_dir(workdir: Path):
+    out = _cli("run", "pipe.yaml", "--set", "stages.0.max_stepz=3", cwd=workdir)
+    assert out.returncode == 1 and "did you mean 'max_steps'" in out.stderr
+    (workdir / "runs/b").mkdir(parents=True)
+    (workdir / "runs/b/run.json").write_text('{"run_id": "r1"}')
+    out = _cli("run", "pipe.yaml", "--run-dir", "runs/b", "--no-store", cwd=workdir)
+    assert out.returncode == 1 and "already holds run 'r1'" in out.stderr
+
+
+def test_help_reads_well(workdir: Path):
+    out = _cli("--help", cwd=workdir)
+    assert out.returncode == 0
+    for word in ("run", "validate", "artifacts"):
+        assert word in out.stdout
