@@ -75,6 +75,63 @@ def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tup
     return run_id, run_dir or os.path.join("runs", run_id), 0
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """A stage stopped on SIGINT/SIGTERM after writing a committed checkpoint; later stages did not run.
+
+    Attributes:
+        reason: ``"SIGINT"`` or ``"SIGTERM"``.
+        artifact: The stopped stage's artifact (status ``stopped: <reason>``).
+        signum: The signal number (the CLI exits with ``128 + signum``).
+    """
+
+    def __init__(self, reason: str, artifact: Any, signum: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.artifact = artifact
+        self.signum = signum
+
+
+FINAL_FILE = "final.json"
+
+
+def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, TrainerCarryState] | None:
+    """A stage that already finished in this run directory: its model and artifact, without training again."""
+    from ._artifacts import TrainingArtifact
+    from ._model_registry import LocalModelRegistry
+
+    path = os.path.join(info.stage_dir, FINAL_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        final = json.load(f)
+    registry = LocalModelRegistry(os.path.join(info.run_dir, "models"))
+    model = registry.load(final["model_uri"])
+    if model != loop.model_op:
+        return None  # the pipeline changed this stage's model: train it again
+    with open(os.path.join(info.stage_dir, "artifact.json"), encoding="utf-8") as f:
+        artifact = TrainingArtifact.from_dict(json.load(f))
+    state = TrainerCarryState(
+        model=model,
+        step=final["step"],
+        epoch=final["epoch"],
+        metrics=artifact.final_metrics,
+        run_id=info.run_id,
+        run_dir=info.run_dir,
+        stage_index=info.stage_index + 1,
+        artifact_id=artifact.artifact_id,
+    )
+    return TrainingResult(model, artifact), state
+
+
+def _write_final(info: RunInfo, result: Any, artifact: Any) -> None:
+    """Keep the stage's final weights in the run (content-addressed, no pickle) so a resume can skip the stage."""
+    from ._model_registry import LocalModelRegistry
+
+    uri = LocalModelRegistry(os.path.join(info.run_dir, "models")).put(result.model)
+    final = {"model_uri": uri, "step": result.step, "epoch": result.epoch, "artifact_id": artifact.artifact_id}
+    _write_json(os.path.join(info.stage_dir, FINAL_FILE), final)
+
+
 def run_stage(
     loop: TrainingLoop, carrier: Any, state: TrainerCarryState | None
 ) -> tuple[TrainingResult, TrainerCarryState]:
@@ -93,14 +150,23 @@ def run_stage(
         parent_ids=parents,
         stage_dir=os.path.join(run_dir, stage),
     )
+    if settings.resume == "auto":
+        done = _finished_stage(info, loop)
+        if done is not None:
+            return done
     os.makedirs(info.stage_dir, exist_ok=True)
     _write_run_meta(run_dir, run_id, settings)
-    hooks = None
     from ._checkpointing import make_hooks
 
     hooks = make_hooks(loop, info, settings)
     result = loop.adapter().run(loop, state, info, hooks)
+    parents = info.parent_ids + tuple(result.artifact_fields.pop("parent_ids", ()))
+    info = replace(info, parent_ids=tuple(dict.fromkeys(parents)))
     artifact = _build_artifact(loop, result, info, settings)
+    interrupted = getattr(hooks, "interrupted", None)
+    if interrupted is not None:
+        raise TrainingInterrupted(interrupted[0], artifact, interrupted[1])
+    _write_final(info, result, artifact)
     new_state = TrainerCarryState(
         model=result.model,
         opt_state=result.opt_state,
@@ -116,6 +182,13 @@ def run_stage(
     return TrainingResult(result.model, artifact), new_state
 
 
+def _write_json(path: str, data: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
 def _write_run_meta(run_dir: str, run_id: str, settings: RunSettings) -> None:
     path = os.path.join(run_dir, "run.json")
     if os.path.exists(path):
@@ -123,10 +196,7 @@ def _write_run_meta(run_dir: str, run_id: str, settings: RunSettings) -> None:
     meta: dict[str, Any] = {"run_id": run_id}
     if settings.pipeline is not None:
         meta["pipeline_yaml"] = pipekit.dumps(settings.pipeline, strict=False)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2)
-    os.replace(tmp, path)
+    _write_json(path, meta)
 
 
 def _build_artifact(loop: TrainingLoop, result: Any, info: RunInfo, settings: RunSettings) -> Any:
@@ -162,9 +232,5 @@ def _build_artifact(loop: TrainingLoop, result: Any, info: RunInfo, settings: Ru
 
         with ArtifactStore(settings.store or None) as store:
             store.record(artifact)
-    path = os.path.join(info.stage_dir, "artifact.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(artifact.to_dict(), f, indent=2)
-    os.replace(tmp, path)
+    _write_json(os.path.join(info.stage_dir, "artifact.json"), artifact.to_dict())
     return artifact

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+#: Exit codes: 0 done; 1 an error (one line on stderr); 2 bad command-line usage; 128 + signal number when
+#: SIGINT (130) or SIGTERM (143) stopped training gracefully after a committed checkpoint.
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -100,7 +102,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import pipekit
 
-    from pipekit_train._run import run_settings
+    from pipekit_train._run import TrainingInterrupted, run_settings
 
     op = _load_pipeline(args.pipeline, args.set or [])
     if args.print_config:
@@ -111,8 +113,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_pipeline(op)
     store: Any = False if args.no_store else args.store
     run_dir = args.run_dir
-    with run_settings(run_dir=run_dir, store=store, resume=args.resume, pipeline=op):
-        result = op.run()
+    try:
+        with run_settings(run_dir=run_dir, store=store, resume=args.resume, pipeline=op):
+            result = op.run()
+    except TrainingInterrupted as stop:
+        _print_summary(stop.artifact, store)
+        where = os.path.dirname(stop.artifact.run_dir) if stop.artifact.run_dir else run_dir
+        print(
+            f"pipekit-train: stopped by {stop.reason} after a committed checkpoint; continue exactly with:\n"
+            f"  pipekit-train run {args.pipeline} --run-dir {where} --resume auto",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
     artifact = result[1] if isinstance(result, tuple) and len(result) == 2 else None
     _print_summary(artifact, store)
     return EXIT_OK
