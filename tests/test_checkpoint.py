@@ -24,10 +24,10 @@ from pipekit_train._checkpoint import (
     Best,
     Checkpoint,
     CheckpointCorruptedError,
+    Checkpointer,
     CheckpointError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
-    Checkpointer,
     CheckpointSaveError,
     Every,
     Last,
@@ -172,13 +172,34 @@ def test_restore_in_a_new_process_object_with_concrete_template_and_as_saved(tmp
     assert cast["opt"][0].dtype == jnp.float32 and float(cast["opt"][0]) == 1.0
 
 
+def test_loading_never_unpickles(tmp_path, monkeypatch):
+    import pickle
+
+    state = make_state(3)
+    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+        ckpt.save(1, state=state, data_iter={"i": 1}, meta={"epoch": 0})
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a checkpoint load called pickle")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    reader = Checkpointer(tmp_path)
+    assert_bitwise_equal(reader.restore(1, abstract_of(state))[0], state)
+    assert reader.restore(1)[2] == {"epoch": 0}
+    assert average_checkpoints(tmp_path, [1])["opt"][0] == 3
+    assert list_runs(tmp_path)[0]["latest_step"] == 1
+
+
 def test_restore_refuses_a_mismatched_abstract_state(tmp_path):
     state = make_state(0)
     with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
         ckpt.save(1, state=state, data_iter={}, meta={})
         wrong = abstract_of(state)
         wrong["params"]["w"] = jax.ShapeDtypeStruct((3, 3), jnp.float32)
-        with pytest.raises(CheckpointMismatchError, match=r"shape of 'params/w': checkpoint \(1000, 4\), abstract_state"):
+        with pytest.raises(
+            CheckpointMismatchError, match=r"shape of 'params/w': checkpoint \(1000, 4\), abstract_state"
+        ):
             ckpt.restore(1, wrong)
         extra = {**abstract_of(state), "ema": jax.ShapeDtypeStruct((2,), jnp.float32)}
         with pytest.raises(CheckpointMismatchError, match=r"not in the checkpoint: \['ema'\]"):
@@ -187,7 +208,9 @@ def test_restore_refuses_a_mismatched_abstract_state(tmp_path):
 
 def test_save_argument_errors(tmp_path):
     with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
-        with pytest.raises(CheckpointError, match=r"state leaf 'lr' is a float; checkpoint state leaves must be arrays"):
+        with pytest.raises(
+            CheckpointError, match=r"state leaf 'lr' is a float; checkpoint state leaves must be arrays"
+        ):
             ckpt.save(1, state={"lr": 0.1}, data_iter={}, meta={})
         with pytest.raises(CheckpointError, match=r"meta\['cb'\]\[0\] is a ndarray; meta must be JSON data"):
             ckpt.save(1, state={"w": jnp.ones(2)}, data_iter={}, meta={"cb": [np.zeros(2)]})
@@ -200,7 +223,9 @@ def test_save_argument_errors(tmp_path):
         with pytest.raises(ConfigError, match=r"meta\['score'\] must be a real number or None, got 'low'"):
             ckpt.save(1, state={"w": jnp.ones(2)}, data_iter={}, meta={"score": "low"})
         ckpt.save(10, state={"w": jnp.ones(2)}, data_iter={}, meta={})
-        with pytest.raises(CheckpointError, match=r"step 10 is not after the latest checkpoint 10 .* steps must increase"):
+        with pytest.raises(
+            CheckpointError, match=r"step 10 is not after the latest checkpoint 10 .* steps must increase"
+        ):
             ckpt.save(10, state={"w": jnp.ones(2)}, data_iter={}, meta={})
         with pytest.raises(CheckpointError, match=r"which must be a step, 'latest' or 'best', got 'newest'"):
             ckpt.restore("newest")
@@ -311,7 +336,9 @@ def test_missing_commit_marker_or_tmp_dir_is_ignored_and_the_previous_one_used(t
     for reader in (ckpt, Checkpointer(tmp_path)):
         assert reader.latest_step() == 1 and reader.steps() == [1] and reader.best_step() == 1
         assert reader.restore("latest")[1] == {"next_index": 1}
-        with pytest.raises(CheckpointNotFoundError, match=r"step 4 in .* is not a committed checkpoint \(missing commit_"):
+        with pytest.raises(
+            CheckpointNotFoundError, match=r"step 4 in .* is not a committed checkpoint \(missing commit_"
+        ):
             reader.restore(4)
         with pytest.raises(CheckpointNotFoundError, match=r"step 3 .* \(missing state/commit_success.txt\)"):
             reader.restore(3)
@@ -340,6 +367,20 @@ def test_killed_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
     with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
         ckpt.save(2, state={"w": jnp.zeros((4, 4))}, data_iter={"i": 2}, meta={})
     assert step_dirs(tmp_path) == [2] and not list(tmp_path.glob("*orbax-checkpoint-tmp*"))
+
+
+def test_a_normal_exit_without_close_still_commits_the_last_async_save(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import jax.numpy as jnp
+        from pipekit_train._checkpoint import Checkpointer, Last
+        ck = Checkpointer({str(tmp_path)!r}, keep=(Last(n=1),))
+        ck.save(7, state={{"w": jnp.ones((2000, 1000))}}, data_iter={{"i": 7}}, meta={{}})
+        """  # no wait(), no close(): the exit hook finishes the write before Orbax's thread pools stop
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120, env=env, capture_output=True)
+    assert manifest_steps(tmp_path) == [7] and Checkpointer(tmp_path).latest_step() == 7
 
 
 def test_a_failed_background_write_surfaces_at_the_next_wait_and_keeps_the_old_ones(tmp_path):

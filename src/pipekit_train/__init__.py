@@ -6,6 +6,13 @@ same pipeline as YAML and run ``pipekit-train run pipeline.yaml``.
 
 from ._callbacks import Callback as Callback
 from ._callbacks import TrainContext as TrainContext
+from ._checkpoint import Checkpoint as Checkpoint
+from ._checkpoint import CheckpointCorruptedError as CheckpointCorruptedError
+from ._checkpoint import CheckpointError as CheckpointError
+from ._checkpoint import Checkpointer as Checkpointer
+from ._checkpoint import CheckpointMismatchError as CheckpointMismatchError
+from ._checkpoint import average_checkpoints as average_checkpoints
+from ._checkpoint import write_average as write_average
 from ._controls import EMA as EMA
 from ._controls import EarlyStopping as EarlyStopping
 from ._controls import ReduceLROnPlateau as ReduceLROnPlateau
@@ -44,7 +51,12 @@ from ._models import ModelOp as ModelOp
 from ._models import Transfer as Transfer
 from ._models import register_model as register_model
 from ._optim import build_optimizer as build_optimizer
+from ._selectors import Average as Average
+from ._selectors import Best as Best
+from ._selectors import Every as Every
+from ._selectors import Last as Last
 from ._run import RunSettings as RunSettings
+from ._run import TrainingInterrupted as TrainingInterrupted
 from ._store import ArtifactStore as ArtifactStore
 from ._tracking import LogToExperiment as LogToExperiment
 from ._tracking import RegisterModel as RegisterModel

@@ -8,6 +8,7 @@ One checkpoint is one Orbax step directory holding three items committed togethe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -20,6 +21,7 @@ import shutil
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -134,9 +136,7 @@ class Checkpoint(Callback):
 
     def checkpointer(self, directory: str | os.PathLike[str]) -> Checkpointer:
         """A `Checkpointer` writing into `directory` with this configuration."""
-        return Checkpointer(
-            directory, keep=self.keep, monitor=self.monitor, mode=self.mode, async_save=self.async_save
-        )
+        return Checkpointer(directory, keep=self.keep, monitor=self.monitor, mode=self.mode, async_save=self.async_save)
 
     @classmethod
     def example(cls) -> Checkpoint:
@@ -330,14 +330,20 @@ class Checkpointer:
         try:
             self._get_manager().save(step, args=args, force=True)
         except Exception as e:
+            self._discard_manager()
             raise CheckpointSaveError(f"saving step {step} to {self.directory} failed: {e}") from e
         if self.async_save:
+            _finish_at_exit(self)
             self._thread = threading.Thread(
                 target=self._finalize_in_background, args=(entry,), name=f"pipekit-checkpoint-{step}"
             )
             self._thread.start()
         else:
-            self._finalize(entry)
+            try:
+                self._finalize(entry)
+            except CheckpointSaveError:
+                self._discard_manager()
+                raise
         return True
 
     def wait(self) -> None:
@@ -359,10 +365,8 @@ class Checkpointer:
         manager, self._manager = self._manager, None
         if manager is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # the failure just reported
             manager.wait_until_finished()
-        except Exception:  # the failure just reported
-            pass
         try:
             manager.close()
         except Exception as e:
@@ -483,13 +487,47 @@ class Checkpointer:
             kept = union_select(self.keep, own, self.mode) | {e.step for e in entries if not self._is_own(e)}
             retained = sorted((e for e in entries if e.step in kept), key=_step)
             header = {"monitor": self.monitor, "mode": self.mode, "keep": [repr(s) for s in self.keep]}
-            _with_io_retry(lambda: _write_manifest(self.directory, header, retained))
+            try:
+                _with_io_retry(lambda: _write_manifest(self.directory, header, retained))
+            except OSError as e:
+                self._entries[entry.step] = entry  # listed by the next manifest write that succeeds
+                raise CheckpointSaveError(
+                    f"step {entry.step} committed in {self.directory} but {MANIFEST} could not be updated ({e}); "
+                    "nothing was deleted"
+                ) from e
             self._entries = {e.step: e for e in retained}
         for doomed in sorted(e.step for e in entries if e.step not in kept):
             try:
                 _with_io_retry(lambda d=doomed: _delete_step(self.directory / str(d)))
             except OSError as e:
                 logger.warning("could not delete checkpoint step %s in %s: %s", doomed, self.directory, e)
+
+
+_PENDING: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+_EXIT_HOOK = False
+
+
+def _finish_at_exit(checkpointer: Checkpointer) -> None:
+    """Make interpreter exit wait for `checkpointer`'s background save (a forgotten `close` would lose it).
+
+    The hook must run before `concurrent.futures` stops accepting work, which Orbax's background write still
+    needs; `atexit` runs too late for that, so the hook goes where concurrent.futures registers its own.
+    """
+    global _EXIT_HOOK
+    _PENDING.add(checkpointer)
+    if not _EXIT_HOOK:
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(_wait_for_pending)
+            _EXIT_HOOK = True
+
+
+def _wait_for_pending() -> None:
+    for checkpointer in list(_PENDING):
+        try:
+            checkpointer.close()
+        except Exception as e:
+            logger.error("checkpoint of %s failed while exiting: %s", checkpointer.directory, e)
 
 
 # Restore internals -------------------------------------------------------------------------------------------

@@ -1,10 +1,265 @@
-"""Checkpoint and resume hooks of the engine (filled in with the checkpoint layer)."""
+"""The engine's checkpoint and resume hooks: save cadence, exact resume, weight-only starts, graceful stops.
+
+`make_hooks` builds one `CheckpointHooks` per stage. The engine calls it at fixed points:
+
+- ``restore(backend)`` before the first step: a weights-only start (`TrainingLoop.init_from`), then, with
+  ``resume="auto"``, the latest committed checkpoint of this stage: params, optimizer state (so the step count and
+  the learning-rate schedule position), EMA, data position, callbacks' state. A checkpoint written under another
+  configuration is refused with a readable diff.
+- ``after_chunk(engine, data_state)`` after every dispatch: save at multiples of ``Checkpoint.every_n_steps``
+  (chunks never cross that boundary, so a resumed run makes the same chunks as an uninterrupted one).
+- ``stop_requested()``: SIGINT/SIGTERM received (the handlers only set a flag; the step finishes first).
+- ``at_end(engine, data_state, stop_reason)``: a last save, waiting for asynchronous writes, `restore_best`.
+
+The data position saved with step ``s`` is the iterator's state right after the batches of step ``s`` were drawn,
+and the PRNG key of every step is derived from the seed and the step number, so restoring the three (weights and
+optimizer state, data position, step) continues the run bitwise.
+"""
 
 from __future__ import annotations
 
+import difflib
+import json
+import os
+import signal
+import threading
+import warnings
+from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 
-def make_hooks(loop: Any, info: Any, settings: Any) -> Any:
-    """The engine hooks for `loop`, or ``None`` when the stage neither checkpoints nor resumes."""
+from ._checkpoint import Checkpoint, Checkpointer, CheckpointError, CheckpointMismatchError, _path_name
+from ._warnings import PipekitTrainWarning
+
+#: Configuration that must not change between a checkpoint and the run resuming it.
+_FINGERPRINT_FIELDS = (
+    "model_op", "loss", "optimizer_config", "max_steps", "batch_size", "seed", "accum", "grad_clip_norm",
+    "steps_per_call", "input_key", "target_key", "steps_per_epoch", "transfer",
+)
+
+
+def fingerprint(loop: Any) -> dict[str, Any]:
+    """What a checkpoint must have been written under for a resume to be exact, as plain data."""
+    from pipekit._yaml import to_plain
+
+    out = {name: to_plain(getattr(loop, name), name, strict=False) for name in _FINGERPRINT_FIELDS}
+    out["dataset_hash"] = loop.dataset.content_hash()
+    out["ema"] = next((to_plain(cb, strict=False) for cb in loop.callbacks if type(cb).__name__ == "EMA"), None)
+    return out
+
+
+def _diff(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    a = json.dumps(saved, indent=1, sort_keys=True).splitlines()
+    b = json.dumps(now, indent=1, sort_keys=True).splitlines()
+    return "\n".join(difflib.unified_diff(a, b, "checkpoint", "this run", lineterm="", n=1))
+
+
+class _Signals:
+    """SIGINT/SIGTERM → a flag the loop reads after each step; a second SIGINT aborts at once."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.signum = 0
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.reason is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt("second Ctrl+C: aborting without a checkpoint")
+        self.reason = signal.Signals(signum).name
+        self.signum = signum
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+class CheckpointHooks:
+    """Checkpointing, resume and graceful-stop hooks for one stage (see the module docstring)."""
+
+    def __init__(self, loop: Any, info: Any, resume: bool, config: Checkpoint | None) -> None:
+        self.loop = loop
+        self.info = info
+        self.resume = resume
+        self.config = config
+        self.directory = loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")
+        self.checkpointer: Checkpointer | None = config.checkpointer(self.directory) if config else None
+        self.fingerprint = fingerprint(loop) if config else None
+        self.signals = _Signals()
+        self.last_saved: int | None = None
+        self.interrupted: tuple[str, int] | None = None
+        self.parent_ids: tuple[str, ...] = ()
+        self.backend: Any = None
+
+    # Engine protocol ---------------------------------------------------------------------------------------
+    def boundaries(self) -> list[int]:
+        return [self.config.every_n_steps] if self.config else []
+
+    def restore(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[int, dict[str, Any]] | None]:
+        self.backend = backend
+        self.signals.install()
+        if self.loop.init_from:
+            self._warm_start(backend)
+        if not self.resume:
+            return 0, None, None
+        ckpt = self.checkpointer
+        if ckpt is None or ckpt.latest_step() is None:
+            where = self.directory if ckpt is not None else "this stage (it has no Checkpoint callback)"
+            warnings.warn(f"resume='auto': nothing to resume in {where}; starting fresh", PipekitTrainWarning, stacklevel=2)
+            return 0, None, None
+        step = ckpt.latest_step()
+        state, data_iter, meta = ckpt.restore(step, backend.state_tree())
+        saved = meta.get("fingerprint")
+        if saved != self.fingerprint:
+            raise CheckpointMismatchError(
+                f"refusing to resume stage {self.info.stage!r} from step {step} in {self.directory}: the "
+                f"configuration changed since that checkpoint was written:\n{_diff(saved or {}, self.fingerprint or {})}\n"
+                "Resume with the original configuration, or start a new run from these weights with "
+                f"init_from: {self.directory}@{step}"
+            )
+        backend.load_state_tree(state)
+        self.last_saved = step
+        callbacks = {int(k): v for k, v in meta.get("callbacks", {}).items()}
+        return int(meta["step"]), data_iter, callbacks
+
+    def after_chunk(self, engine: Any, data_state: dict[str, Any]) -> None:
+        if self.config is not None and self.config.should_save(engine.step):
+            self._save(engine, data_state)
+
+    def stop_requested(self) -> str | None:
+        return self.signals.reason
+
+    def at_end(self, engine: Any, data_state: dict[str, Any], stop_reason: str | None) -> None:
+        try:
+            if self.config is not None and self.last_saved != engine.step:
+                if self.config.save_on_end or stop_reason is not None:
+                    self._save(engine, data_state, stop_reason)
+            if self.checkpointer is not None:
+                self.checkpointer.wait()
+            if self.signals.reason is not None:
+                self.interrupted = (self.signals.reason, self.signals.signum)
+            if self.loop.restore_best:
+                self._restore_best(engine)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.signals.uninstall()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+
+    # Internals ---------------------------------------------------------------------------------------------
+    def _save(self, engine: Any, data_state: dict[str, Any], stop_reason: str | None = None) -> None:
+        assert self.checkpointer is not None and self.config is not None
+        ctx = engine.ctx
+        evaluated_now = engine.eval_metrics.get("_step") == engine.step
+        score = engine.eval_metrics.get(self.config.monitor) if evaluated_now else None
+        if score is None and self.config.monitor.startswith("train/") and engine.last_train:
+            score = engine.last_train.get(self.config.monitor[len("train/"):])
+        meta = {
+            "step": engine.step,
+            "epoch": ctx.epoch,
+            "stage": self.info.stage,
+            "run_id": self.info.run_id,
+            "score": score,
+            "stop_reason": stop_reason,
+            "callbacks": {str(i): s for i, s in engine.callback_states.items()},
+            "fingerprint": self.fingerprint,
+        }
+        if self.checkpointer.save(engine.step, state=engine.backend.state_tree(), data_iter=data_state, meta=meta):
+            self.last_saved = engine.step
+            for cb in engine.callbacks:
+                cb.on_checkpoint(ctx, engine.step)
+
+    def _restore_best(self, engine: Any) -> None:
+        ckpt = self.checkpointer
+        if ckpt is None or ckpt.best_step() is None:
+            warnings.warn(
+                f"restore_best: stage {self.info.stage!r} has no scored checkpoint; keeping the last weights",
+                PipekitTrainWarning,
+                stacklevel=2,
+            )
+            return
+        state, _, _ = ckpt.restore("best", engine.backend.state_tree())
+        current = engine.backend.state_tree()
+        current.update({k: state[k] for k in ("params", "consts", "ema") if k in state})
+        engine.backend.load_state_tree(current)
+
+    def _warm_start(self, backend: Any) -> None:
+        """Load only the weights of `init_from` (``DIR[@best|@latest|@STEP]``) into the fresh model."""
+        spec = self.loop.init_from
+        path, _, which = spec.partition("@")
+        directory = Path(path)
+        if (directory / "checkpoints").is_dir():
+            directory = directory / "checkpoints"
+        if not (directory / "manifest.json").exists():
+            raise CheckpointError(
+                f"TrainingLoop.init_from {spec!r}: {directory} is not a checkpoint directory (no manifest.json); "
+                "give a stage directory or its checkpoints/ folder, optionally with @best, @latest or @STEP"
+            )
+        source = Checkpointer(directory, async_save=False)
+        try:
+            choice: int | str = int(which) if which.isdigit() else (which or ("best" if source.best_step() else "latest"))
+            raw, _, meta = source.restore(choice, None)
+        finally:
+            source.close()
+        current = backend.state_tree()
+        for part in ("params", "consts"):
+            current[part] = _graft(current[part], raw.get(part, {}), f"{spec}: {part}")
+        if "ema" in current:
+            current["ema"] = current["params"]
+        backend.load_state_tree(current)
+        parent = _source_artifact(directory)
+        if parent:
+            self.parent_ids = (parent,)
+
+
+def _graft(template: Any, raw: Any, where: str) -> Any:
+    """`template` with every array leaf replaced by the leaf at the same path of the restored `raw` tree."""
+    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(template)
+    out = []
+    for path, leaf in leaves_with_path:
+        node = raw
+        for part in _path_name(path).split("/"):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise CheckpointMismatchError(
+                    f"init_from {where}: the checkpoint has no weights at {_path_name(path)!r}; the architectures differ"
+                )
+        value = np.asarray(node)
+        if value.shape != tuple(leaf.shape):
+            raise CheckpointMismatchError(
+                f"init_from {where}: weights {_path_name(path)!r} have shape {value.shape} in the checkpoint but "
+                f"{tuple(leaf.shape)} in this model"
+            )
+        out.append(jax.numpy.asarray(value, dtype=leaf.dtype))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _source_artifact(directory: Path) -> str | None:
+    """The artifact id of the stage that wrote `directory`, when it finished and recorded one."""
+    for candidate in (directory / "artifact.json", directory.parent / "artifact.json"):
+        if candidate.exists():
+            try:
+                return str(json.loads(candidate.read_text())["artifact_id"])
+            except (ValueError, KeyError):
+                return None
     return None
+
+
+def make_hooks(loop: Any, info: Any, settings: Any) -> CheckpointHooks:
+    """The hooks for one stage: with its `Checkpoint` callback (if any) and the run's resume setting."""
+    config = next((cb for cb in loop.callbacks if isinstance(cb, Checkpoint)), None)
+    resume = settings.resume == "auto" or loop.resume == "auto"
+    return CheckpointHooks(loop, info, resume, config)

@@ -201,6 +201,11 @@ class Engine:
                 {"type": "finish", "context": "train", "step": self.step, "epoch": ctx.epoch, "status": status, **final}
             )
         except BaseException as exc:
+            if self.hooks is not None:
+                try:
+                    self.hooks.close()
+                except Exception:  # closing must not hide the original error
+                    pass
             for cb in self.callbacks:
                 try:
                     cb.on_exception(ctx, exc)

@@ -139,6 +139,9 @@ class TrainingLoop(StatefulOperator):
     steps_per_call: int = 1
     stop_on_nonfinite: bool = True
     progress: bool = True
+    resume: Literal["never", "auto"] = "never"
+    init_from: str | None = None
+    restore_best: bool = False
 
     def validate(self) -> None:
         for name in ("max_steps", "batch_size", "eval_every_n_steps", "log_every_n_steps", "accum", "steps_per_call"):

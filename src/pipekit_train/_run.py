@@ -137,6 +137,8 @@ def run_stage(
 ) -> tuple[TrainingResult, TrainerCarryState]:
     """Train one stage. `state` is what the previous stage of a `Sequential` returned (or ``None``)."""
     settings = current_settings()
+    if loop.resume == "auto" and settings.resume != "auto":
+        settings = replace(settings, resume="auto")
     run_id, run_dir, stage_index = _run_identity(settings, state)
     stage = loop.name or f"stage{stage_index}"
     parents: tuple[str, ...] = ()

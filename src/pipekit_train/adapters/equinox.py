@@ -220,6 +220,8 @@ def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, h
         hooks=hooks,
     )
     result = engine.run()
+    if hooks is not None and getattr(hooks, "parent_ids", ()):
+        result.artifact_fields["parent_ids"] = hooks.parent_ids
     result.opt_state = backend.opt_state
     result.rng = np.asarray(jax.random.key_data(root)).tolist()
     result.backend_info = {
