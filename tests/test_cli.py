@@ -31,7 +31,10 @@ stages:
 def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pipekit_train.cli", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"},
     )
 
@@ -59,8 +62,9 @@ def test_run_trains_records_and_summarises(workdir: Path):
 
 
 def test_set_overrides_and_print_config(workdir: Path):
-    out = _cli("run", "pipe.yaml", "--set", "stages.0.max_steps=7", "--set", "stages[0].seed=5", "--print-config",
-               cwd=workdir)
+    out = _cli(
+        "run", "pipe.yaml", "--set", "stages.0.max_steps=7", "--set", "stages[0].seed=5", "--print-config", cwd=workdir
+    )
     assert out.returncode == 0, out.stderr
     assert "max_steps: 7" in out.stdout and "seed: 5" in out.stdout
 
@@ -75,7 +79,10 @@ def test_validate_checks_without_training(workdir: Path):
 @pytest.mark.parametrize(
     "edit,message",
     [
-        (("max_steps: 20", "max_step: 20"), r"pipe.yaml:\d+:\d+: TrainingLoop has no field 'max_step' \(did you mean 'max_steps'\?\)"),
+        (
+            ("max_steps: 20", "max_step: 20"),
+            r"pipe.yaml:\d+:\d+: TrainingLoop has no field 'max_step' \(did you mean 'max_steps'\?\)",
+        ),
         (("in_size: 4", "in_size: 5"), r"per-example input has shape \(4,\)"),
         (("name: adam", "name: adamm"), r"adamm"),
         (("path: data.npz}}\n  val", "path: missing.npz}}\n  val"), r"missing.npz"),
@@ -108,3 +115,19 @@ def test_help_reads_well(workdir: Path):
     assert out.returncode == 0
     for word in ("run", "validate", "artifacts"):
         assert word in out.stdout
+
+
+def test_reproduce_reruns_the_recorded_pipeline_and_refuses_changed_data(workdir: Path):
+    out = _cli("run", "pipe.yaml", "--run-dir", "runs/a", "--store", "s.sqlite", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    artifact_id = json.loads(_cli("artifacts", "list", "--store", "s.sqlite", "--json", cwd=workdir).stdout)[0][
+        "artifact_id"
+    ]
+    again = _cli("reproduce", artifact_id[:10], "--store", "s.sqlite", "--run-dir", "runs/b", cwd=workdir)
+    assert again.returncode == 0, again.stderr
+    assert "trained weights match the recorded ones" in again.stdout
+    x = np.zeros((40, 4), np.float32)
+    np.savez(workdir / "data.npz", x=x, y=x[:, :1])
+    changed = _cli("reproduce", artifact_id, "--store", "s.sqlite", "--run-dir", "runs/c", cwd=workdir)
+    assert changed.returncode == 1
+    assert "the training data of stage 'fit' changed" in changed.stderr

@@ -6,11 +6,11 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from tests.test_loop import _loop, _regression
 
 from pipekit import ConfigError
 from pipekit_train import EMA, EarlyStopping, ReduceLROnPlateau, TrainContext, run_settings
 from pipekit_train._writers import NullWriter
-from tests.test_loop import _loop, _regression
 
 
 def _ctx(callback, lr_scale=None):
@@ -25,8 +25,14 @@ def _ctx(callback, lr_scale=None):
 
     scale = lr_scale or Scale()
     ctx = TrainContext(
-        loop=None, stage="s", run_id="r", run_dir=None, writer=NullWriter(),
-        callback_states={0: callback.initial_state()}, callbacks=(callback,), get_model=lambda: None,
+        loop=None,
+        stage="s",
+        run_id="r",
+        run_dir=None,
+        writer=NullWriter(),
+        callback_states={0: callback.initial_state()},
+        callbacks=(callback,),
+        get_model=lambda: None,
         lr_scale=scale,
     )
     return ctx, scale
@@ -68,7 +74,9 @@ def test_reduce_lr_on_plateau_follows_pytorchs_rule():
 
 def test_plateau_scale_reaches_the_optimizer():
     loop = _loop(
-        max_steps=40, val_dataset=_regression(seed=1), eval_every_n_steps=10,
+        max_steps=40,
+        val_dataset=_regression(seed=1),
+        eval_every_n_steps=10,
         callbacks=(ReduceLROnPlateau(patience=0, threshold=10.0, factor=0.5),),
     )
     with run_settings(store=False):
@@ -80,8 +88,11 @@ def test_plateau_scale_reaches_the_optimizer():
 
 def test_early_stopping_ends_a_real_run_early():
     loop = _loop(
-        max_steps=400, val_dataset=_regression(seed=1), eval_every_n_steps=10,
-        optimizer_config={"name": "sgd", "lr": 1e-6}, callbacks=(EarlyStopping(patience=2, min_delta=1.0),),
+        max_steps=400,
+        val_dataset=_regression(seed=1),
+        eval_every_n_steps=10,
+        optimizer_config={"name": "sgd", "lr": 1e-6},
+        callbacks=(EarlyStopping(patience=2, min_delta=1.0),),
     )
     with run_settings(store=False):
         _, artifact = loop.run()

@@ -133,16 +133,30 @@ def test_sequential_threads_the_model_into_the_next_stage():
     ae = EquinoxModel(factory="autoencoder", kwargs={"in_size": 16, "latent_size": 4, "hidden": [8]})
     clf = EquinoxModel(factory="classifier", kwargs={"in_size": 16, "num_classes": 3, "latent_size": 4, "hidden": [8]})
     pretrain = TrainingLoop(
-        model_op=ae, dataset=unlabeled, loss=MSE(), target_key="x", max_steps=30, batch_size=20,
-        optimizer_config={"name": "adam", "lr": 1e-2}, name="pretrain", progress=False,
+        model_op=ae,
+        dataset=unlabeled,
+        loss=MSE(),
+        target_key="x",
+        max_steps=30,
+        batch_size=20,
+        optimizer_config={"name": "adam", "lr": 1e-2},
+        name="pretrain",
+        progress=False,
     )
     finetune = TrainingLoop(
-        model_op=clf, dataset=labeled, loss=CrossEntropy(), max_steps=10, batch_size=20,
-        transfer=Transfer(paths={"encoder": "encoder"}), callbacks=(_Seen(),), name="finetune", progress=False,
+        model_op=clf,
+        dataset=labeled,
+        loss=CrossEntropy(),
+        max_steps=10,
+        batch_size=20,
+        transfer=Transfer(paths={"encoder": "encoder"}),
+        callbacks=(_Seen(),),
+        name="finetune",
+        progress=False,
     )
     with run_settings(store=False):
         (model, artifact), state = pipekit.Sequential([pretrain, finetune])._apply(None, None)
-        pre_model, pre_artifact = pretrain.run()
+        pre_model, _ = pretrain.run()
     start = _SEEN["finetune"]
     for a, b in zip(jax.tree.leaves(start.encoder), jax.tree.leaves(pre_model.module.encoder)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -187,7 +201,7 @@ def test_nan_loss_names_the_step():
 def test_nan_check_can_be_switched_off():
     loop = _loop(optimizer_config={"name": "sgd", "lr": 1e30}, max_steps=10, stop_on_nonfinite=False)
     with run_settings(store=False):
-        model, artifact = loop.run()
+        _, artifact = loop.run()
     assert not np.isfinite(artifact.final_metrics["train/loss"])
 
 

@@ -144,5 +144,8 @@ def test_scientific_notation_without_a_dot_is_a_float():
     import yaml
 
     assert builder.plain(yaml.compose("{a: 1e-3, b: -2E+4, c: 1.5e-3, d: 1e3x}")) == {
-        "a": 0.001, "b": -20000.0, "c": 0.0015, "d": "1e3x"
+        "a": 0.001,
+        "b": -20000.0,
+        "c": 0.0015,
+        "d": "1e3x",
     }

@@ -4,12 +4,13 @@
 same pipeline as YAML and run ``pipekit-train run pipeline.yaml``.
 """
 
+from ._artifacts import TrainingArtifact as TrainingArtifact
 from ._callbacks import Callback as Callback
 from ._callbacks import TrainContext as TrainContext
 from ._checkpoint import Checkpoint as Checkpoint
 from ._checkpoint import CheckpointCorruptedError as CheckpointCorruptedError
-from ._checkpoint import CheckpointError as CheckpointError
 from ._checkpoint import Checkpointer as Checkpointer
+from ._checkpoint import CheckpointError as CheckpointError
 from ._checkpoint import CheckpointMismatchError as CheckpointMismatchError
 from ._checkpoint import average_checkpoints as average_checkpoints
 from ._checkpoint import write_average as write_average
@@ -32,7 +33,6 @@ from ._data import Source as Source
 from ._data import TrainingDataset as TrainingDataset
 from ._data import Transform as Transform
 from ._data import register_dataset as register_dataset
-from ._artifacts import TrainingArtifact as TrainingArtifact
 from ._engine import NonFiniteLossError as NonFiniteLossError
 from ._loop import TrainerCarryState as TrainerCarryState
 from ._loop import TrainingLoop as TrainingLoop
@@ -51,16 +51,16 @@ from ._models import ModelOp as ModelOp
 from ._models import Transfer as Transfer
 from ._models import register_model as register_model
 from ._optim import build_optimizer as build_optimizer
+from ._run import RunSettings as RunSettings
+from ._run import TrainingInterrupted as TrainingInterrupted
+from ._run import run_settings as run_settings
 from ._selectors import Average as Average
 from ._selectors import Best as Best
 from ._selectors import Every as Every
 from ._selectors import Last as Last
-from ._run import RunSettings as RunSettings
-from ._run import TrainingInterrupted as TrainingInterrupted
 from ._store import ArtifactStore as ArtifactStore
 from ._tracking import LogToExperiment as LogToExperiment
 from ._tracking import RegisterModel as RegisterModel
-from ._run import run_settings as run_settings
 from ._warnings import PipekitTrainWarning as PipekitTrainWarning
 from ._writers import ConsoleWriter as ConsoleWriter
 from ._writers import JsonLinesWriter as JsonLinesWriter

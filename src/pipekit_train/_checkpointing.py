@@ -35,8 +35,19 @@ from ._warnings import PipekitTrainWarning
 
 #: Configuration that must not change between a checkpoint and the run resuming it.
 _FINGERPRINT_FIELDS = (
-    "model_op", "loss", "optimizer_config", "max_steps", "batch_size", "seed", "accum", "grad_clip_norm",
-    "steps_per_call", "input_key", "target_key", "steps_per_epoch", "transfer",
+    "model_op",
+    "loss",
+    "optimizer_config",
+    "max_steps",
+    "batch_size",
+    "seed",
+    "accum",
+    "grad_clip_norm",
+    "steps_per_call",
+    "input_key",
+    "target_key",
+    "steps_per_epoch",
+    "transfer",
 )
 
 
@@ -113,7 +124,9 @@ class CheckpointHooks:
         ckpt = self.checkpointer
         if ckpt is None or ckpt.latest_step() is None:
             where = self.directory if ckpt is not None else "this stage (it has no Checkpoint callback)"
-            warnings.warn(f"resume='auto': nothing to resume in {where}; starting fresh", PipekitTrainWarning, stacklevel=2)
+            warnings.warn(
+                f"resume='auto': nothing to resume in {where}; starting fresh", PipekitTrainWarning, stacklevel=2
+            )
             return 0, None, None
         step = ckpt.latest_step()
         state, data_iter, meta = ckpt.restore(step, backend.state_tree())
@@ -121,7 +134,8 @@ class CheckpointHooks:
         if saved != self.fingerprint:
             raise CheckpointMismatchError(
                 f"refusing to resume stage {self.info.stage!r} from step {step} in {self.directory}: the "
-                f"configuration changed since that checkpoint was written:\n{_diff(saved or {}, self.fingerprint or {})}\n"
+                "configuration changed since that checkpoint was written:\n"
+                f"{_diff(saved or {}, self.fingerprint or {})}\n"
                 "Resume with the original configuration, or start a new run from these weights with "
                 f"init_from: {self.directory}@{step}"
             )
@@ -139,9 +153,9 @@ class CheckpointHooks:
 
     def at_end(self, engine: Any, data_state: dict[str, Any], stop_reason: str | None) -> None:
         try:
-            if self.config is not None and self.last_saved != engine.step:
-                if self.config.save_on_end or stop_reason is not None:
-                    self._save(engine, data_state, stop_reason)
+            wanted = self.config is not None and (self.config.save_on_end or stop_reason is not None)
+            if wanted and self.last_saved != engine.step:
+                self._save(engine, data_state, stop_reason)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
             if self.signals.reason is not None:
@@ -163,7 +177,7 @@ class CheckpointHooks:
         evaluated_now = engine.eval_metrics.get("_step") == engine.step
         score = engine.eval_metrics.get(self.config.monitor) if evaluated_now else None
         if score is None and self.config.monitor.startswith("train/") and engine.last_train:
-            score = engine.last_train.get(self.config.monitor[len("train/"):])
+            score = engine.last_train.get(self.config.monitor[len("train/") :])
         meta = {
             "step": engine.step,
             "epoch": ctx.epoch,
@@ -207,8 +221,10 @@ class CheckpointHooks:
             )
         source = Checkpointer(directory, async_save=False)
         try:
-            choice: int | str = int(which) if which.isdigit() else (which or ("best" if source.best_step() else "latest"))
-            raw, _, meta = source.restore(choice, None)
+            choice: int | str = (
+                int(which) if which.isdigit() else (which or ("best" if source.best_step() else "latest"))
+            )
+            raw, _, _ = source.restore(choice, None)
         finally:
             source.close()
         current = backend.state_tree()
@@ -235,7 +251,8 @@ def _graft(template: Any, raw: Any, where: str) -> Any:
                 node = node[int(part)]
             else:
                 raise CheckpointMismatchError(
-                    f"init_from {where}: the checkpoint has no weights at {_path_name(path)!r}; the architectures differ"
+                    f"init_from {where}: the checkpoint has no weights at {_path_name(path)!r}; "
+                    "the architectures differ"
                 )
         value = np.asarray(node)
         if value.shape != tuple(leaf.shape):

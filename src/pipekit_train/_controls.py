@@ -122,8 +122,14 @@ class ReduceLROnPlateau(Callback):
                 ctx.lr_scale = new
                 state["reductions"].append([ctx.step, new])
                 ctx.writer.write(
-                    {"type": "event", "context": "train", "step": ctx.step, "epoch": ctx.epoch,
-                     "event": "reduce_lr", "lr_scale": new}
+                    {
+                        "type": "event",
+                        "context": "train",
+                        "step": ctx.step,
+                        "epoch": ctx.epoch,
+                        "event": "reduce_lr",
+                        "lr_scale": new,
+                    }
                 )
             state["cooldown_left"] = self.cooldown
             state["num_bad"] = 0

@@ -7,6 +7,7 @@ would have made: a chunk of fused steps never crosses a log, eval, checkpoint or
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 from collections.abc import Iterator, Mapping
@@ -201,23 +202,24 @@ class Engine:
                 {"type": "finish", "context": "train", "step": self.step, "epoch": ctx.epoch, "status": status, **final}
             )
         except BaseException as exc:
+            # Nothing below may hide the original error.
             if self.hooks is not None:
-                try:
+                with contextlib.suppress(Exception):
                     self.hooks.close()
-                except Exception:  # closing must not hide the original error
-                    pass
             for cb in self.callbacks:
-                try:
+                with contextlib.suppress(Exception):
                     cb.on_exception(ctx, exc)
-                except Exception:  # a failing handler must not hide the original error
-                    pass
-            try:
+            with contextlib.suppress(Exception):
                 self.writer.write(
-                    {"type": "finish", "context": "train", "step": self.step, "epoch": ctx.epoch,
-                     "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                    {
+                        "type": "finish",
+                        "context": "train",
+                        "step": self.step,
+                        "epoch": ctx.epoch,
+                        "status": "failed",
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
                 )
-            except Exception:
-                pass
             raise
         finally:
             progress.close()
@@ -265,9 +267,7 @@ class Engine:
         ctx.step = self.step
         if self.step % loop.log_every_n_steps == 0 or self.step == loop.max_steps:
             self._flush_window()
-        if loop.val_dataset is not None and (
-            self.step % loop.eval_every_n_steps == 0 or self.step == loop.max_steps
-        ):
+        if loop.val_dataset is not None and (self.step % loop.eval_every_n_steps == 0 or self.step == loop.max_steps):
             self._evaluate()
         if loop.steps_per_epoch and self.step % loop.steps_per_epoch == 0:
             for cb in self.callbacks:
@@ -294,7 +294,9 @@ class Engine:
         prefixed = {f"validate/{k}": v for k, v in metrics.items()}
         self.eval_metrics = {**prefixed, "_step": self.step}
         self.ctx.last_eval = prefixed
-        self.writer.write({"type": "metrics", "context": "validate", "step": self.step, "epoch": self.ctx.epoch, **metrics})
+        self.writer.write(
+            {"type": "metrics", "context": "validate", "step": self.step, "epoch": self.ctx.epoch, **metrics}
+        )
         for cb in self.callbacks:
             cb.on_eval_end(self.ctx, prefixed)
         return prefixed
@@ -305,7 +307,9 @@ class Engine:
         loop = self.loop
         if loop.test_dataset is not None:
             metrics = evaluate(self.backend, loop.test_dataset, loop.eval_batch_size or loop.batch_size)
-            self.writer.write({"type": "metrics", "context": "test", "step": self.step, "epoch": self.ctx.epoch, **metrics})
+            self.writer.write(
+                {"type": "metrics", "context": "test", "step": self.step, "epoch": self.ctx.epoch, **metrics}
+            )
             out.update({f"test/{k}": v for k, v in metrics.items()})
         return out
 

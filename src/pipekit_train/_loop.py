@@ -149,9 +149,13 @@ class TrainingLoop(StatefulOperator):
             if value <= 0:
                 raise ConfigError(f"TrainingLoop.{name} must be a positive int, got {value}")
         if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
-            raise ConfigError(f"TrainingLoop.steps_per_epoch must be a positive int or null, got {self.steps_per_epoch}")
+            raise ConfigError(
+                f"TrainingLoop.steps_per_epoch must be a positive int or null, got {self.steps_per_epoch}"
+            )
         if self.eval_batch_size is not None and self.eval_batch_size <= 0:
-            raise ConfigError(f"TrainingLoop.eval_batch_size must be a positive int or null, got {self.eval_batch_size}")
+            raise ConfigError(
+                f"TrainingLoop.eval_batch_size must be a positive int or null, got {self.eval_batch_size}"
+            )
         if self.grad_clip_norm is not None and self.grad_clip_norm <= 0:
             raise ConfigError(f"TrainingLoop.grad_clip_norm must be positive or null, got {self.grad_clip_norm}")
         if self.loss is None and self.task is None:

@@ -29,12 +29,16 @@ class RunSettings:
     """
 
     run_dir: str | None = None
-    store: str | None | Literal[False] = None
+    store: str | Literal[False] | None = None
     resume: Literal["never", "auto"] = "never"
     pipeline: Any = None
 
 
-_SETTINGS: contextvars.ContextVar[RunSettings] = contextvars.ContextVar("pipekit_train_run", default=RunSettings())
+_DEFAULT_SETTINGS = RunSettings()
+_SETTINGS: contextvars.ContextVar[RunSettings] = contextvars.ContextVar(
+    "pipekit_train_run",
+    default=_DEFAULT_SETTINGS,  # a frozen dataclass: safe to share
+)
 
 
 @contextlib.contextmanager

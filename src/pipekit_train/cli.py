@@ -22,6 +22,10 @@ Train JAX models from YAML pipelines.
   pipekit-train run PIPELINE.yaml              train (a TrainingLoop or a Sequential of them)
   pipekit-train validate PIPELINE.yaml         check a pipeline file without training
   pipekit-train artifacts list                 what was trained, from which data and code
+  pipekit-train artifacts lineage ID           where a model came from, and what came from it
+  pipekit-train reproduce ID                   train the recorded pipeline again
+  pipekit-train runs RUN_DIR                   runs and their checkpoints
+  pipekit-train average RUN_DIR --last 5 -o D  average checkpoints into a new one
 """
 
 
@@ -80,7 +84,6 @@ def apply_override(node: Any, path: list[str], value: Any, shown: str = "") -> A
 
 def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
     import pipekit
-
     import pipekit_train  # noqa: F401  (registers the training operators)
 
     op = pipekit.load(path)
@@ -101,7 +104,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import pipekit
-
     from pipekit_train._run import TrainingInterrupted, run_settings
 
     op = _load_pipeline(args.pipeline, args.set or [])
@@ -165,6 +167,24 @@ def _print_summary(artifact: Any, store: Any) -> None:
         print(f"lineage:       pipekit-train artifacts lineage {artifacts[-1]['artifact_id'][:12]}")
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    import pipekit_train  # noqa: F401  (registers the training operators)
+    from pipekit_train._reproduce import check_data_unchanged, pipeline_of
+    from pipekit_train._run import run_settings
+    from pipekit_train._store import ArtifactStore
+
+    with ArtifactStore(args.store) as store:
+        pipeline, chain = pipeline_of(args.artifact, store)
+    check_data_unchanged(pipeline, chain)
+    print(f"reproducing {chain[-1].artifact_id[:12]}: {len(chain)} stage(s): {', '.join(a.stage for a in chain)}")
+    with run_settings(run_dir=args.run_dir, store=args.store, pipeline=pipeline):
+        _, artifact = pipeline.run()
+    _print_summary(artifact, args.store)
+    same = artifact.trained_model_hash == chain[-1].trained_model_hash
+    print(f"trained weights {'match' if same else 'differ from'} the recorded ones ({artifact.trained_model_hash})")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipekit-train", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -174,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="train a pipeline", description="Train the pipeline in a YAML file.")
     run.add_argument("pipeline", metavar="PIPELINE.yaml")
-    run.add_argument("--set", action="append", metavar="PATH=VALUE", help="override a field, e.g. stages.0.max_steps=50")
+    run.add_argument(
+        "--set", action="append", metavar="PATH=VALUE", help="override a field, e.g. stages.0.max_steps=50"
+    )
     run.add_argument("--run-dir", metavar="DIR", help="where the run writes (default runs/<run id>)")
     run.add_argument("--resume", choices=["never", "auto"], default="never", help="continue the run in --run-dir")
     run.add_argument("--print-config", action="store_true", help="print the pipeline after --set and exit")
@@ -187,12 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--set", action="append", metavar="PATH=VALUE")
     val.set_defaults(func=_cmd_validate)
 
-    try:
-        from pipekit_train.cli_artifacts import add_artifact_commands
-    except ImportError:  # pragma: no cover - the module ships with the package
-        pass
-    else:
-        add_artifact_commands(sub)
+    rep = sub.add_parser("reproduce", help="rerun the pipeline that made an artifact (refused if its data changed)")
+    rep.add_argument("artifact", metavar="ARTIFACT_ID", help="an artifact id or a unique prefix of one")
+    rep.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
+    rep.add_argument("--run-dir", metavar="DIR", help="where the new run writes")
+    rep.set_defaults(func=_cmd_reproduce)
+
+    from pipekit_train.cli_artifacts import add_artifact_commands
+
+    add_artifact_commands(sub)
     return parser
 
 

@@ -105,7 +105,12 @@ class EquinoxBackend:
     def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         use_ema = self.ema_callback is not None and self.ema_callback.evaluate_with_ema
         return eval_batch(
-            self._weights(use_ema), self.consts, jax.device_put(batch), self.base_key, static=self.static, spec=self.spec
+            self._weights(use_ema),
+            self.consts,
+            jax.device_put(batch),
+            self.base_key,
+            static=self.static,
+            spec=self.spec,
         )
 
     def module(self, use_ema: bool | None = None) -> Any:
