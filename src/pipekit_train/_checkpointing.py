@@ -115,6 +115,13 @@ class CheckpointHooks:
         return [self.config.every_n_steps] if self.config else []
 
     def restore(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[int, dict[str, Any]] | None]:
+        try:
+            return self._restore(backend)
+        except BaseException:  # a refused or failed restore must not leave our signal handlers installed
+            self.close()
+            raise
+
+    def _restore(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[int, dict[str, Any]] | None]:
         self.backend = backend
         self.signals.install()
         if self.loop.init_from:
@@ -129,7 +136,12 @@ class CheckpointHooks:
             )
             return 0, None, None
         step = ckpt.latest_step()
-        state, data_iter, meta = ckpt.restore(step, backend.state_tree())
+        try:
+            state, data_iter, meta = ckpt.restore(step, backend.state_tree())
+        except CheckpointMismatchError:  # other shapes: report the configuration change when that is the cause
+            meta = ckpt.restore(step, None)[2]
+            if meta.get("fingerprint") == self.fingerprint:
+                raise
         saved = meta.get("fingerprint")
         if saved != self.fingerprint:
             raise CheckpointMismatchError(

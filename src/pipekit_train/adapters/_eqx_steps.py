@@ -49,6 +49,26 @@ class LossSpec(eqx.Module):
         return total, metrics
 
 
+class Static:
+    """A `jax.jit` static argument with its hash computed once.
+
+    JAX hashes static arguments on every call; hashing an Equinox module's static tree walks it each time. The
+    wrapper hashes once and compares by identity first, so a dispatch costs a pointer comparison.
+    """
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Static) and (self.value is other.value or bool(self.value == other.value))
+
+
 def partition(model: Any) -> tuple[Any, Any, Any]:
     """Split a model into (params, consts, static): trained arrays, other arrays, everything else."""
     params, rest = eqx.partition(model, eqx.is_inexact_array)
@@ -108,8 +128,8 @@ def train_chunk(
     step: jax.Array,
     base_key: jax.Array,
     *,
-    static: Any,
-    spec: LossSpec,
+    static: Static,
+    spec: Static,
     optimizer: optax.GradientTransformation,
     n: int,
     ema_config: tuple[float, bool] | None = None,
@@ -120,6 +140,7 @@ def train_chunk(
     after every step inside the same dispatch. Returns the new params, optimizer state, EMA and the metrics
     (leading axis ``n`` when ``n > 1``).
     """
+    static, spec = static.value, spec.value
     if n == 1:
         return _one_step(params, opt_state, ema, consts, batches, step, base_key, static, spec, optimizer, ema_config)
 
@@ -134,11 +155,11 @@ def train_chunk(
 
 @functools.partial(jax.jit, static_argnames=("static", "spec"))
 def eval_batch(
-    params: Any, consts: Any, batch: dict[str, jax.Array], base_key: jax.Array, *, static: Any, spec: LossSpec
+    params: Any, consts: Any, batch: dict[str, jax.Array], base_key: jax.Array, *, static: Static, spec: Static
 ) -> dict[str, jax.Array]:
     """Metrics of one batch in inference mode, without gradients."""
-    model = eqx.nn.inference_mode(combine(params, consts, static))
-    _, metrics = spec(model, batch, base_key)
+    model = eqx.nn.inference_mode(combine(params, consts, static.value))
+    _, metrics = spec.value(model, batch, base_key)
     return metrics
 
 

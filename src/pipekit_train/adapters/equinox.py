@@ -26,7 +26,7 @@ from ._eqx_primitives import make_task as make_task
 from ._eqx_primitives import restore_state as restore_state
 from ._eqx_primitives import save_state as save_state
 from ._eqx_primitives import train_step as train_step
-from ._eqx_steps import LossSpec, combine, eval_batch, host_copy, partition, train_chunk
+from ._eqx_steps import LossSpec, Static, combine, eval_batch, host_copy, partition, train_chunk
 
 if TYPE_CHECKING:
     from .._loop import RunInfo, TrainerCarryState, TrainingLoop
@@ -68,13 +68,16 @@ class EquinoxBackend:
         self.ema_callback = ema
         self.ema_config = (ema.decay, ema.warmup) if ema is not None else None
         self.ema = host_copy(self.params) if ema is not None else None
-        self.spec = LossSpec(
-            loss=loop.loss,
-            task=loop.task,
-            input_key=loop.input_key,
-            target_key=loop.target_key,
-            aux_prefix=getattr(loop.loss, "aux_prefix", "loss/"),
+        self.spec = Static(
+            LossSpec(
+                loss=loop.loss,
+                task=loop.task,
+                input_key=loop.input_key,
+                target_key=loop.target_key,
+                aux_prefix=getattr(loop.loss, "aux_prefix", "loss/"),
+            )
         )
+        self.static_arg = Static(static)
 
     # StepBackend -------------------------------------------------------------------------------------------
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> dict[str, Any]:
@@ -91,7 +94,7 @@ class EquinoxBackend:
             device_batch,
             jnp.asarray(step, jnp.int32),
             self.base_key,
-            static=self.static,
+            static=self.static_arg,
             spec=self.spec,
             optimizer=self.optimizer,
             n=n,
@@ -109,7 +112,7 @@ class EquinoxBackend:
             self.consts,
             jax.device_put(batch),
             self.base_key,
-            static=self.static,
+            static=self.static_arg,
             spec=self.spec,
         )
 
