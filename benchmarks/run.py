@@ -23,6 +23,7 @@ Results are printed as a Markdown table and written to ``benchmarks/results.json
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -65,24 +66,30 @@ class Size:
     batch: int
     short: int  # steps of the short run (run-difference method)
     long: int  # steps of the long run; the hand-written loops run long - short steps
-    checkpoint: bool  # also measure checkpointing every 50 steps at this size
+    ck_short: int  # the checkpointing comparison's short and long runs (each saves every 50 steps)
+    ck_long: int
 
 
+CHECKPOINT_EVERY = 50
 SIZES = (
-    Size("small", 64, 2, 32, short=200, long=2000, checkpoint=True),
-    Size("medium", 256, 3, 128, short=100, long=600, checkpoint=True),
-    Size("compute-bound", 1024, 4, 256, short=4, long=24, checkpoint=False),
+    Size("small", 64, 2, 32, short=200, long=2000, ck_short=100, ck_long=600),
+    Size("medium", 256, 3, 128, short=100, long=600, ck_short=100, ck_long=600),
+    Size("compute-bound", 1024, 4, 256, short=4, long=24, ck_short=10, ck_long=110),
 )
-QUICK_DIVISOR = {"small": 4, "medium": 5, "compute-bound": 2}
+QUICK = {
+    "small": dict(short=50, long=500, ck_short=50, ck_long=250),
+    "medium": dict(short=20, long=120, ck_short=50, ck_long=150),
+    "compute-bound": dict(short=2, long=10, ck_short=10, ck_long=60),
+}
 
 
 def quick_size(size: Size) -> Size:
-    d = QUICK_DIVISOR[size.name]
-    short = max(2, size.short // d // 10 * 10 or size.short // d)
-    long = max(short + 4, size.long // d // 10 * 10 or size.long // d)
-    if size.checkpoint:  # keep at least one checkpoint boundary in the difference
-        long = max(long, short + 100)
-    return Size(size.name, size.width, size.depth, size.batch, short, long, size.checkpoint)
+    return dataclasses.replace(size, **QUICK[size.name])
+
+
+def saves_in(steps: int) -> int:
+    """Checkpoints a run of `steps` writes: every `CHECKPOINT_EVERY` steps, plus one at the end off the cadence."""
+    return steps // CHECKPOINT_EVERY + (1 if steps % CHECKPOINT_EVERY else 0)
 
 
 # Timing --------------------------------------------------------------------------------------------------------
@@ -100,6 +107,8 @@ class Contender:
 def run_interleaved(contenders: list[Contender], rounds: int) -> None:
     """Warm up each contender, then measure them round-robin, rotating the order every round."""
     for c in contenders:
+        if c.error is not None:  # known unavailable (Keras missing, checkpointing not importable)
+            continue
         try:
             c.setup()
             c.measure()  # untimed warm-up: compile caches, allocator, page faults
@@ -174,6 +183,7 @@ class PipekitRuns:
         self.loop_kwargs = loop_kwargs
         self.count = 0
         self.last_run_dir = ""
+        self.lengths = (size.short, size.long)
 
     def loop(self, steps: int) -> TrainingLoop:
         s = self.size
@@ -204,11 +214,11 @@ class PipekitRuns:
         self.last_run_dir = run_dir
 
     def measure(self) -> float:
-        return run_difference(self.run, self.size.short, self.size.long)
+        return run_difference(self.run, *self.lengths)
 
     def setup(self) -> None:
-        self.run(self.size.short)  # compiles: the optimizer (and so the step) is cached per max_steps
-        self.run(self.size.long)
+        for steps in self.lengths:  # compiles: the optimizer (and so the step) is cached per max_steps
+            self.run(steps)
 
 
 # Contenders: hand-written loops ------------------------------------------------------------------------------------
@@ -383,12 +393,12 @@ def checkpoint_callback() -> tuple[Any, str | None]:
         from pipekit_train._checkpoint import Checkpoint
     except Exception as e:  # the checkpoint layer is being written
         return None, f"cannot import Checkpoint: {type(e).__name__}: {e}"
-    return Checkpoint(every_n_steps=50), None
+    return Checkpoint(every_n_steps=CHECKPOINT_EVERY), None
 
 
-def checkpoints_written(run_dir: str) -> int:
-    """Committed checkpoint step directories under `run_dir` (any layout: digit-named directories)."""
-    return sum(1 for p in Path(run_dir).rglob("*") if p.is_dir() and p.name.isdigit())
+def checkpointing_works(run_dir: str) -> bool:
+    """Whether the run wrote checkpoints at all (a ``manifest.json`` of committed checkpoints)."""
+    return any(Path(run_dir).rglob("manifest.json"))
 
 
 # The suite ---------------------------------------------------------------------------------------------------------
@@ -444,7 +454,7 @@ def row(section: str, size: str, base: Contender, cont: Contender, note: str = "
 def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str, keras_ok: str | None) -> list[Row]:
     """All step-time comparisons of one model size, interleaved in one round-robin."""
     print(f"\n## {size.name}: MLP {IN_SIZE}->{size.width}x{size.depth}->1, batch {size.batch}, "
-          f"steps {size.short}/{size.long}", flush=True)
+          f"steps {size.short}/{size.long}, checkpointing {size.ck_short}/{size.ck_long}", flush=True)
     pk = PipekitRuns(x, y, size, os.path.join(root, size.name, "default"))
     pk10 = PipekitRuns(x, y, size, os.path.join(root, size.name, "spc10"), steps_per_call=10)
     c_pk = Contender("pipekit TrainingLoop", pk.measure, pk.setup)
@@ -469,23 +479,24 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
             c.error = keras_ok
         keras_c.append(c)
     contenders += keras_c
-    c_ck: Contender | None = None
-    ck_note = ""
-    if size.checkpoint:
-        cb, err = checkpoint_callback()
-        pkc = PipekitRuns(x, y, size, os.path.join(root, size.name, "ckpt"), callbacks=(cb,) if cb else ())
-        c_ck = Contender("pipekit + Checkpoint(50)", pkc.measure, pkc.setup)
-        if err:
-            c_ck.error = err
-        contenders.append(c_ck)
+    cb, ck_error = checkpoint_callback()
+    plain = PipekitRuns(x, y, size, os.path.join(root, size.name, "plain"))
+    with_ck = PipekitRuns(x, y, size, os.path.join(root, size.name, "ckpt"), callbacks=(cb,) if cb else ())
+    plain.lengths = with_ck.lengths = (size.ck_short, size.ck_long)
+    c_plain = Contender("pipekit, no checkpoint", plain.measure, plain.setup)
+    c_ck = Contender(f"pipekit + Checkpoint({CHECKPOINT_EVERY})", with_ck.measure, with_ck.setup)
+    c_ck.error = ck_error
+    contenders += [c_plain, c_ck]
     t0 = time.perf_counter()
     run_interleaved(contenders, rounds)
-    if c_ck is not None and c_ck.error is None:
-        written = checkpoints_written(pkc.last_run_dir)
-        if written == 0:
-            c_ck.error = "Checkpoint callback is not wired into the loop yet: no checkpoint was written"
-        else:
-            ck_note = f"{written} checkpoints in the last {size.long}-step run"
+    ck_note = ""
+    if c_ck.error is None:
+        if not checkpointing_works(with_ck.last_run_dir):
+            c_ck.error = "the Checkpoint callback is not wired into the loop yet: no checkpoint was written"
+        elif c_ck.samples and c_plain.samples:
+            extra = saves_in(size.ck_long) - saves_in(size.ck_short)
+            per_save = (median(c_ck.samples) - median(c_plain.samples)) * (size.ck_long - size.ck_short) / extra
+            ck_note = f"{per_save / 1e3:.0f} ms per save; steps {size.ck_short}/{size.ck_long}"
     print(f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
     for c in contenders:
         med = median(c.samples)
@@ -497,8 +508,7 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
     ]
     rows += [row("3 vs Keras fit", size.name, c, c_pk) for c in keras_c]
     rows.append(row("4 steps_per_call=10 vs lax.scan", size.name, c_scan, c_pk10))
-    if c_ck is not None:
-        rows.append(row("5 checkpoint every 50 vs none", size.name, c_pk, c_ck, ck_note))
+    rows.append(row("5 checkpoint every 50 vs none", size.name, c_plain, c_ck, ck_note))
     return rows
 
 
@@ -532,7 +542,7 @@ def markdown(rows: list[Row]) -> str:
         note = f" ({r.note})" if r.note else ""
         lines.append(
             f"| {r.section} | {r.size} | {r.baseline} | {fmt(r.baseline_us, '.1f')} | {r.contender} | "
-            f"{fmt(r.contender_us, '.1f')} | {fmt(r.ratio, '.2f')} | ≥{r.target:g} | {r.verdict}{note} |"
+            f"{fmt(r.contender_us, '.1f')} | {fmt(r.ratio, '.3f')} | ≥{r.target:g} | {r.verdict}{note} |"
         )
     return "\n".join(lines)
 

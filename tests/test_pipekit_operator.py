@@ -112,9 +112,9 @@ def test_import_pipekit_does_not_import_jax_and_is_fast():
         "assert 'jax' not in sys.modules, 'jax imported'; print(dt)"
     )
     times = []
-    for _ in range(3):
+    for _ in range(5):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
         times.append(float(out.stdout))
     # Counted, not timed, is the rule for tests; this is the stated import budget and is measured in
-    # a fresh process, best of three, so it is about import work rather than machine noise.
+    # a fresh process, best of five, so it is about import work rather than machine noise.
     assert min(times) < 0.15, times

@@ -107,6 +107,7 @@ class CheckpointHooks:
         self.signals = _Signals()
         self.last_saved: int | None = None
         self.interrupted: tuple[str, int] | None = None
+        self.stopping: str | None = None
         self.parent_ids: tuple[str, ...] = ()
         self.backend: Any = None
 
@@ -157,11 +158,14 @@ class CheckpointHooks:
         return int(meta["step"]), data_iter, callbacks
 
     def after_chunk(self, engine: Any, data_state: dict[str, Any]) -> None:
-        if self.config is not None and self.config.should_save(engine.step):
+        # A signal seen now stops after this chunk and `at_end` writes the checkpoint with its stop_reason; one that
+        # arrives during the save below is acted on after the next chunk, so the stop checkpoint always records it.
+        self.stopping = self.signals.reason
+        if self.config is not None and self.config.should_save(engine.step) and self.stopping is None:
             self._save(engine, data_state)
 
     def stop_requested(self) -> str | None:
-        return self.signals.reason
+        return self.stopping
 
     def at_end(self, engine: Any, data_state: dict[str, Any], stop_reason: str | None) -> None:
         try:
