@@ -245,3 +245,12 @@ def test_the_step_compiles_once_per_structure():
         _loop(max_steps=30, steps_per_call=1).run()
         _loop(max_steps=30, steps_per_call=1, seed=9).run()
     assert train_chunk._cache_size() - before <= 1
+
+
+def test_every_stage_keeps_its_final_weights_loadable_from_the_artifact(tmp_path):
+    from pipekit_train import load_model
+
+    with run_settings(run_dir=str(tmp_path / "r"), store=False):
+        model, artifact = _loop(max_steps=5).run()
+    loaded = load_model(artifact.model_registry_uri)
+    assert loaded == model and loaded.weights_hash() == model.weights_hash() == artifact.trained_model_hash

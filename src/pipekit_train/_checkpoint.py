@@ -9,6 +9,7 @@ One checkpoint is one Orbax step directory holding three items committed togethe
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import errno
 import hashlib
@@ -279,6 +280,9 @@ class Checkpointer:
         step = _check_step("Checkpointer.save", step)
         _check_json("data_iter", data_iter)
         _check_json("meta", meta)
+        # Orbax serialises the JSON items in the background: snapshot them now, or a caller mutating its dicts
+        # (callback state after the next evaluation) changes what is written after record_sha256 was computed.
+        data_iter, meta = copy.deepcopy(dict(data_iter)), copy.deepcopy(dict(meta))
         entry = ManifestEntry(
             step=step,
             epoch=_optional(meta, "epoch", int),

@@ -101,15 +101,15 @@ FINAL_FILE = "final.json"
 def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, TrainerCarryState] | None:
     """A stage that already finished in this run directory: its model and artifact, without training again."""
     from ._artifacts import TrainingArtifact
-    from ._model_registry import LocalModelRegistry
 
     path = os.path.join(info.stage_dir, FINAL_FILE)
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
         final = json.load(f)
-    registry = LocalModelRegistry(os.path.join(info.run_dir, "models"))
-    model = registry.load(final["model_uri"])
+    from ._model_registry import load_model
+
+    model = load_model(final["model_uri"])
     if model != loop.model_op:
         return None  # the pipeline changed this stage's model: train it again
     with open(os.path.join(info.stage_dir, "artifact.json"), encoding="utf-8") as f:
@@ -127,12 +127,17 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
     return TrainingResult(model, artifact), state
 
 
-def _write_final(info: RunInfo, result: Any, artifact: Any) -> None:
-    """Keep the stage's final weights in the run (content-addressed, no pickle) so a resume can skip the stage."""
+def _keep_final_model(info: RunInfo, result: Any) -> str:
+    """Store the stage's final weights in the run (content-addressed, no pickle); return a loadable URI."""
     from ._model_registry import LocalModelRegistry
 
-    uri = LocalModelRegistry(os.path.join(info.run_dir, "models")).put(result.model)
-    final = {"model_uri": uri, "step": result.step, "epoch": result.epoch, "artifact_id": artifact.artifact_id}
+    registry = LocalModelRegistry(os.path.abspath(os.path.join(info.run_dir, "models")))
+    return registry.locator(registry.put(result.model))
+
+
+def _write_final(info: RunInfo, result: Any, artifact: Any, model_uri: str) -> None:
+    """Mark the stage finished, so a resume of this run skips it and takes these weights."""
+    final = {"model_uri": model_uri, "step": result.step, "epoch": result.epoch, "artifact_id": artifact.artifact_id}
     _write_json(os.path.join(info.stage_dir, FINAL_FILE), final)
 
 
@@ -168,11 +173,13 @@ def run_stage(
     result = loop.adapter().run(loop, state, info, hooks)
     parents = info.parent_ids + tuple(result.artifact_fields.pop("parent_ids", ()))
     info = replace(info, parent_ids=tuple(dict.fromkeys(parents)))
-    artifact = _build_artifact(loop, result, info, settings)
     interrupted = getattr(hooks, "interrupted", None)
+    model_uri = None if interrupted is not None else _keep_final_model(info, result)
+    artifact = _build_artifact(loop, result, info, settings, model_uri)
     if interrupted is not None:
         raise TrainingInterrupted(interrupted[0], artifact, interrupted[1])
-    _write_final(info, result, artifact)
+    assert model_uri is not None
+    _write_final(info, result, artifact, model_uri)
     new_state = TrainerCarryState(
         model=result.model,
         opt_state=result.opt_state,
@@ -205,7 +212,9 @@ def _write_run_meta(run_dir: str, run_id: str, settings: RunSettings) -> None:
     _write_json(path, meta)
 
 
-def _build_artifact(loop: TrainingLoop, result: Any, info: RunInfo, settings: RunSettings) -> Any:
+def _build_artifact(
+    loop: TrainingLoop, result: Any, info: RunInfo, settings: RunSettings, model_uri: str | None
+) -> Any:
     from ._artifacts import TrainingArtifact, collect_deps_lock, git_state, new_artifact_id
 
     yaml_text = pipekit.dumps(loop, strict=False)
@@ -223,7 +232,7 @@ def _build_artifact(loop: TrainingLoop, result: Any, info: RunInfo, settings: Ru
         backend_info=result.backend_info,
         deps_lock=collect_deps_lock(),
         tracker_run_id=fields.pop("tracker_run_id", None),
-        model_registry_uri=fields.pop("model_registry_uri", None),
+        model_registry_uri=fields.pop("model_registry_uri", None) or model_uri,
         trained_model_hash=model_hash,
         started_at=result.started_at,
         ended_at=result.ended_at,
