@@ -189,6 +189,7 @@ class CheckpointHooks:
     # Internals ---------------------------------------------------------------------------------------------
     def _save(self, engine: Any, data_state: dict[str, Any], stop_reason: str | None = None) -> None:
         assert self.checkpointer is not None and self.config is not None
+        engine.verify_finite()
         ctx = engine.ctx
         evaluated_now = engine.eval_metrics.get("_step") == engine.step
         score = engine.eval_metrics.get(self.config.monitor) if evaluated_now else None

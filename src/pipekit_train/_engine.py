@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -176,18 +175,18 @@ class Engine:
                 metrics = self.backend.train(batches, first)
                 self.step += n
                 ctx.step, ctx.epoch = self.step, self.epoch_of(self.step)
-                if pending is not None:
+                # The divergence check reads the previous dispatch's loss only when it is already computed, so
+                # it never makes the host wait for the device; every step's loss is checked at the next log step.
+                if pending is not None and pending[1].is_ready():
                     self._check_finite(*pending)
-                last_loss = metrics["loss"][n - 1] if n > 1 else metrics["loss"]
-                pending = (self.step, last_loss)
+                pending = (self.step, metrics["loss"])
                 self._after_chunk(first, n, metrics)
                 if self.hooks is not None and ctx.stop_reason is None:
                     self.hooks.after_chunk(self, data_state)
                 if self.hooks is not None and self.hooks.stop_requested():
                     ctx.request_stop(self.hooks.stop_requested())
                 progress.update(self.step, self.last_train.get("loss"))
-            if pending is not None:
-                self._check_finite(*pending)
+            self._flush_window()
             if ctx.stop_reason is not None:
                 status = f"stopped: {ctx.stop_reason}"
                 if loop.val_dataset is not None and self.eval_metrics.get("_step") != self.step:
@@ -245,10 +244,14 @@ class Engine:
         return {"stage": self.stage, "params": fields}
 
     def _check_finite(self, step: int, loss: Any) -> None:
+        """Raise `NonFiniteLossError` if `loss` (the last step's, or a chunk's per-step losses) is not finite."""
         if not self.loop.stop_on_nonfinite:
             return
-        value = float(loss)
-        if not math.isfinite(value):
+        values = np.atleast_1d(np.asarray(loss, dtype=np.float64))
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            step = step - len(values) + 1 + int(bad[0])
+            value = float(values[bad[0]])
             raise NonFiniteLossError(
                 f"stage {self.stage!r}: the training loss became {value} at step {step} "
                 f"(epoch {self.epoch_of(step)}). Lower the learning rate, set grad_clip_norm, "
@@ -279,14 +282,25 @@ class Engine:
         import jax
 
         values = jax.device_get([dict(m) for _, m in self.window])
-        step = self.window[-1][0]
+        steps = [s for s, _ in self.window]
+        step = steps[-1]
         self.window = []
+        for s, v in zip(steps, values):
+            self._check_finite(s, v["loss"])
         record: dict[str, float] = {}
         for key in values[0]:
             record[key] = float(np.mean([v[key] for v in values]))
         record["lr"] = self.backend.learning_rate(step)
         self.last_train = record
         self.writer.write({"type": "metrics", "context": "train", "step": step, "epoch": self.epoch_of(step), **record})
+
+    def verify_finite(self) -> None:
+        """Check every step not yet logged (called before a checkpoint is written, so none holds NaN weights)."""
+        if self.window and self.loop.stop_on_nonfinite:
+            import jax
+
+            for step, value in zip([s for s, _ in self.window], jax.device_get([m["loss"] for _, m in self.window])):
+                self._check_finite(step, value)
 
     def _evaluate(self) -> dict[str, float]:
         loop = self.loop

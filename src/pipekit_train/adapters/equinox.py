@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from pipekit import ConfigError, ShapeError
@@ -26,7 +25,7 @@ from ._eqx_primitives import make_task as make_task
 from ._eqx_primitives import restore_state as restore_state
 from ._eqx_primitives import save_state as save_state
 from ._eqx_primitives import train_step as train_step
-from ._eqx_steps import LossSpec, Static, combine, eval_batch, host_copy, partition, train_chunk
+from ._eqx_steps import Layout, LossSpec, Static, combine, eval_batch, host_copy, partition, train_chunk
 
 if TYPE_CHECKING:
     from .._loop import RunInfo, TrainerCarryState, TrainingLoop
@@ -49,25 +48,33 @@ def _optimizer(loop: TrainingLoop) -> Any:
 
 
 class EquinoxBackend:
-    """The `StepBackend` of the Equinox adapter: holds params/opt_state on the device between steps."""
+    """The `StepBackend` of the Equinox adapter: holds the train state on the device between steps.
+
+    The state is kept as flat leaf lists (see `Layout`); `params`, `opt_state`, `ema` and `consts` are views that
+    rebuild the trees when something outside the step needs them (evaluation, checkpoints, callbacks).
+    """
 
     def __init__(self, loop: TrainingLoop, model_op: Any, module: Any, base_key: jax.Array) -> None:
+        from .._controls import EMA
+
         self.loop = loop
         self.model_op = model_op
         self.optimizer = _optimizer(loop)
         params, consts, static = partition(module)
         # Donation deletes the arrays passed in: never hand the caller's own arrays to the step.
-        self.params = host_copy(params)
-        self.consts = consts
-        self.static = static
-        self.opt_state = self.optimizer.init(self.params)
-        self.base_key = base_key
-        from .._controls import EMA
-
+        params = host_copy(params)
+        opt_state = self.optimizer.init(params)
         ema = next((cb for cb in loop.callbacks if isinstance(cb, EMA)), None)
         self.ema_callback = ema
         self.ema_config = (ema.decay, ema.warmup) if ema is not None else None
-        self.ema = host_copy(self.params) if ema is not None else None
+        p_leaves, p_def = jax.tree.flatten(params)
+        o_leaves, o_def = jax.tree.flatten(opt_state)
+        c_leaves, c_def = jax.tree.flatten(consts)
+        self._state = (p_leaves, o_leaves, host_copy(p_leaves) if ema is not None else [])
+        self._consts = c_leaves
+        self.layout = Static(Layout(static=static, params=p_def, opt_state=o_def, ema=p_def, consts=c_def))
+        self.static = static
+        self.base_key = base_key
         self.spec = Static(
             LossSpec(
                 loss=loop.loss,
@@ -79,22 +86,53 @@ class EquinoxBackend:
         )
         self.static_arg = Static(static)
 
+    # Views of the flat state -------------------------------------------------------------------------------
+    @property
+    def params(self) -> Any:
+        return jax.tree.unflatten(self.layout.value.params, self._state[0])
+
+    @property
+    def opt_state(self) -> Any:
+        return jax.tree.unflatten(self.layout.value.opt_state, self._state[1])
+
+    @property
+    def ema(self) -> Any:
+        return jax.tree.unflatten(self.layout.value.ema, self._state[2]) if self.ema_config is not None else None
+
+    @property
+    def consts(self) -> Any:
+        return jax.tree.unflatten(self.layout.value.consts, self._consts)
+
+    def _set(self, params: Any = None, opt_state: Any = None, ema: Any = None) -> None:
+        p, o, e = self._state
+        if params is not None:
+            p = self._leaves_like(params, self.layout.value.params, "params")
+        if opt_state is not None:
+            o = self._leaves_like(opt_state, self.layout.value.opt_state, "opt_state")
+        if ema is not None and self.ema_config is not None:
+            e = self._leaves_like(ema, self.layout.value.params, "ema")
+        self._state = (p, o, e)
+
+    @staticmethod
+    def _leaves_like(tree: Any, treedef: Any, what: str) -> list[Any]:
+        leaves, got = jax.tree.flatten(tree)
+        if got != treedef:
+            raise ShapeError(f"the new {what} tree has another structure than the one being trained")
+        return leaves
+
     # StepBackend -------------------------------------------------------------------------------------------
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> dict[str, Any]:
         n = len(batches)
-        if n == 1:
-            device_batch = jax.device_put(batches[0])
-        else:
-            device_batch = jax.device_put({k: np.stack([b[k] for b in batches]) for k in batches[0]})
-        self.params, self.opt_state, self.ema, metrics = train_chunk(
-            self.params,
-            self.opt_state,
-            self.ema,
-            self.consts,
-            device_batch,
-            jnp.asarray(step, jnp.int32),
+        # NumPy arrays go straight into the compiled call: its C++ dispatch path transfers them far faster than
+        # a separate `jax.device_put` (measured: ~300 µs vs a few µs per small batch on CPU).
+        batch = batches[0] if n == 1 else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+        self._state, metrics = train_chunk(
+            self._state,
+            self._consts,
+            batch,
+            np.int32(step),
             self.base_key,
-            static=self.static_arg,
+            layout=self.layout,
             spec=self.spec,
             optimizer=self.optimizer,
             n=n,
@@ -103,14 +141,14 @@ class EquinoxBackend:
         return metrics
 
     def _weights(self, use_ema: bool) -> Any:
-        return self.ema if (use_ema and self.ema is not None) else self.params
+        return self.ema if (use_ema and self.ema_config is not None) else self.params
 
     def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         use_ema = self.ema_callback is not None and self.ema_callback.evaluate_with_ema
         return eval_batch(
             self._weights(use_ema),
             self.consts,
-            jax.device_put(batch),
+            batch,
             self.base_key,
             static=self.static_arg,
             spec=self.spec,
@@ -126,18 +164,15 @@ class EquinoxBackend:
 
     def set_model(self, model_op: Any) -> None:
         params, consts, _ = partition(model_op.module)
-        if jax.tree.structure(params) != jax.tree.structure(self.params):
-            raise ShapeError("set_model: the new model's parameter structure differs from the one being trained")
-        self.params = host_copy(params)
-        self.consts = consts
-        if self.ema is not None:
-            self.ema = host_copy(params)
+        params = host_copy(params)
+        self._set(params=params, ema=params)
+        self._consts = self._leaves_like(consts, self.layout.value.consts, "consts")
 
     def get_lr_scale(self) -> float:
         return get_lr_scale(self.opt_state)
 
     def set_lr_scale(self, value: float) -> None:
-        self.opt_state = set_lr_scale(self.opt_state, value)
+        self._set(opt_state=set_lr_scale(self.opt_state, value))
 
     def learning_rate(self, step: int) -> float:
         return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
@@ -146,16 +181,13 @@ class EquinoxBackend:
     def state_tree(self) -> dict[str, Any]:
         """The arrays a checkpoint holds: parameters, non-trained arrays, optimizer state."""
         tree = {"params": self.params, "consts": self.consts, "opt_state": self.opt_state}
-        if self.ema is not None:
+        if self.ema_config is not None:
             tree["ema"] = self.ema
         return tree
 
     def load_state_tree(self, tree: dict[str, Any]) -> None:
-        self.params = tree["params"]
-        self.consts = tree["consts"]
-        self.opt_state = tree["opt_state"]
-        if self.ema is not None:
-            self.ema = tree["ema"]
+        self._set(params=tree["params"], opt_state=tree["opt_state"], ema=tree.get("ema"))
+        self._consts = self._leaves_like(tree["consts"], self.layout.value.consts, "consts")
 
 
 def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
