@@ -353,6 +353,10 @@ def test_killed_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
         ck.save(1, state={{"w": jnp.ones((4, 4))}}, data_iter={{"i": 1}}, meta={{}})
         ck.wait()
         ck.save(2, state={{"w": jax.random.normal(jax.random.key(0), (4000, 1000))}}, data_iter={{"i": 2}}, meta={{}})
+        import time
+        deadline = time.time() + 30
+        while not os.path.isdir({str(tmp_path / "2.orbax-checkpoint-tmp")!r}) and time.time() < deadline:
+            time.sleep(0.001)  # the background thread checksums, then Orbax starts writing
         os._exit(0)  # dies with the background write in flight: no wait, no close
         """
     )

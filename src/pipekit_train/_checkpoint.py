@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pipekit import ConfigError, PipekitError
@@ -294,7 +295,7 @@ class Checkpointer:
             stop_reason=_optional(meta, "stop_reason", str),
             time=time.time(),
         )
-        tree, leaves = _prepare_state(state)  # checks the leaves before waiting on anything
+        tree, leaves = _prepare_state(state)  # checks the leaves and copies them to the host
         self.wait()
         committed = self.manifest()
         if committed and step <= committed[-1].step:
@@ -312,6 +313,38 @@ class Checkpointer:
         own = [e for e in committed if self._is_own(e)]
         if step not in union_select(self.keep, [*own, entry], self.mode):
             return False
+        if not self.async_save:
+            self._write(step, tree, leaves, dict(data_iter), dict(meta), entry)
+            return True
+        # Asynchronous: the caller paid only for the host copy above. Checksums, Orbax's write, the commit, the
+        # manifest and retention run in the background; the next save or wait() joins this thread first.
+        _finish_at_exit(self)
+        self._thread = threading.Thread(
+            target=self._write_in_background,
+            args=(step, tree, leaves, dict(data_iter), dict(meta), entry),
+            name=f"pipekit-checkpoint-{step}",
+        )
+        self._thread.start()
+        return True
+
+    def _write_in_background(self, *args: Any) -> None:
+        try:
+            self._write(*args)
+        except BaseException as e:  # handed to the caller by the next wait()
+            logger.error("checkpoint step %s: %s", args[0], e)
+            self._error = e
+
+    def _write(
+        self,
+        step: int,
+        tree: Any,
+        leaves: dict[str, Any],
+        data_iter: dict[str, Any],
+        meta: dict[str, Any],
+        entry: ManifestEntry,
+    ) -> None:
+        """Checksum the host copies, write one Orbax composite checkpoint, commit, update the manifest, rotate."""
+        _add_digests(leaves, tree)
         record: dict[str, Any] = {
             "format": FORMAT,
             "step": step,
@@ -321,14 +354,14 @@ class Checkpointer:
             "score": entry.score,
             "leaves": leaves,
             "data_iter_sha256": _json_digest(data_iter),
-            "user": dict(meta),
+            "user": meta,
         }
         record["record_sha256"] = _json_digest(record)
         import orbax.checkpoint as ocp
 
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(tree),
-            data_iter=ocp.args.JsonSave(dict(data_iter)),
+            data_iter=ocp.args.JsonSave(data_iter),
             meta=ocp.args.JsonSave(record),
         )
         try:
@@ -336,19 +369,11 @@ class Checkpointer:
         except Exception as e:
             self._discard_manager()
             raise CheckpointSaveError(f"saving step {step} to {self.directory} failed: {e}") from e
-        if self.async_save:
-            _finish_at_exit(self)
-            self._thread = threading.Thread(
-                target=self._finalize_in_background, args=(entry,), name=f"pipekit-checkpoint-{step}"
-            )
-            self._thread.start()
-        else:
-            try:
-                self._finalize(entry)
-            except CheckpointSaveError:
-                self._discard_manager()
-                raise
-        return True
+        try:
+            self._finalize(entry)
+        except CheckpointSaveError:
+            self._discard_manager()
+            raise
 
     def wait(self) -> None:
         """Wait for an asynchronous save to commit and be rotated; raise `CheckpointSaveError` if it failed.
@@ -462,13 +487,6 @@ class Checkpointer:
             )
             self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
         return self._manager
-
-    def _finalize_in_background(self, entry: ManifestEntry) -> None:
-        try:
-            self._finalize(entry)
-        except BaseException as e:  # handed to the caller by the next wait()
-            logger.error("checkpoint step %s: %s", entry.step, e)
-            self._error = e
 
     def _finalize(self, entry: ManifestEntry) -> None:
         """After Orbax commits `entry.step`: record it in the manifest, then delete what no selector keeps."""
@@ -707,11 +725,18 @@ def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
         records.append(rec)
     if len(set(names)) != len(names):
         raise CheckpointError(f"Checkpointer.save: state has leaves with the same path name: {names}")
-    hosts = [np.asarray(x) for x in datas]
+    # A real copy: the caller may donate or overwrite its buffers as soon as `save` returns. JAX arrays are
+    # copied on their device (Orbax moves them to the host in the background); NumPy arrays are copied here.
+    copies = [jnp.array(x, copy=True) if isinstance(x, jax.Array) else np.array(x, copy=True) for x in datas]
+    return jax.tree_util.tree_unflatten(treedef, copies), dict(zip(names, records))
+
+
+def _add_digests(leaves: dict[str, Any], tree: Any) -> None:
+    """Record the sha256 of every leaf's bytes (in the order `_prepare_state` listed them)."""
+    hosts = [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
     digests = _pool().map(_leaf_digest, hosts) if sum(h.nbytes for h in hosts) > 1 << 20 else map(_leaf_digest, hosts)
-    for rec, digest in zip(records, digests):
+    for rec, digest in zip(leaves.values(), digests):
         rec["sha256"] = digest
-    return jax.tree_util.tree_unflatten(treedef, datas), dict(zip(names, records))
 
 
 def _path_name(path: Iterable[Any]) -> str:
