@@ -259,9 +259,7 @@ def digits(
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
         raise ConfigError(f"digits: val_fraction must be a number in [0, 1), got {val_fraction!r}")
     if test_fraction + val_fraction >= 1:
-        raise ConfigError(
-            f"digits: test_fraction + val_fraction must be below 1, got {test_fraction} + {val_fraction}"
-        )
+        raise ConfigError(f"digits: test_fraction + val_fraction must be below 1, got {test_fraction} + {val_fraction}")
     if split == "val" and val_fraction == 0:
         raise ConfigError("digits: split 'val' needs val_fraction > 0 (for example val_fraction: 0.1)")
     try:
