@@ -109,6 +109,7 @@ class CheckpointHooks:
         self.interrupted: tuple[str, int] | None = None
         self.stopping: str | None = None
         self.parent_ids: tuple[str, ...] = ()
+        self.restored_meta: dict[str, Any] | None = None
         self.backend: Any = None
 
     # Engine protocol ---------------------------------------------------------------------------------------
@@ -155,6 +156,7 @@ class CheckpointHooks:
         backend.load_state_tree(state)
         self.last_saved = step
         callbacks = {int(k): v for k, v in meta.get("callbacks", {}).items()}
+        self.restored_meta = meta
         return int(meta["step"]), data_iter, callbacks
 
     def after_chunk(self, engine: Any, data_state: dict[str, Any]) -> None:
@@ -189,7 +191,7 @@ class CheckpointHooks:
     # Internals ---------------------------------------------------------------------------------------------
     def _save(self, engine: Any, data_state: dict[str, Any], stop_reason: str | None = None) -> None:
         assert self.checkpointer is not None and self.config is not None
-        engine.verify_finite()
+        window = engine.pending_window()
         ctx = engine.ctx
         evaluated_now = engine.eval_metrics.get("_step") == engine.step
         score = engine.eval_metrics.get(self.config.monitor) if evaluated_now else None
@@ -204,6 +206,9 @@ class CheckpointHooks:
             "stop_reason": stop_reason,
             "callbacks": {str(i): s for i, s in engine.callback_states.items()},
             "fingerprint": self.fingerprint,
+            "window": window,
+            "last_train": engine.last_train,
+            "last_eval": engine.eval_metrics,
         }
         if self.checkpointer.save(engine.step, state=engine.backend.state_tree(), data_iter=data_state, meta=meta):
             self.last_saved = engine.step

@@ -129,8 +129,11 @@ class Engine:
             self.iterator.set_state(data_state)
         self.hooks = hooks
         self.window: list[tuple[int, Mapping[str, Any]]] = []
-        self.last_train: dict[str, float] = {}
-        self.eval_metrics: dict[str, float] = {}
+        self.last_train: dict[str, Any] = {}
+        self.eval_metrics: dict[str, Any] = {}
+        restored = getattr(hooks, "restored_meta", None)
+        if restored:
+            self.restore_records(restored)
 
     # Schedule ----------------------------------------------------------------------------------------------
     def epoch_of(self, step: int) -> int:
@@ -294,13 +297,26 @@ class Engine:
         self.last_train = record
         self.writer.write({"type": "metrics", "context": "train", "step": step, "epoch": self.epoch_of(step), **record})
 
-    def verify_finite(self) -> None:
-        """Check every step not yet logged (called before a checkpoint is written, so none holds NaN weights)."""
-        if self.window and self.loop.stop_on_nonfinite:
-            import jax
+    def pending_window(self) -> list[list[Any]]:
+        """The steps not yet logged, as host floats ``[[step, {metric: value}], ...]``, after checking them.
 
-            for step, value in zip([s for s, _ in self.window], jax.device_get([m["loss"] for _, m in self.window])):
-                self._check_finite(step, value)
+        Called before a checkpoint is written: no checkpoint holds weights past a NaN loss, and the checkpoint
+        carries these values so a resumed run writes the same train records as an uninterrupted one.
+        """
+        import jax
+
+        values = jax.device_get([dict(m) for _, m in self.window])
+        pending = [[s, {k: float(v) for k, v in m.items()}] for (s, _), m in zip(self.window, values)]
+        for step, metrics in pending:
+            self._check_finite(step, metrics["loss"])
+        return pending
+
+    def restore_records(self, meta: Mapping[str, Any]) -> None:
+        """Take back what `pending_window` and the latest records were when a checkpoint was written."""
+        self.window = [(int(s), m) for s, m in meta.get("window", [])]
+        self.last_train = dict(meta.get("last_train", {}))
+        self.eval_metrics = dict(meta.get("last_eval", {}))
+        self.ctx.last_eval = {k: v for k, v in self.eval_metrics.items() if not k.startswith("_")}
 
     def _evaluate(self) -> dict[str, float]:
         loop = self.loop

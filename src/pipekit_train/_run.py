@@ -110,10 +110,10 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
     from ._model_registry import load_model
 
     model = load_model(final["model_uri"])
-    if model != loop.model_op:
-        return None  # the pipeline changed this stage's model: train it again
     with open(os.path.join(info.stage_dir, "artifact.json"), encoding="utf-8") as f:
         artifact = TrainingArtifact.from_dict(json.load(f))
+    if model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False):
+        return None  # the stage changed since it finished: run it (its checkpoints refuse a changed config)
     state = TrainerCarryState(
         model=model,
         step=final["step"],

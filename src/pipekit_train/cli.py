@@ -216,8 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_cmd_reproduce)
 
     from pipekit_train.cli_artifacts import add_artifact_commands
+    from pipekit_train.cli_checkpoints import add_checkpoint_commands
 
     add_artifact_commands(sub)
+    add_checkpoint_commands(sub)
     return parser
 
 

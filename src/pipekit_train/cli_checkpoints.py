@@ -93,7 +93,6 @@ def cmd_average(args: argparse.Namespace) -> int:
         raise _UsageError("say what to average with exactly one of --last K, --best K or --steps S1,S2,...")
     if not args.out:
         raise _UsageError("say where to write the average with -o OUT (a new or empty directory)")
-    source = resolve_checkpoint_dir(args.source)
     steps: Any
     if args.last is not None:
         steps = Average(selector=Last(n=_positive("--last", args.last)))
@@ -101,6 +100,7 @@ def cmd_average(args: argparse.Namespace) -> int:
         steps = Average(selector=Best(k=_positive("--best", args.best)))
     else:
         steps = parse_steps(args.steps)
+    source = resolve_checkpoint_dir(args.source)
     out = Path(args.out).absolute()
     picked, _ = _pick(source.absolute(), steps)  # resolved once, so what is printed is what is averaged
     step = write_average(source, out, picked)
