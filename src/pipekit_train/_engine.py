@@ -86,6 +86,25 @@ class _LazyStepMetrics(Mapping[str, Any]):
         return len(self._stacked)
 
 
+def _on_host(window: list[tuple[int, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Each step's metrics in `window` as host values: one transfer per chunk, then slices on the host.
+
+    Slicing a chunk's stacked device arrays step by step (``dict(m)``) dispatches one gather per step and metric:
+    with ``steps_per_call=10`` that was 44% of the loop's time on a small MLP.
+    """
+    import jax
+
+    chunks: dict[int, Mapping[str, Any]] = {}
+    for _, m in window:
+        if isinstance(m, _LazyStepMetrics):
+            chunks.setdefault(id(m._stacked), m._stacked)
+    host = dict(zip(chunks, jax.device_get(list(chunks.values())), strict=True))
+    return [
+        dict(_LazyStepMetrics(host[id(m._stacked)], m._index)) if isinstance(m, _LazyStepMetrics) else dict(m)
+        for _, m in window
+    ]
+
+
 class Engine:
     """Runs one stage's steps. Checkpointing and signal handling plug in through `hooks`."""
 
@@ -282,9 +301,7 @@ class Engine:
     def _flush_window(self) -> None:
         if not self.window:
             return
-        import jax
-
-        values = jax.device_get([dict(m) for _, m in self.window])
+        values = _on_host(self.window)
         steps = [s for s, _ in self.window]
         step = steps[-1]
         self.window = []
@@ -303,9 +320,7 @@ class Engine:
         Called before a checkpoint is written: no checkpoint holds weights past a NaN loss, and the checkpoint
         carries these values so a resumed run writes the same train records as an uninterrupted one.
         """
-        import jax
-
-        values = jax.device_get([dict(m) for _, m in self.window])
+        values = _on_host(self.window)
         pending = [[s, {k: float(v) for k, v in m.items()}] for (s, _), m in zip(self.window, values)]
         for step, metrics in pending:
             self._check_finite(step, metrics["loss"])

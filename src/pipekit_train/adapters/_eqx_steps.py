@@ -69,6 +69,18 @@ class Static:
         return isinstance(other, Static) and (self.value is other.value or bool(self.value == other.value))
 
 
+@functools.lru_cache(maxsize=256)
+def static_arg(value: Any) -> Static:
+    """The one `Static` wrapper of `value` (and of every value equal to it) in this process.
+
+    JAX's compile cache keeps the static argument of the call that compiled and compares each later call's with
+    it. With a fresh wrapper per stage the identity check fails, so every dispatch of a second stage or run in the
+    process compares the Equinox trees (`Module.__eq__`: about a quarter of a small MLP's dispatch time); one
+    wrapper per value keeps that comparison a pointer check.
+    """
+    return Static(value)
+
+
 def partition(model: Any) -> tuple[Any, Any, Any]:
     """Split a model into (params, consts, static): trained arrays, other arrays, everything else."""
     params, rest = eqx.partition(model, eqx.is_inexact_array)

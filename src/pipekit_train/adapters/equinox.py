@@ -25,7 +25,7 @@ from ._eqx_primitives import make_task as make_task
 from ._eqx_primitives import restore_state as restore_state
 from ._eqx_primitives import save_state as save_state
 from ._eqx_primitives import train_step as train_step
-from ._eqx_steps import Layout, LossSpec, Static, combine, eval_batch, host_copy, partition, train_chunk
+from ._eqx_steps import Layout, LossSpec, combine, eval_batch, host_copy, partition, static_arg, train_chunk
 
 if TYPE_CHECKING:
     from .._loop import RunInfo, TrainerCarryState, TrainingLoop
@@ -72,10 +72,10 @@ class EquinoxBackend:
         c_leaves, c_def = jax.tree.flatten(consts)
         self._state = (p_leaves, o_leaves, host_copy(p_leaves) if ema is not None else [])
         self._consts = c_leaves
-        self.layout = Static(Layout(static=static, params=p_def, opt_state=o_def, ema=p_def, consts=c_def))
+        self.layout = static_arg(Layout(static=static, params=p_def, opt_state=o_def, ema=p_def, consts=c_def))
         self.static = static
         self.base_key = base_key
-        self.spec = Static(
+        self.spec = static_arg(
             LossSpec(
                 loss=loop.loss,
                 task=loop.task,
@@ -84,7 +84,7 @@ class EquinoxBackend:
                 aux_prefix=getattr(loop.loss, "aux_prefix", "loss/"),
             )
         )
-        self.static_arg = Static(static)
+        self.static_arg = static_arg(static)
 
     # Views of the flat state -------------------------------------------------------------------------------
     @property
