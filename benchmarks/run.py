@@ -2,7 +2,7 @@
 
 Run with ``make bench`` (installs the benchmark-only ``keras`` extra first), or directly::
 
-    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/run.py            # full run, ~5 minutes on 2 cores
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/run.py            # full run, 3-4 minutes on 2 cores
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/run.py --quick    # smoke run, ~1 minute
 
 Method (see docs/performance.md):
@@ -42,14 +42,15 @@ from typing import Any
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("KERAS_BACKEND", "jax")  # Keras reads it once, at its first import
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-from pipekit_train import MSE, ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, run_settings  # noqa: E402
-from pipekit_train.adapters.equinox import TrainState, make_task, train_step  # noqa: E402
+import pipekit_train
+from pipekit_train import MSE, ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
+from pipekit_train.adapters.equinox import TrainState, make_task, train_step
 
 HERE = Path(__file__).resolve().parent
 IN_SIZE = 32
@@ -165,7 +166,9 @@ def prebatched(x: np.ndarray, y: np.ndarray, batch: int, seed: int = 0) -> tuple
 
 def adamw() -> optax.GradientTransformation:
     """optax's adamw with pipekit's defaults (decay on weight matrices, not on biases)."""
-    return optax.adamw(LR, b1=B1, b2=B2, eps=EPS, weight_decay=WEIGHT_DECAY, mask=lambda p: jax.tree.map(lambda a: a.ndim > 1, p))
+    return optax.adamw(
+        LR, b1=B1, b2=B2, eps=EPS, weight_decay=WEIGHT_DECAY, mask=lambda p: jax.tree.map(lambda a: a.ndim > 1, p)
+    )
 
 
 def eqx_mlp(size: Size, seed: int = 0) -> Any:
@@ -265,6 +268,7 @@ class HandJit:
             self.fn = jax.jit(step, donate_argnums=(0, 1))
             self.batches = [(jnp.asarray(a), jnp.asarray(b)) for a, b in zip(xb, yb, strict=True)]
         else:
+
             def chunked(params: Any, opt_state: Any, xs: jax.Array, ys: jax.Array) -> tuple[Any, Any, jax.Array]:
                 def body(carry: Any, xy: Any) -> Any:
                     p, o, loss = step(*carry, *xy)
@@ -302,9 +306,7 @@ class SeedStep:
         model = eqx_mlp(size)
         self.optimizer = adamw()
         self.task = make_task(MSE())
-        self.state = TrainState(
-            model=model, opt_state=self.optimizer.init(eqx.filter(model, eqx.is_array)), step=0
-        )
+        self.state = TrainState(model=model, opt_state=self.optimizer.init(eqx.filter(model, eqx.is_array)), step=0)
         xb, yb = prebatched(x, y, size.batch)
         self.batches = [{"x": jnp.asarray(a), "y": jnp.asarray(b)} for a, b in zip(xb, yb, strict=True)]
         base = jax.random.key(1)
@@ -312,7 +314,14 @@ class SeedStep:
 
     def measure(self) -> float:
         steps = self.size.long - self.size.short
-        state, task, opt, batches, keys, nb = self.state, self.task, self.optimizer, self.batches, self.keys, len(self.batches)
+        state, task, opt, batches, keys, nb = (
+            self.state,
+            self.task,
+            self.optimizer,
+            self.batches,
+            self.keys,
+            len(self.batches),
+        )
         t0 = time.perf_counter()
         for i in range(steps):
             state, metrics = train_step(state, batches[i % nb], keys[i % nb], task, opt)
@@ -413,6 +422,8 @@ class Row:
     ratio: float | None
     target: float
     note: str = ""
+    baseline_samples: list[float] = field(default_factory=list)
+    contender_samples: list[float] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -448,13 +459,18 @@ def row(section: str, size: str, base: Contender, cont: Contender, note: str = "
         ratio=None if err else paired_ratio(base, cont),
         target=target_of(section, size),
         note=(f"error: {err}" if err else note),
+        baseline_samples=[round(v, 2) for v in base.samples],
+        contender_samples=[round(v, 2) for v in cont.samples],
     )
 
 
 def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str, keras_ok: str | None) -> list[Row]:
     """All step-time comparisons of one model size, interleaved in one round-robin."""
-    print(f"\n## {size.name}: MLP {IN_SIZE}->{size.width}x{size.depth}->1, batch {size.batch}, "
-          f"steps {size.short}/{size.long}, checkpointing {size.ck_short}/{size.ck_long}", flush=True)
+    print(
+        f"\n## {size.name}: MLP {IN_SIZE}->{size.width}x{size.depth}->1, batch {size.batch}, "
+        f"steps {size.short}/{size.long}, checkpointing {size.ck_short}/{size.ck_long}",
+        flush=True,
+    )
     pk = PipekitRuns(x, y, size, os.path.join(root, size.name, "default"))
     pk10 = PipekitRuns(x, y, size, os.path.join(root, size.name, "spc10"), steps_per_call=10)
     c_pk = Contender("pipekit TrainingLoop", pk.measure, pk.setup)
@@ -494,8 +510,10 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
         if not checkpointing_works(with_ck.last_run_dir):
             c_ck.error = "the Checkpoint callback is not wired into the loop yet: no checkpoint was written"
         elif c_ck.samples and c_plain.samples:
+            # Paired per round, like the ratio: the extra µs per step, times the steps, over the extra saves.
             extra = saves_in(size.ck_long) - saves_in(size.ck_short)
-            per_save = (median(c_ck.samples) - median(c_plain.samples)) * (size.ck_long - size.ck_short) / extra
+            diffs = [c - p for c, p in zip(c_ck.samples, c_plain.samples, strict=False)]
+            per_save = statistics.median(diffs) * (size.ck_long - size.ck_short) / extra
             ck_note = f"{per_save / 1e3:.0f} ms per save; steps {size.ck_short}/{size.ck_long}"
     print(f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
     for c in contenders:
@@ -530,7 +548,7 @@ def keras_available() -> str | None:
 
 
 def fmt(v: float | None, spec: str) -> str:
-    return "–" if v is None else format(v, spec)
+    return "-" if v is None else format(v, spec)
 
 
 def markdown(rows: list[Row]) -> str:
@@ -547,6 +565,17 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _git(*args: str) -> str | None:
+    """Read-only git queries, for the record of what was measured."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def environment() -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": platform.python_version(),
@@ -558,6 +587,9 @@ def environment() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "jax_devices": [str(d) for d in jax.devices()],
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "pipekit_train": str(Path(pipekit_train.__file__).parent),
+        "git_head": _git("rev-parse", "HEAD"),
+        "src_changes": _git("status", "--porcelain", "--", "src"),
     }
     try:
         import keras
@@ -599,8 +631,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n" + header + "\n\n" + table, flush=True)
     misses = [r for r in rows if r.verdict == "MISS"]
-    print(f"\n{len(rows) - len(misses)} of {len(rows)} comparisons meet their target; "
-          f"{len(misses)} miss; {sum(r.verdict == 'N/A' for r in rows)} not measured.")
+    print(
+        f"\n{len(rows) - len(misses)} of {len(rows)} comparisons meet their target; "
+        f"{len(misses)} miss; {sum(r.verdict == 'N/A' for r in rows)} not measured."
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {
