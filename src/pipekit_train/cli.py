@@ -10,11 +10,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-#: Exit codes: 0 done; 1 an error (one line on stderr); 2 bad command-line usage; 128 + signal number when
-#: SIGINT (130) or SIGTERM (143) stopped training gracefully after a committed checkpoint.
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
+from pipekit_train._cli_common import EXIT_ERROR, EXIT_OK
+
+# Exit codes (`_cli_common`): 0 done; 1 an error, one line on stderr; 2 bad command-line usage; 128 + signal number
+# when SIGINT (130) or SIGTERM (143) stopped training gracefully after a committed checkpoint.
 
 _DESCRIPTION = """\
 Train JAX models from YAML pipelines.

@@ -11,25 +11,18 @@ import argparse
 import datetime as _dt
 import json
 import re
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipekit import PipekitError
-
 from ._artifacts import TrainingArtifact
+from ._cli_common import EXIT_OK, EXIT_USAGE, CommandError, guarded
 from ._store import ArtifactStore
 
 __all__ = ["add_artifact_commands", "main"]
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 _METRIC = re.compile(r"^\s*([^<>=!]+?)\s*(>=|<=|==|!=|>|<|=)\s*(\S+)\s*$")
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
-class _CommandError(Exception):
-    """A user-facing error of a command: printed as one line."""
 
 
 # Parsing helpers -------------------------------------------------------------------------------------------
@@ -41,7 +34,7 @@ def parse_metric_filter(text: str) -> tuple[str, str, float]:
             return match.group(1), match.group(2), float(match.group(3))
         except ValueError:
             pass
-    raise _CommandError(
+    raise CommandError(
         f"--metric must look like NAME OP NUMBER with OP one of < <= > >= == !=, e.g. 'validate/accuracy>=0.9'; "
         f"got {text!r}"
     )
@@ -56,7 +49,7 @@ def parse_time(text: str, flag: str) -> str:
     try:
         _dt.datetime.fromisoformat(text)
     except ValueError:
-        raise _CommandError(
+        raise CommandError(
             f"{flag} must be an ISO-8601 time (2026-05-01, 2026-05-01T12:00:00Z) or an age (30m, 12h, 7d, 2w); "
             f"got {text!r}"
         ) from None
@@ -185,7 +178,7 @@ def _diff(d: dict[str, Any]) -> str:
 def _store(args: argparse.Namespace) -> ArtifactStore:
     store = ArtifactStore(args.store)
     if not store.path.exists():
-        raise _CommandError(
+        raise CommandError(
             f"no artifact store at {store.path}; pass --store PATH or set $PIPEKIT_ARTIFACT_STORE "
             "(runs record to ./runs/artifacts.sqlite by default)"
         )
@@ -260,20 +253,6 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _guarded(fn: Any) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return int(fn(args))
-        except (_CommandError, PipekitError, OSError) as e:
-            message = " ".join(str(e).split())  # one line, whatever the message held
-            print(f"pipekit-train artifacts: error: {message}", file=sys.stderr)
-            return EXIT_ERROR
-
-    run.__name__ = run.__qualname__ = fn.__name__
-    run.__doc__ = fn.__doc__
-    return run
-
-
 def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``artifacts list | show | lineage | query | diff`` to a CLI's subparsers; returns the ``artifacts`` parser.
 
@@ -295,15 +274,15 @@ def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", parents=[common], help="the newest artifacts")
     p.add_argument("--limit", type=int, default=20, help="how many (default 20)")
-    p.set_defaults(func=_guarded(cmd_list))
+    p.set_defaults(func=guarded("artifacts", cmd_list))
 
     p = sub.add_parser("show", parents=[common], help="one artifact in full")
     p.add_argument("id", metavar="ID", help="artifact id or a unique prefix of it")
-    p.set_defaults(func=_guarded(cmd_show))
+    p.set_defaults(func=guarded("artifacts", cmd_show))
 
     p = sub.add_parser("lineage", parents=[common], help="ancestors and descendants of an artifact")
     p.add_argument("id", metavar="ID", help="artifact id or a unique prefix of it")
-    p.set_defaults(func=_guarded(cmd_lineage))
+    p.set_defaults(func=guarded("artifacts", cmd_lineage))
 
     p = sub.add_parser("query", parents=[common], help="artifacts matching filters (all must hold)")
     p.add_argument("--dataset-hash", metavar="H", help="dataset hash or a prefix of it")
@@ -319,12 +298,12 @@ def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
         "--metric", action="append", metavar="EXPR", help="final-metric filter, e.g. 'validate/accuracy>=0.9'"
     )
     p.add_argument("--limit", type=int, default=None, help="at most this many (newest first)")
-    p.set_defaults(func=_guarded(cmd_query))
+    p.set_defaults(func=guarded("artifacts", cmd_query))
 
     p = sub.add_parser("diff", parents=[common], help="what differs between two artifacts")
     p.add_argument("a", metavar="A", help="artifact id or prefix")
     p.add_argument("b", metavar="B", help="artifact id or prefix")
-    p.set_defaults(func=_guarded(cmd_diff))
+    p.set_defaults(func=guarded("artifacts", cmd_diff))
     return parser
 
 

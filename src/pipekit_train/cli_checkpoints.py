@@ -14,24 +14,15 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipekit import PipekitError
+from ._cli_common import EXIT_OK, EXIT_USAGE, CommandError, UsageError, guarded
 
 __all__ = ["add_checkpoint_commands", "main"]
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 _MANIFEST = "manifest.json"
-
-
-class _UsageError(Exception):
-    """A bad argument value: printed as one line, exit code 2."""
-
-
-class _CommandError(Exception):
-    """A user-facing failure of a command: printed as one line, exit code 1."""
 
 
 # Argument helpers ------------------------------------------------------------------------------------------
@@ -41,7 +32,7 @@ def _positive(flag: str, value: str) -> int:
     except ValueError:
         number = 0
     if number < 1:
-        raise _UsageError(f"{flag} must be a positive int, got {value!r}")
+        raise UsageError(f"{flag} must be a positive int, got {value!r}")
     return number
 
 
@@ -49,7 +40,7 @@ def parse_steps(text: str) -> list[int]:
     """``"100,200, 300"`` → ``[100, 200, 300]``: the steps named by ``--steps``."""
     parts = [p.strip() for p in text.split(",")]
     if not text.strip() or any(not p.isdigit() for p in parts):
-        raise _UsageError(f"--steps must be a comma-separated list of steps, e.g. --steps 100,200,300; got {text!r}")
+        raise UsageError(f"--steps must be a comma-separated list of steps, e.g. --steps 100,200,300; got {text!r}")
     return [int(p) for p in parts]
 
 
@@ -68,17 +59,17 @@ def resolve_checkpoint_dir(path: str) -> Path:
     """The checkpoint directory `path` names: itself, ``<stage>/checkpoints``, or the only one under a run."""
     where = Path(path)
     if not where.is_dir():
-        raise _CommandError(f"{path}: no such directory")
+        raise CommandError(f"{path}: no such directory")
     if (where / _MANIFEST).is_file():
         return where
     if (where / "checkpoints" / _MANIFEST).is_file():
         return where / "checkpoints"
     found = _checkpoint_dirs(where)
     if not found:
-        raise _CommandError(f"{path} holds no checkpoints (no {_MANIFEST} in it or below it)")
+        raise CommandError(f"{path} holds no checkpoints (no {_MANIFEST} in it or below it)")
     if len(found) > 1:
         names = ", ".join(str(d) for d in found)
-        raise _CommandError(f"{path} holds {len(found)} checkpoint directories ({names}); name one of them")
+        raise CommandError(f"{path} holds {len(found)} checkpoint directories ({names}); name one of them")
     return found[0]
 
 
@@ -90,9 +81,9 @@ def cmd_average(args: argparse.Namespace) -> int:
 
     chosen = [flag for flag in ("last", "best", "steps") if getattr(args, flag) is not None]
     if len(chosen) != 1:
-        raise _UsageError("say what to average with exactly one of --last K, --best K or --steps S1,S2,...")
+        raise UsageError("say what to average with exactly one of --last K, --best K or --steps S1,S2,...")
     if not args.out:
-        raise _UsageError("say where to write the average with -o OUT (a new or empty directory)")
+        raise UsageError("say where to write the average with -o OUT (a new or empty directory)")
     steps: Any
     if args.last is not None:
         steps = Average(selector=Last(n=_positive("--last", args.last)))
@@ -121,23 +112,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _guarded(name: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return int(fn(args))
-        except _UsageError as e:
-            print(f"pipekit-train {name}: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        except (_CommandError, PipekitError, OSError) as e:
-            message = " ".join(str(e).split())  # one line, whatever the message held
-            print(f"pipekit-train {name}: error: {message}", file=sys.stderr)
-            return EXIT_ERROR
-
-    run.__name__ = run.__qualname__ = fn.__name__
-    run.__doc__ = fn.__doc__
-    return run
-
-
 def add_checkpoint_commands(subparsers: Any) -> None:
     """Add ``average`` and ``runs`` to a CLI's subparsers (``parser.add_subparsers()``).
 
@@ -161,7 +135,7 @@ def add_checkpoint_commands(subparsers: Any) -> None:
     p.add_argument("--best", metavar="K", help="the K best checkpoints by the monitored metric")
     p.add_argument("--steps", metavar="S1,S2,...", help="these steps, e.g. 100,200,300")
     p.add_argument("-o", "--out", metavar="OUT", help="where to write the average (a new or empty directory)")
-    p.set_defaults(func=_guarded("average", cmd_average))
+    p.set_defaults(func=guarded("average", cmd_average))
 
     r = subparsers.add_parser(
         "runs",
@@ -173,7 +147,7 @@ def add_checkpoint_commands(subparsers: Any) -> None:
     )
     r.add_argument("root", metavar="ROOT", help="a directory holding run directories (or one run directory)")
     r.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
-    r.set_defaults(func=_guarded("runs", cmd_runs))
+    r.set_defaults(func=guarded("runs", cmd_runs))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
