@@ -254,3 +254,12 @@ def test_every_stage_keeps_its_final_weights_loadable_from_the_artifact(tmp_path
         model, artifact = _loop(max_steps=5).run()
     loaded = load_model(artifact.model_registry_uri)
     assert loaded == model and loaded.weights_hash() == model.weights_hash() == artifact.trained_model_hash
+
+
+def test_prefetching_data_trains_bitwise_the_same():
+    plain = _loop(max_steps=25)
+    prefetched = plain.replace(dataset=plain.dataset.replace(prefetch=2))
+    with run_settings(store=False):
+        a, _ = plain.run()
+        b, _ = prefetched.run()
+    assert a.weights_hash() == b.weights_hash()

@@ -244,6 +244,7 @@ class Engine:
             raise
         finally:
             progress.close()
+            self.iterator.close()  # stops a prefetch thread, if the dataset has one
             self.writer.close()
         return AdapterResult(
             model=self.backend.bound_model(),

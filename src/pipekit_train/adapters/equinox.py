@@ -73,7 +73,6 @@ class EquinoxBackend:
         self._state = (p_leaves, o_leaves, host_copy(p_leaves) if ema is not None else [])
         self._consts = c_leaves
         self.layout = static_arg(Layout(static=static, params=p_def, opt_state=o_def, ema=p_def, consts=c_def))
-        self.static = static
         self.base_key = base_key
         self.spec = static_arg(
             LossSpec(
@@ -157,7 +156,7 @@ class EquinoxBackend:
     def module(self, use_ema: bool | None = None) -> Any:
         if use_ema is None:
             use_ema = self.ema_callback is not None and self.ema_callback.return_ema
-        return combine(self._weights(use_ema), self.consts, self.static)
+        return combine(self._weights(use_ema), self.consts, self.layout.value.static)
 
     def bound_model(self) -> Any:
         return self.model_op.bind(host_copy(self.module()))
