@@ -222,8 +222,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _drop_orbax_teardown_noise(unraisable: Any) -> None:
+    """`sys.unraisablehook` that drops one known, harmless message and passes everything else on.
+
+    When Orbax fails to restore a damaged checkpoint it closes its asyncio loop while sibling tensorstore reads
+    are still in flight; their completion callbacks then raise ``RuntimeError('Event loop is closed')``, which
+    Python would print as tracebacks around the CLI's one-line error.
+    """
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pipekit-train`; returns the exit code."""
+    sys.unraisablehook = _drop_orbax_teardown_noise
     parser = build_parser()
     args = parser.parse_args(argv)
     from pipekit import PipekitError
