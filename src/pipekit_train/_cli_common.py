@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pipekit import PipekitError
 
@@ -38,3 +39,16 @@ def guarded(name: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[arg
     run.__name__ = run.__qualname__ = fn.__name__
     run.__doc__ = fn.__doc__
     return run
+
+
+def run_commands(add_commands: Callable[[Any], None], argv: Sequence[str] | None, description: str = "") -> int:
+    """Parse `argv` for the subcommands `add_commands` registers and run one in-process; return the exit code."""
+    parser = argparse.ArgumentParser(prog="pipekit-train", description=description or None)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_commands(sub)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage error (or --help)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    return int(args.func(args))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._artifacts import TrainingArtifact
-from ._cli_common import EXIT_OK, EXIT_USAGE, CommandError, guarded
+from ._cli_common import EXIT_OK, CommandError, guarded, run_commands
 from ._store import ArtifactStore
 
 __all__ = ["add_artifact_commands", "main"]
@@ -309,12 +309,4 @@ def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``pipekit-train artifacts …`` in-process: `argv` starts with ``"artifacts"``. Returns the exit code."""
-    parser = argparse.ArgumentParser(prog="pipekit-train")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    add_artifact_commands(sub)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed the usage error (or --help)
-        return int(e.code or 0) if isinstance(e.code, int) else EXIT_USAGE
-    return int(args.func(args))
+    return run_commands(add_artifact_commands, argv)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._cli_common import EXIT_OK, EXIT_USAGE, CommandError, UsageError, guarded
+from ._cli_common import EXIT_OK, CommandError, UsageError, guarded, run_commands
 
 __all__ = ["add_checkpoint_commands", "main"]
 
@@ -152,15 +152,7 @@ def add_checkpoint_commands(subparsers: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``average …`` or ``runs …`` (``python -m pipekit_train.cli_checkpoints``); returns the exit code."""
-    parser = argparse.ArgumentParser(prog="pipekit-train", description="Average checkpoints and list runs.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    add_checkpoint_commands(sub)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed the usage error (or --help)
-        return e.code if isinstance(e.code, int) else EXIT_USAGE
-    return int(args.func(args))
+    return run_commands(add_checkpoint_commands, argv, "Average checkpoints and list runs.")
 
 
 if __name__ == "__main__":
