@@ -399,7 +399,7 @@ class DataPath:
 # Checkpointing -----------------------------------------------------------------------------------------------------
 def checkpoint_callback() -> tuple[Any, str | None]:
     try:
-        from pipekit_train._checkpoint import Checkpoint
+        from pipekit_train.checkpoint import Checkpoint
     except Exception as e:  # the checkpoint layer is being written
         return None, f"cannot import Checkpoint: {type(e).__name__}: {e}"
     return Checkpoint(every_n_steps=CHECKPOINT_EVERY), None

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipekit_train._loop import _IMPLEMENTED_BACKENDS
+from pipekit_train import available_backends
 from pipekit_train.adapters.conformance import CHECKS
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))
-@pytest.mark.parametrize("backend", _IMPLEMENTED_BACKENDS)
+@pytest.mark.parametrize("backend", available_backends())
 def test_adapter_contract(backend, check, tmp_path):
     CHECKS[check](backend, tmp_path)

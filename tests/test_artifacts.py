@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipekit import ConfigError
-from pipekit_train._artifacts import (
+from pipekit_train.provenance._artifact import (
     TrainingArtifact,
     collect_deps_lock,
     git_state,

@@ -18,8 +18,8 @@ import pytest
 
 import pipekit
 from pipekit import ConfigError
-from pipekit_train._checkpoint import (
-    MANIFEST,
+from pipekit_train._warnings import PipekitTrainWarning
+from pipekit_train.checkpoint import (
     Average,
     Best,
     Checkpoint,
@@ -32,13 +32,12 @@ from pipekit_train._checkpoint import (
     Every,
     Last,
     ManifestEntry,
-    _with_io_retry,
     average_checkpoints,
     format_runs_table,
     list_runs,
     write_average,
 )
-from pipekit_train._warnings import PipekitTrainWarning
+from pipekit_train.checkpoint._layout import MANIFEST, _with_io_retry
 
 
 def make_state(seed: int = 0, n: int = 1000) -> dict:
@@ -348,7 +347,7 @@ def test_killed_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
     script = textwrap.dedent(
         f"""
         import os, jax, jax.numpy as jnp
-        from pipekit_train._checkpoint import Checkpointer, Last
+        from pipekit_train.checkpoint import Checkpointer, Last
         ck = Checkpointer({str(tmp_path)!r}, keep=(Last(n=1),))
         ck.save(1, state={{"w": jnp.ones((4, 4))}}, data_iter={{"i": 1}}, meta={{}})
         ck.wait()
@@ -377,7 +376,7 @@ def test_a_normal_exit_without_close_still_commits_the_last_async_save(tmp_path)
     script = textwrap.dedent(
         f"""
         import jax.numpy as jnp
-        from pipekit_train._checkpoint import Checkpointer, Last
+        from pipekit_train.checkpoint import Checkpointer, Last
         ck = Checkpointer({str(tmp_path)!r}, keep=(Last(n=1),))
         ck.save(7, state={{"w": jnp.ones((2000, 1000))}}, data_iter={{"i": 7}}, meta={{}})
         """  # no wait(), no close(): the exit hook finishes the write before Orbax's thread pools stop

@@ -28,7 +28,7 @@ from pipekit_train import (
     TrainingLoop,
     run_settings,
 )
-from pipekit_train.cli_checkpoints import add_checkpoint_commands, main
+from pipekit_train.cli._checkpoints import add_checkpoint_commands, main
 
 
 def _cli(*argv: str) -> int:
@@ -245,7 +245,7 @@ def test_usage_errors_exit_2(capsys):
 
 def test_runs_as_a_module_in_a_subprocess(trained):
     out = subprocess.run(
-        [sys.executable, "-m", "pipekit_train.cli_checkpoints", "runs", str(trained["runs"]), "--json"],
+        [sys.executable, "-m", "pipekit_train.cli._checkpoints", "runs", str(trained["runs"]), "--json"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -11,9 +11,8 @@ import pytest
 
 from pipekit import ShapeError
 from pipekit_train._losses import MSE, Composite, CrossEntropy
-from pipekit_train._models import EquinoxModel
-from pipekit_train._optim import build_optimizer, get_lr_scale, set_lr_scale
-from pipekit_train.adapters._eqx_primitives import (
+from pipekit_train.adapters.equinox import EquinoxModel
+from pipekit_train.adapters.equinox._primitives import (
     TrainState,
     TrainTask,
     init_state,
@@ -22,6 +21,7 @@ from pipekit_train.adapters._eqx_primitives import (
     save_state,
     train_step,
 )
+from pipekit_train.adapters.optax import build_optimizer, get_lr_scale, set_lr_scale
 
 
 def _regression(n=64):

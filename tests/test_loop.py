@@ -23,7 +23,7 @@ from pipekit_train import (
     Transfer,
     run_settings,
 )
-from pipekit_train.adapters._eqx_steps import CompileCounter
+from pipekit_train.adapters.equinox._steps import CompileCounter
 
 
 def _regression(n: int = 256, d: int = 8, seed: int = 0) -> TrainingDataset:
@@ -216,11 +216,9 @@ def test_misspelled_yaml_field_and_optimizer_key_name_the_nearest():
         _loop(optimizer_config={"name": "adamw", "lr": 1e-3, "weight_decy": 0.1}).run()
 
 
-def test_unknown_and_planned_backends():
-    with pytest.raises(ConfigError, match=r"backend must be one of"):
-        _loop(backend="jaxx")
-    with pytest.raises(ConfigError, match=r"'keras' is planned but not written yet"):
-        _loop(backend="keras")
+def test_unknown_backend_names_the_nearest_and_the_installed_ones():
+    with pytest.raises(ConfigError, match=r"backend 'equinx' is not a registered backend \(did you mean 'equinox'\?\)"):
+        _loop(backend="equinx")
 
 
 def test_second_stage_with_the_same_structure_compiles_nothing_new():
@@ -238,7 +236,7 @@ def test_second_stage_with_the_same_structure_compiles_nothing_new():
 
 
 def test_the_step_compiles_once_per_structure():
-    from pipekit_train.adapters._eqx_steps import train_chunk
+    from pipekit_train.adapters.equinox._steps import train_chunk
 
     before = train_chunk._cache_size()
     with run_settings(store=False):

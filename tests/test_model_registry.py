@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipekit_train._model_registry import (
+from pipekit_train.adapters.equinox import EquinoxModel
+from pipekit_train.provenance._model_registry import (
     LocalModelRegistry,
     ModelIntegrityError,
     ModelNotFoundError,
@@ -19,7 +20,6 @@ from pipekit_train._model_registry import (
     load_model,
     parse_model_uri,
 )
-from pipekit_train._models import EquinoxModel
 
 MLP = {"in_size": 3, "out_size": 2, "width_size": 8, "depth": 2}
 
@@ -37,14 +37,14 @@ def test_put_stores_weights_architecture_and_meta_under_the_weights_hash(tmp_pat
     assert uri == f"pipekit-model:sha256:{digest}"
     folder = tmp_path / "models" / "sha256" / digest
     assert registry.path_of(uri) == folder
-    assert sorted(p.name for p in folder.iterdir()) == ["architecture.yaml", "meta.json", "weights.eqx"]
+    assert sorted(p.name for p in folder.iterdir()) == ["architecture.yaml", "meta.json", "weights.npz"]
     assert "factory: mlp" in (folder / "architecture.yaml").read_text()
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["hash"] == model.weights_hash() and meta["uri"] == uri
-    assert meta["sizes"]["weights.eqx"] == (folder / "weights.eqx").stat().st_size
+    assert meta["sizes"]["weights.npz"] == (folder / "weights.npz").stat().st_size
     assert meta["num_parameters"] == 3 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2
     assert meta["created_at"].endswith("+00:00")
-    assert not (folder / "weights.eqx").read_bytes().startswith(b"\x80")  # NumPy's format, not a pickle
+    assert not (folder / "weights.npz").read_bytes().startswith(b"\x80")  # NumPy's format, not a pickle
     assert uri in registry and not (tmp_path / "models" / "tmp").exists()
 
 
@@ -81,7 +81,7 @@ def test_uri_root_query_and_environment_choose_the_registry(tmp_path: Path, monk
 def test_a_modified_weights_file_is_refused_naming_the_file(tmp_path: Path):
     registry = LocalModelRegistry(tmp_path)
     uri = registry.put(_trained())
-    weights = registry.path_of(uri) / "weights.eqx"
+    weights = registry.path_of(uri) / "weights.npz"
     data = bytearray(weights.read_bytes())
     data[-3] ^= 0x01  # one bit of the last array
     weights.write_bytes(bytes(data))
@@ -93,13 +93,13 @@ def test_a_modified_weights_file_with_a_forged_meta_is_still_refused(tmp_path: P
     registry = LocalModelRegistry(tmp_path)
     uri = registry.put(_trained())
     folder = registry.path_of(uri)
-    data = bytearray((folder / "weights.eqx").read_bytes())
+    data = bytearray((folder / "weights.npz").read_bytes())
     data[-3] ^= 0x01
-    (folder / "weights.eqx").write_bytes(bytes(data))
+    (folder / "weights.npz").write_bytes(bytes(data))
     meta = json.loads((folder / "meta.json").read_text())
-    meta["sha256"]["weights.eqx"] = "sha256:" + hashlib.sha256(bytes(data)).hexdigest()
+    meta["sha256"]["weights.npz"] = "sha256:" + hashlib.sha256(bytes(data)).hexdigest()
     (folder / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(ModelIntegrityError, match=r"weights.eqx: the weights hash to sha256:\w+, not sha256:\w+"):
+    with pytest.raises(ModelIntegrityError, match=r"weights.npz: the weights hash to sha256:\w+, not sha256:\w+"):
         load_model(uri, registry=registry)
 
 
@@ -120,12 +120,12 @@ def test_truncated_weights_with_matching_meta_are_refused(tmp_path: Path):
     registry = LocalModelRegistry(tmp_path)
     uri = registry.put(_trained())
     folder = registry.path_of(uri)
-    data = (folder / "weights.eqx").read_bytes()[:100]
-    (folder / "weights.eqx").write_bytes(data)
+    data = (folder / "weights.npz").read_bytes()[:100]
+    (folder / "weights.npz").write_bytes(data)
     meta = json.loads((folder / "meta.json").read_text())
-    meta["sha256"]["weights.eqx"] = "sha256:" + hashlib.sha256(data).hexdigest()
+    meta["sha256"]["weights.npz"] = "sha256:" + hashlib.sha256(data).hexdigest()
     (folder / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(ModelIntegrityError, match=r"weights.eqx: cannot read the weights into the architecture"):
+    with pytest.raises(ModelIntegrityError, match=r"weights.npz: cannot read the weights into the architecture"):
         registry.load(uri)
 
 

@@ -13,10 +13,10 @@ import pytest
 
 import pipekit
 from pipekit import ConfigError, PipekitError, ShapeError
-from pipekit_train._models import (
+from pipekit_train import ModelOp, Transfer
+from pipekit_train.adapters.equinox import (
     EquinoxModel,
-    ModelOp,
-    Transfer,
+    apply_transfer,
     get_activation,
     register_model,
     registered_models,
@@ -212,41 +212,41 @@ def test_transfer_moves_encoder_weights_bitwise():
     )
     trained = ae.bind(ae.build(1))
     fresh = clf.build(2)
-    moved = Transfer(paths={"encoder": "encoder"}).apply(trained.module, fresh)
+    moved = apply_transfer(Transfer(paths={"encoder": "encoder"}), trained.module, fresh)
     for a, b in zip(jax.tree.leaves(trained.module.encoder), jax.tree.leaves(moved.encoder)):
         np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
     for a, b in zip(jax.tree.leaves(fresh.head), jax.tree.leaves(moved.head)):
         np.testing.assert_array_equal(a, b)  # the head is untouched
     assert clf.bind(moved)(jnp.ones((2, 12))).shape == (2, 4)
     # bound ModelOps are accepted too, and one layer can be addressed by index
-    one = Transfer(paths={"encoder.layers[1]": "encoder.layers[1]"}).apply(trained, clf.bind(fresh))
+    one = apply_transfer(Transfer(paths={"encoder.layers[1]": "encoder.layers[1]"}), trained, clf.bind(fresh))
     np.testing.assert_array_equal(one.encoder.layers[1].weight, trained.module.encoder.layers[1].weight)
     np.testing.assert_array_equal(one.encoder.layers[0].weight, fresh.encoder.layers[0].weight)
 
 
 def test_empty_transfer_keeps_the_fresh_weights():
     fresh = _op("classifier").build(0)
-    assert Transfer().apply(_op("autoencoder").build(1), fresh) is fresh
+    assert apply_transfer(Transfer(), _op("autoencoder").build(1), fresh) is fresh
 
 
 def test_transfer_errors():
     ae = _op("autoencoder").build(0)
     clf = _op("classifier").build(0)
     with pytest.raises(ConfigError, match=r"path 'encodr' not found in the target model: .*did you mean 'encoder'"):
-        Transfer(paths={"encodr": "encoder"}).apply(ae, clf)
+        apply_transfer(Transfer(paths={"encodr": "encoder"}), ae, clf)
     with pytest.raises(ConfigError, match=r"path 'encoder.layers\[7\]' not found in the source model: .*length 3"):
-        Transfer(paths={"encoder": "encoder.layers[7]"}).apply(ae, clf)
+        apply_transfer(Transfer(paths={"encoder": "encoder.layers[7]"}), ae, clf)
     with pytest.raises(
         ShapeError,
         match=r"source 'decoder' does not fit target 'encoder': at \.layers\[0\]\.weight the source has "
         r"\(5, 3\) float32 and the target has \(128, 12\) float32",
     ):
-        Transfer(paths={"encoder": "decoder"}).apply(ae, clf)
+        apply_transfer(Transfer(paths={"encoder": "decoder"}), ae, clf)
     with pytest.raises(ConfigError, match=r"Transfer.paths: 'encoder\.' is not an attribute path"):
         Transfer(paths={"encoder.": "encoder"})
     other = EquinoxModel(factory="autoencoder", kwargs={**FACTORIES["autoencoder"][0], "activation": "relu"}).build(0)
     with pytest.raises(ShapeError, match="equal shapes but different structure"):
-        Transfer(paths={"encoder": "encoder"}).apply(ae, other)
+        apply_transfer(Transfer(paths={"encoder": "encoder"}), ae, other)
 
 
 def test_equinox_model_config_errors():
@@ -271,7 +271,9 @@ def test_register_model_rules():
     assert {"mlp", "cnn", "autoencoder", "classifier"} <= set(registered_models())
     with pytest.raises(ConfigError, match=r"first parameter must be `key`"):
         register_model("test_bad")(lambda rng, n=1: None)
-    with pytest.raises(ConfigError, match=r"model factory 'mlp' is already registered by pipekit_train._models.mlp"):
+    with pytest.raises(
+        ConfigError, match=r"model factory 'mlp' is already registered by pipekit_train.adapters.equinox._factories.mlp"
+    ):
         register_model("mlp")(lambda key: None)
 
     @register_model("test_not_a_module")

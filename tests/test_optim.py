@@ -13,11 +13,11 @@ import orbax.checkpoint as ocp
 import pytest
 
 from pipekit import ConfigError, PipekitError
-from pipekit_train._optim import (
+from pipekit_train._optim import check_optimizer_config
+from pipekit_train.adapters.optax import (
     LrScaleState,
     build_optimizer,
     build_schedule,
-    check_optimizer_config,
     get_lr_scale,
     learning_rate_at,
     set_lr_scale,

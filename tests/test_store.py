@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipekit_train._artifacts import TrainingArtifact
-from pipekit_train._store import (
+from pipekit_train.provenance._artifact import TrainingArtifact
+from pipekit_train.provenance._store import (
     SCHEMA_VERSION,
     ArtifactStore,
     ArtifactStoreError,
@@ -245,8 +245,8 @@ def test_default_path_honours_the_environment(tmp_path: Path, monkeypatch):
 _WORKER = textwrap.dedent(
     """
     import os, sys, time
-    from pipekit_train._artifacts import TrainingArtifact
-    from pipekit_train._store import ArtifactStore
+    from pipekit_train.provenance._artifact import TrainingArtifact
+    from pipekit_train.provenance._store import ArtifactStore
     path, worker, count, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     open(go + f".ready{worker}", "w").close()
     deadline = time.monotonic() + 60
@@ -324,7 +324,7 @@ def test_eight_processes_writing_at_once_lose_nothing(tmp_path: Path):
 
 # The `pipekit-train artifacts` commands (cli_artifacts), run in-process through argparse -----------------------
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    from pipekit_train.cli_artifacts import main
+    from pipekit_train.cli._artifacts import main
 
     code = main(["artifacts", *argv])
     out, err = capsys.readouterr()
@@ -409,7 +409,7 @@ def test_cli_errors_are_one_line_with_exit_codes(store: ArtifactStore, capsys, t
 def test_cli_commands_plug_into_another_parser(store: ArtifactStore, capsys):
     import argparse
 
-    from pipekit_train.cli_artifacts import add_artifact_commands
+    from pipekit_train.cli._artifacts import add_artifact_commands
 
     parser = argparse.ArgumentParser(prog="pipekit-train")
     add_artifact_commands(parser.add_subparsers(dest="command"))

@@ -13,12 +13,12 @@ import pytest
 
 import pipekit
 from pipekit import Operator
-from pipekit_train._callbacks import TrainContext
 from pipekit_train._loop import TrainingLoop
-from pipekit_train._model_registry import load_model
-from pipekit_train._models import EquinoxModel
-from pipekit_train._tracking import LogToExperiment, RegisterModel, pipeline_params
 from pipekit_train._writers import NullWriter
+from pipekit_train.adapters.equinox import EquinoxModel
+from pipekit_train.callbacks._base import TrainContext
+from pipekit_train.callbacks._trackers import LogToExperiment, RegisterModel, pipeline_params
+from pipekit_train.provenance._model_registry import load_model
 
 mlflow_tracking = pytest.importorskip("mlflow.tracking")
 

@@ -11,6 +11,7 @@ from ._errors import ConfigError as ConfigError
 from ._errors import PipekitError as PipekitError
 from ._errors import ShapeError as ShapeError
 from ._errors import closest as closest
+from ._errors import suggestion as suggestion
 from ._operator import CarryState as CarryState
 from ._operator import Operator as Operator
 from ._operator import StatefulOperator as StatefulOperator

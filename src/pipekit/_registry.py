@@ -2,8 +2,9 @@
 
 Operators register themselves when their class is defined (``class MSE(Operator)`` registers ``"MSE"``).
 Third-party packages declare an entry point in the ``pipekit.operators`` group that names a *module* (or a
-class); the registry imports those modules, which are installed code the user chose, the first time a name is
-not found. Nothing named inside a YAML file is ever imported.
+class); the registry imports those modules, which are installed code the user chose, before its first lookup, so
+every installed type (and whatever those modules register, such as model factories) is known whatever order a file
+names them in. Nothing named inside a YAML file is ever imported.
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ def load_entry_points() -> None:
         return
     _entry_points_loaded = True
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        obj = ep.load()
+        try:
+            obj = ep.load()
+        except ImportError as e:
+            raise ConfigError(
+                f"the installed plugin {ep.name!r} ({ep.value}, entry point group {ENTRY_POINT_GROUP!r}) cannot be "
+                f"imported: {e}; reinstall or uninstall the package that provides it"
+            ) from e
         if isinstance(obj, type) and ep.name not in _REGISTRY:
             register(ep.name, obj)
 
@@ -66,10 +73,8 @@ def lookup(name: str) -> type[Operator]:
             f"operator type must be a registered name, got {name!r}; "
             "pipekit never imports a module or attribute named in a file"
         )
+    load_entry_points()
     cls = _REGISTRY.get(name)
-    if cls is None:
-        load_entry_points()
-        cls = _REGISTRY.get(name)
     if cls is None:
         names = sorted(_REGISTRY)
         raise ConfigError(

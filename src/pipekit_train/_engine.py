@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._callbacks import Callback, TrainContext
 from ._progress import Progress
 from ._writers import JsonLinesWriter, MetricWriter
+from .callbacks._base import Callback, TrainContext
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -199,7 +199,7 @@ class Engine:
                 ctx.step, ctx.epoch = self.step, self.epoch_of(self.step)
                 # The divergence check reads the previous dispatch's loss only when it is already computed, so
                 # it never makes the host wait for the device; every step's loss is checked at the next log step.
-                if pending is not None and pending[1].is_ready():
+                if pending is not None and getattr(pending[1], "is_ready", lambda: True)():
                     self._check_finite(*pending)
                 pending = (self.step, metrics["loss"])
                 self._after_chunk(first, n, metrics)

@@ -1,33 +1,19 @@
-"""Layer 3: `TrainerCarryState` and `TrainingLoop`, the training stage of a pipeline."""
+"""`TrainerCarryState` and `TrainingLoop`: the training stage of a pipeline and what it hands the next stage."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Literal, NamedTuple
 
 import pipekit
 from pipekit import CarryState, ConfigError, Operator, StatefulOperator, field
 
-from ._callbacks import Callback
-from ._data import TrainingDataset
+from ._backends import check_backend_name, get_backend
 from ._models import ModelOp, Transfer
 from ._writers import MetricWriter
-
-#: Backend name → adapter module. Every adapter module exposes ``run(loop, incoming, run) -> AdapterResult``.
-_BACKEND_MODULES = {
-    "equinox": "pipekit_train.adapters.equinox",
-    "lightning": "pipekit_train.adapters.lightning",
-    "keras": "pipekit_train.adapters.keras",
-    # planned Bayesian backends:
-    "numpyro-svi": "pipekit_train.adapters.numpyro_svi",
-    "numpyro-mcmc": "pipekit_train.adapters.numpyro_mcmc",
-    "blackjax": "pipekit_train.adapters.blackjax",
-}
-#: Backends whose adapters exist. The others are planned: choosing one is an error that says so.
-_IMPLEMENTED_BACKENDS = ("equinox",)
-
-Backend = Literal["equinox", "lightning", "keras", "numpyro-svi", "numpyro-mcmc", "blackjax"]
+from .callbacks._base import Callback
+from .data._dataset import TrainingDataset
 
 
 class TrainerCarryState(CarryState):
@@ -107,8 +93,8 @@ class RunInfo:
 class TrainingLoop(StatefulOperator):
     """Train `model_op` on `dataset`, producing a trained model operator and an artifact.
 
-    The fields follow the seed's Layer 3 design; the ones after `seed` are additions, documented in
-    ``docs/yaml.md``. Delegates to the backend adapter named by `backend`.
+    Every field is documented in ``docs/yaml.md``. The stage runs on the backend adapter named by `backend` (any
+    name registered in the ``pipekit_train.backends`` entry-point group or with `register_backend`).
     """
 
     model_op: ModelOp
@@ -120,14 +106,13 @@ class TrainingLoop(StatefulOperator):
     max_steps: int = 10_000
     steps_per_epoch: int | None = None
     batch_size: int = 32
-    backend: Backend = "equinox"
+    backend: str = "equinox"
     callbacks: tuple[Callback, ...] = ()
     metric_writer: MetricWriter | None = None
     eval_every_n_steps: int = 500
     log_every_n_steps: int = 100
     checkpoint_dir: str | None = None
     seed: int = 0
-    # Additions ---------------------------------------------------------------------------------------------
     name: str | None = None
     input_key: str = "x"
     target_key: str = "y"
@@ -162,17 +147,19 @@ class TrainingLoop(StatefulOperator):
             raise ConfigError("TrainingLoop needs a `loss` (or a backend-native `task`); both are null")
         if self.name is not None and not self.name.replace("-", "_").isidentifier():
             raise ConfigError(f"TrainingLoop.name must be a simple name (letters, digits, _ or -), got {self.name!r}")
-        if self.backend not in _IMPLEMENTED_BACKENDS:
-            planned = ", ".join(b for b in _BACKEND_MODULES if b not in _IMPLEMENTED_BACKENDS)
+        check_backend_name(self.backend)
+        model_backend = getattr(self.model_op, "backend", "")
+        if model_backend and model_backend != self.backend:
             raise ConfigError(
-                f"TrainingLoop.backend {self.backend!r} is planned but not written yet (planned: {planned}); "
-                f"available now: {', '.join(_IMPLEMENTED_BACKENDS)}"
+                f"TrainingLoop.model_op is {self.model_op!r}, a model of backend {model_backend!r}, but "
+                f"TrainingLoop.backend is {self.backend!r}; set backend: {model_backend} or choose a model of "
+                f"backend {self.backend!r}"
             )
 
     @classmethod
     def example(cls) -> TrainingLoop:
-        from ._data import NpzSource
         from ._losses import MSE
+        from .data._dataset import NpzSource
 
         return cls(
             model_op=_example_model(),
@@ -185,14 +172,14 @@ class TrainingLoop(StatefulOperator):
         )
 
     # Running -----------------------------------------------------------------------------------------------
-    def adapter(self) -> Any:
-        """The backend adapter module for `backend`."""
-        return importlib.import_module(_BACKEND_MODULES[self.backend])
+    def adapter(self) -> ModuleType:
+        """The backend adapter module for `backend` (see ``adapters/README.md``)."""
+        return get_backend(self.backend)
 
     def _apply(self, carrier: Any, state: TrainerCarryState | None) -> tuple[TrainingResult, TrainerCarryState]:
         from ._run import run_stage
 
-        return run_stage(self, carrier, state)
+        return run_stage(self, state)
 
     def run(self) -> TrainingResult:  # type: ignore[override]
         """Train from scratch (or resume), returning ``(trained_model_op, artifact)``."""
@@ -200,6 +187,6 @@ class TrainingLoop(StatefulOperator):
 
 
 def _example_model() -> ModelOp:
-    from ._models import EquinoxModel
+    from .adapters.equinox import EquinoxModel
 
     return EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 1})

@@ -60,7 +60,7 @@ def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tup
     """(run id, run dir, stage index): from the previous stage, from the run directory, or new."""
     from pipekit import ConfigError
 
-    from ._artifacts import new_run_id
+    from .provenance._artifact import new_run_id
 
     if state is not None and state.run_id is not None:
         return state.run_id, state.run_dir or os.path.join("runs", state.run_id), state.stage_index
@@ -100,14 +100,14 @@ FINAL_FILE = "final.json"
 
 def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, TrainerCarryState] | None:
     """A stage that already finished in this run directory: its model and artifact, without training again."""
-    from ._artifacts import TrainingArtifact
+    from .provenance._artifact import TrainingArtifact
 
     path = os.path.join(info.stage_dir, FINAL_FILE)
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
         final = json.load(f)
-    from ._model_registry import load_model
+    from .provenance._model_registry import load_model
 
     model = load_model(final["model_uri"])
     with open(os.path.join(info.stage_dir, "artifact.json"), encoding="utf-8") as f:
@@ -129,7 +129,7 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
 
 def _keep_final_model(info: RunInfo, result: Any) -> str:
     """Store the stage's final weights in the run (content-addressed, no pickle); return a loadable URI."""
-    from ._model_registry import LocalModelRegistry
+    from .provenance._model_registry import LocalModelRegistry
 
     registry = LocalModelRegistry(os.path.abspath(os.path.join(info.run_dir, "models")))
     return registry.locator(registry.put(result.model))
@@ -141,9 +141,7 @@ def _write_final(info: RunInfo, result: Any, artifact: Any, model_uri: str) -> N
     _write_json(os.path.join(info.stage_dir, FINAL_FILE), final)
 
 
-def run_stage(
-    loop: TrainingLoop, carrier: Any, state: TrainerCarryState | None
-) -> tuple[TrainingResult, TrainerCarryState]:
+def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[TrainingResult, TrainerCarryState]:
     """Train one stage. `state` is what the previous stage of a `Sequential` returned (or ``None``)."""
     settings = current_settings()
     if loop.resume == "auto" and settings.resume != "auto":
@@ -167,12 +165,12 @@ def run_stage(
             return done
     os.makedirs(info.stage_dir, exist_ok=True)
     _write_run_meta(run_dir, run_id, settings)
-    from ._checkpointing import make_hooks
+    from .checkpoint._resume import make_hooks
 
     hooks = make_hooks(loop, info, settings)
     result = loop.adapter().run(loop, state, info, hooks)
-    parents = info.parent_ids + tuple(result.artifact_fields.pop("parent_ids", ()))
-    info = replace(info, parent_ids=tuple(dict.fromkeys(parents)))
+    # A warm start (`init_from`) names the stage that wrote those weights as another parent.
+    info = replace(info, parent_ids=tuple(dict.fromkeys(info.parent_ids + hooks.parent_ids)))
     interrupted = getattr(hooks, "interrupted", None)
     model_uri = None if interrupted is not None else _keep_final_model(info, result)
     artifact = _build_artifact(loop, result, info, settings, model_uri)
@@ -215,7 +213,7 @@ def _write_run_meta(run_dir: str, run_id: str, settings: RunSettings) -> None:
 def _build_artifact(
     loop: TrainingLoop, result: Any, info: RunInfo, settings: RunSettings, model_uri: str | None
 ) -> Any:
-    from ._artifacts import TrainingArtifact, collect_deps_lock, git_state, new_artifact_id
+    from .provenance._artifact import TrainingArtifact, collect_deps_lock, git_state, new_artifact_id
 
     yaml_text = pipekit.dumps(loop, strict=False)
     fields = dict(result.artifact_fields)
@@ -243,7 +241,7 @@ def _build_artifact(
         run_dir=info.stage_dir,
     )
     if settings.store is not False:
-        from ._store import ArtifactStore
+        from .provenance._store import ArtifactStore
 
         with ArtifactStore(settings.store or None) as store:
             store.record(artifact)

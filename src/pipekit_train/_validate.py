@@ -15,29 +15,25 @@ def _stages(op: Operator) -> list[Operator]:
 
 
 def check_pipeline(op: Operator) -> str:
-    """Build every stage's model, load its data, and check data/model/loss shapes and weight transfers.
+    """Check every stage through its backend's `preflight`: data, model and loss shapes, weight hand-offs, the
+    optimizer configuration, the validation and test data.
 
     Raises the same errors a run would raise before compiling; returns a one-line description.
     """
-    import jax
-
     from ._loop import TrainerCarryState, TrainingLoop
     from ._optim import check_optimizer_config
-    from .adapters.equinox import check_before_compile, initial_module
 
     loops = [s for s in _stages(op) if isinstance(s, TrainingLoop)]
     state: TrainerCarryState | None = None
     steps = 0
     for index, loop in enumerate(loops):
         stage = loop.name or f"stage{index}"
-        init_key = jax.random.split(jax.random.key(loop.seed))[0]
         check_optimizer_config(loop.optimizer_config)
-        check_before_compile(loop)
-        module = initial_module(loop, state, init_key, stage)
+        model = loop.adapter().preflight(loop, state, stage)
         for ds in (loop.val_dataset, loop.test_dataset):
             if ds is not None:
                 ds.element_spec()
-        state = TrainerCarryState(model=loop.model_op.bind(module), stage_index=index + 1)
+        state = TrainerCarryState(model=model, stage_index=index + 1)
         steps += loop.max_steps
     plural = "s" if len(loops) != 1 else ""
     return f"{len(loops)} training stage{plural}, {steps} steps in all"

@@ -27,11 +27,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
-from ._checkpoint import Checkpoint, Checkpointer, CheckpointError, CheckpointMismatchError, _path_name
-from ._warnings import PipekitTrainWarning
+from .._warnings import PipekitTrainWarning
+from ._checkpointer import Checkpointer
+from ._errors import CheckpointError, CheckpointMismatchError
+from ._layout import _path_name
+from ._settings import Checkpoint
 
 #: Configuration that must not change between a checkpoint and the run resuming it.
 _FINGERPRINT_FIELDS = (
@@ -224,10 +226,9 @@ class CheckpointHooks:
                 stacklevel=2,
             )
             return
+        # The whole training state of the best step: weights, EMA and the optimizer state that goes with them.
         state, _, _ = ckpt.restore("best", engine.backend.state_tree())
-        current = engine.backend.state_tree()
-        current.update({k: state[k] for k in ("params", "consts", "ema") if k in state})
-        engine.backend.load_state_tree(current)
+        engine.backend.load_state_tree(state)
 
     def _warm_start(self, backend: Any) -> None:
         """Load only the weights of `init_from` (``DIR[@best|@latest|@STEP]``) into the fresh model."""
@@ -249,12 +250,10 @@ class CheckpointHooks:
             raw, _, _ = source.restore(choice, None)
         finally:
             source.close()
-        current = backend.state_tree()
-        for part in ("params", "consts"):
-            current[part] = _graft(current[part], raw.get(part, {}), f"{spec}: {part}")
-        if "ema" in current:
-            current["ema"] = current["params"]
-        backend.load_state_tree(current)
+        weights = backend.weights_tree()
+        backend.load_weights_tree(
+            {part: _graft(tree, raw.get(part, {}), f"{spec}: {part}") for part, tree in weights.items()}
+        )
         parent = _source_artifact(directory)
         if parent:
             self.parent_ids = (parent,)
@@ -262,6 +261,8 @@ class CheckpointHooks:
 
 def _graft(template: Any, raw: Any, where: str) -> Any:
     """`template` with every array leaf replaced by the leaf at the same path of the restored `raw` tree."""
+    import jax
+
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(template)
     out = []
     for path, leaf in leaves_with_path:
@@ -282,7 +283,7 @@ def _graft(template: Any, raw: Any, where: str) -> Any:
                 f"init_from {where}: weights {_path_name(path)!r} have shape {value.shape} in the checkpoint but "
                 f"{tuple(leaf.shape)} in this model"
             )
-        out.append(jax.numpy.asarray(value, dtype=leaf.dtype))
+        out.append(np.asarray(value, dtype=leaf.dtype))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

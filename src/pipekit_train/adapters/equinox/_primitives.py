@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 
 from pipekit import ShapeError
 
-from .._losses import Loss, split_loss_output
+from ..._losses import Loss, split_loss_output
 
 __all__ = [
     "LossTask",

@@ -8,7 +8,7 @@ that are there.
 
 Example:
     >>> import numpy as np
-    >>> from pipekit_train._transforms import OneHot
+    >>> from pipekit_train.data._transforms import OneHot
     >>> OneHot(key="y", num_classes=3).apply({"y": np.array([2, 0])})["y"]
     array([[0., 0., 1.],
            [1., 0., 0.]], dtype=float32)
@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from pipekit import ConfigError, Operator
-from pipekit._errors import suggestion
+from pipekit import ConfigError, Operator, suggestion
 
 Batch = dict[str, np.ndarray]
 Spec = dict[str, tuple[tuple[int, ...], np.dtype]]

@@ -1,9 +1,7 @@
-"""The Equinox backend adapter: the seed's primitives plus `run`, which `TrainingLoop` dispatches to.
+"""The Equinox adapter's contract functions: `preflight`, `run`, `backend_info`, and its `StepBackend`.
 
-`TrainState`, `TrainTask`, `train_step`, `save_state` and `restore_state` are the seed's Layer-1 primitives (in
-`_eqx_primitives`). `run` drives the production path: the model is partitioned once, steps go through the cached,
-donating `jax.jit` step of `_eqx_steps`, and the backend-agnostic `Engine` decides when to log, validate, checkpoint
-and stop.
+`run` drives the production path: the model is partitioned once, steps go through the cached, donating `jax.jit`
+step of `_steps`, and the backend-neutral `Engine` decides when to log, validate, checkpoint and stop.
 """
 
 from __future__ import annotations
@@ -14,21 +12,15 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from pipekit import ConfigError, ShapeError
-from pipekit._errors import suggestion
+from pipekit import ConfigError, ShapeError, suggestion
 
-from .._engine import AdapterResult, Engine
-from .._optim import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
-from ._eqx_primitives import TrainState as TrainState
-from ._eqx_primitives import TrainTask as TrainTask
-from ._eqx_primitives import make_task as make_task
-from ._eqx_primitives import restore_state as restore_state
-from ._eqx_primitives import save_state as save_state
-from ._eqx_primitives import train_step as train_step
-from ._eqx_steps import Layout, LossSpec, combine, eval_batch, host_copy, partition, static_arg, train_chunk
+from ..._engine import AdapterResult, Engine
+from ..optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
+from ._steps import Layout, LossSpec, combine, eval_batch, host_copy, partition, static_arg, train_chunk
+from ._tree import apply_transfer
 
 if TYPE_CHECKING:
-    from .._loop import RunInfo, TrainerCarryState, TrainingLoop
+    from ..._loop import RunInfo, TrainerCarryState, TrainingLoop
 
 _OPTIMIZERS: dict[Any, Any] = {}
 
@@ -55,7 +47,7 @@ class EquinoxBackend:
     """
 
     def __init__(self, loop: TrainingLoop, model_op: Any, module: Any, base_key: jax.Array) -> None:
-        from .._controls import EMA
+        from ...callbacks._controls import EMA
 
         self.loop = loop
         self.model_op = model_op
@@ -164,7 +156,7 @@ class EquinoxBackend:
     def set_model(self, model_op: Any) -> None:
         params, consts, _ = partition(model_op.module)
         params = host_copy(params)
-        self._set(params=params, ema=params)
+        self._set(params=params, ema=host_copy(params))
         self._consts = self._leaves_like(consts, self.layout.value.consts, "consts")
 
     def get_lr_scale(self) -> float:
@@ -188,6 +180,17 @@ class EquinoxBackend:
         self._set(params=tree["params"], opt_state=tree["opt_state"], ema=tree.get("ema"))
         self._consts = self._leaves_like(tree["consts"], self.layout.value.consts, "consts")
 
+    def weights_tree(self) -> dict[str, Any]:
+        """The model's weights, what a warm start (`init_from`) copies: parameters and non-trained arrays."""
+        return {"params": self.params, "consts": self.consts}
+
+    def load_weights_tree(self, tree: dict[str, Any]) -> None:
+        """Replace the weights only; the optimizer state stays, and EMA weights restart from the parameters."""
+        params = host_copy(tree["params"])
+        # Separate copies: the step donates every buffer of its state, and one buffer cannot be donated twice.
+        self._set(params=params, ema=host_copy(params))
+        self._consts = self._leaves_like(tree["consts"], self.layout.value.consts, "consts")
+
 
 def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
     """The Equinox module a stage starts from: fresh, carried over whole, or assembled by `loop.transfer`."""
@@ -196,9 +199,15 @@ def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, init_
         return loop.model_op.build(init_key)
     previous = incoming.model  # type: ignore[union-attr]
     if loop.transfer is not None:
-        return loop.transfer.apply(previous.module, loop.model_op.build(init_key))
+        return apply_transfer(loop.transfer, previous.module, loop.model_op.build(init_key))
     if previous == loop.model_op:
         return previous.module
+    if getattr(previous, "backend", None) != "equinox":
+        raise ConfigError(
+            f"stage {stage!r} (backend 'equinox') cannot start from the previous stage's {previous!r}, a model of "
+            f"backend {getattr(previous, 'backend', '?')!r}; weights move between backends only through a "
+            "registered converter"
+        )
     raise ConfigError(
         f"stage {stage!r} trains {loop.model_op!r} but the previous stage produced {previous!r}; "
         "say which weights to carry over with `transfer:` (for example "
@@ -259,17 +268,28 @@ def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, h
         hooks=hooks,
     )
     result = engine.run()
-    if hooks is not None and getattr(hooks, "parent_ids", ()):
-        result.artifact_fields["parent_ids"] = hooks.parent_ids
     result.opt_state = backend.opt_state
     result.rng = np.asarray(jax.random.key_data(root)).tolist()
     result.backend_info = {
-        "backend": "equinox",
-        "equinox": eqx.__version__,
-        "jax": jax.__version__,
-        "devices": [str(d) for d in jax.devices()],
+        **backend_info(),
         "num_params": int(sum(x.size for x in jax.tree.leaves(backend.params))),
         "steps": result.step,
         "steps_per_call": loop.steps_per_call,
     }
     return result
+
+
+def backend_info() -> dict[str, Any]:
+    return {
+        "backend": "equinox",
+        "equinox": eqx.__version__,
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+    }
+
+
+def preflight(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> Any:
+    """Check shapes and the hand-off from `incoming` without compiling; the bound model the stage starts from."""
+    check_before_compile(loop)
+    init_key = jax.random.split(jax.random.key(loop.seed))[0]
+    return loop.model_op.bind(initial_module(loop, incoming, init_key, stage))

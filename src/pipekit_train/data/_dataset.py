@@ -29,8 +29,8 @@ GIL-free producer and a 200 µs consumer, ``prefetch=4`` took 319 µs per batch 
 
 Example:
     >>> import numpy as np
-    >>> from pipekit_train._data import TrainingDataset
-    >>> from pipekit_train._sources import ArraySource
+    >>> from pipekit_train.data._dataset import TrainingDataset
+    >>> from pipekit_train.data._sources import ArraySource
     >>> ds = TrainingDataset(source=ArraySource(arrays={"x": np.arange(10.0), "y": np.arange(10)}))
     >>> it = ds.iterator(batch_size=4, seed=0)
     >>> next(it)["y"].shape, ds.num_batches(4), it.get_state()
@@ -55,36 +55,9 @@ import pipekit
 from pipekit import ConfigError, Operator
 
 from ._sources import Arrays, RegisteredSource, Source
-from ._sources import ArraySource as ArraySource
-from ._sources import NpySource as NpySource
-from ._sources import NpzSource as NpzSource
-from ._sources import register_dataset as register_dataset
 from ._transforms import Batch, OneHot, Spec, Transform
-from ._transforms import Cast as Cast
-from ._transforms import Flatten as Flatten
-from ._transforms import Normalize as Normalize
-from ._transforms import Rename as Rename
-from ._transforms import Reshape as Reshape
-from ._transforms import Select as Select
 
-__all__ = [
-    "ArraySource",
-    "BatchIterator",
-    "Cast",
-    "Flatten",
-    "Normalize",
-    "NpySource",
-    "NpzSource",
-    "OneHot",
-    "RegisteredSource",
-    "Rename",
-    "Reshape",
-    "Select",
-    "Source",
-    "TrainingDataset",
-    "Transform",
-    "register_dataset",
-]
+__all__ = ["BatchIterator", "TrainingDataset"]
 
 _HASH_CHUNK_BYTES = 1 << 24
 _BLOCK = 8  # batches `BatchIterator` gathers at once without prefetching

@@ -6,7 +6,7 @@ dataset is scikit-learn's bundled 8x8 digits (no network), behind the ``examples
 
 Example:
     >>> import numpy as np
-    >>> from pipekit_train._sources import ArraySource
+    >>> from pipekit_train.data._sources import ArraySource
     >>> ArraySource(arrays={"x": np.zeros((3, 2)), "y": np.arange(3)}).load()["y"]
     array([0, 1, 2])
 """
@@ -20,8 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipekit import ConfigError, Operator, field
-from pipekit._errors import suggestion
+from pipekit import ConfigError, Operator, field, suggestion
 
 Arrays = dict[str, np.ndarray]
 
@@ -154,7 +153,7 @@ def register_dataset(name: str) -> Callable[[Callable[..., Mapping[str, Any]]], 
 
     Example:
         >>> import numpy as np
-        >>> from pipekit_train._sources import RegisteredSource, register_dataset
+        >>> from pipekit_train.data._sources import RegisteredSource, register_dataset
         >>> @register_dataset("squares")
         ... def squares(n=4):
         ...     x = np.arange(n, dtype=np.float32)

@@ -29,7 +29,7 @@ from typing import Any
 
 from pipekit import PipekitError
 
-from ._artifacts import TrainingArtifact
+from ._artifact import TrainingArtifact
 
 __all__ = [
     "ArtifactStore",

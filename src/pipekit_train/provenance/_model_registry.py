@@ -3,9 +3,11 @@
 A model is stored under ``<root>/sha256/<hex>/``, where ``sha256:<hex>`` is the weights hash
 (`ModelOp.weights_hash()`: the arrays' paths, shapes, dtypes and bytes):
 
-- ``weights.eqx``: the arrays, written by ``equinox.tree_serialise_leaves`` (NumPy's format; no pickle);
-- ``architecture.yaml``: ``pipekit.dumps(model_op)``, from which the skeleton is rebuilt;
-- ``meta.json``: the hash, the creation time, the file sizes and their sha256, the parameter count.
+- ``weights.npz``: the arrays of `ModelOp.weights` as ``arr_0 … arr_N`` in a NumPy ``.npz`` (read back with
+  ``allow_pickle=False``: nothing is unpickled), whatever the backend;
+- ``architecture.yaml``: ``pipekit.dumps(model_op)``, from which the model operator is rebuilt;
+- ``meta.json``: the hash, the weights' names in order, the creation time, the file sizes and their sha256, the
+  parameter count.
 
 A model's URI is ``pipekit-model:sha256:<hex>``. The registry root is not part of it (the same model may sit in
 many registries); it comes from the `registry` argument, else a ``?root=<path>`` query on the URI, else
@@ -30,8 +32,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import pipekit
 from pipekit import PipekitError
+
+from .._models import weights_digest
 
 __all__ = [
     "LocalModelRegistry",
@@ -45,10 +51,10 @@ __all__ = [
 ENV_VAR = "PIPEKIT_MODEL_REGISTRY"
 DEFAULT_ROOT = os.path.join("runs", "models")
 SCHEME = "pipekit-model"
-WEIGHTS_FILE = "weights.eqx"
+WEIGHTS_FILE = "weights.npz"
 ARCHITECTURE_FILE = "architecture.yaml"
 META_FILE = "meta.json"
-FORMAT = 1
+FORMAT = 2
 
 _URI = re.compile(r"^pipekit-model:sha256:([0-9a-f]{64})(?:\?(.*))?$")
 
@@ -126,15 +132,12 @@ class LocalModelRegistry:
         Putting the same model again returns the same URI and writes nothing. The same weights under a different
         architecture are refused: the address covers the weights only, so it could not tell the two apart.
         """
-        module = getattr(model_op, "module", None)
-        if module is None or not callable(getattr(model_op, "weights_hash", None)):
+        if getattr(model_op, "module", None) is None or not callable(getattr(model_op, "weights", None)):
             raise ModelRegistryError(
                 f"LocalModelRegistry.put needs a model operator bound to weights (op.bind(module)), got {model_op!r}"
             )
-        import equinox as eqx
-        import jax
-
-        weights_hash = model_op.weights_hash()
+        arrays = model_op.weights()
+        weights_hash = weights_digest(arrays)
         digest = weights_hash.split(":", 1)[1]
         uri = f"{SCHEME}:{weights_hash}"
         architecture = pipekit.dumps(model_op)
@@ -143,17 +146,17 @@ class LocalModelRegistry:
             self._check_same_architecture(final, architecture)
             return uri
         buffer = io.BytesIO()
-        eqx.tree_serialise_leaves(buffer, module)
+        np.savez(buffer, *arrays.values())
         weights = buffer.getvalue()
         arch_bytes = architecture.encode("utf-8")
-        leaves = jax.tree.leaves(eqx.filter(module, eqx.is_array))
         meta = {
             "format": FORMAT,
             "hash": weights_hash,
             "uri": uri,
             "created_at": _dt.datetime.now(_dt.UTC).isoformat(),
             "model_type": type(model_op).__name__,
-            "num_parameters": int(sum(x.size for x in leaves)),
+            "num_parameters": int(sum(np.size(x) for x in arrays.values())),
+            "weights": list(arrays),
             "sizes": {WEIGHTS_FILE: len(weights), ARCHITECTURE_FILE: len(arch_bytes)},
             "sha256": {WEIGHTS_FILE: _sha256(weights), ARCHITECTURE_FILE: _sha256(arch_bytes)},
         }
@@ -192,9 +195,6 @@ class LocalModelRegistry:
             ModelNotFoundError: nothing is stored under the URI's hash.
             ModelIntegrityError: a file is missing, or its contents do not match the address; the error names it.
         """
-        import equinox as eqx
-        import jax
-
         digest, _ = parse_model_uri(uri)
         folder = self.root / "sha256" / digest
         if not folder.is_dir():
@@ -217,12 +217,18 @@ class LocalModelRegistry:
                 )
         try:
             op = pipekit.loads(blobs[ARCHITECTURE_FILE].decode("utf-8"), source=str(paths[ARCHITECTURE_FILE]))
-            skeleton = op.build(jax.random.key(0))
-        except (PipekitError, AttributeError, TypeError) as e:
+        except (PipekitError, UnicodeDecodeError) as e:
             raise ModelIntegrityError(f"{paths[ARCHITECTURE_FILE]}: cannot rebuild the architecture: {e}") from None
+        names = meta.get("weights")
+        if meta.get("format") != FORMAT or not isinstance(names, list):
+            raise ModelIntegrityError(
+                f"{paths[META_FILE]}: format {meta.get('format')!r} is not this registry's format {FORMAT}; "
+                "register the model again from its run (pipekit-train reproduce) or with an older pipekit-train"
+            )
         try:
-            module = eqx.tree_deserialise_leaves(io.BytesIO(blobs[WEIGHTS_FILE]), skeleton)
-            bound = op.bind(module)
+            with np.load(io.BytesIO(blobs[WEIGHTS_FILE]), allow_pickle=False) as npz:
+                arrays = {name: npz[f"arr_{i}"] for i, name in enumerate(names)}
+            bound = op.with_weights(arrays)
         except Exception as e:
             raise ModelIntegrityError(
                 f"{paths[WEIGHTS_FILE]}: cannot read the weights into the architecture of {ARCHITECTURE_FILE}: {e}"

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .._losses import split_loss_output
+from ..._losses import split_loss_output
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 

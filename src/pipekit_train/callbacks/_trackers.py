@@ -22,8 +22,8 @@ import yaml
 import pipekit
 from pipekit import ConfigError, Operator
 
-from ._callbacks import Callback, TrainContext
-from ._model_registry import LocalModelRegistry
+from ..provenance._model_registry import LocalModelRegistry
+from ._base import Callback, TrainContext
 
 __all__ = ["LogToExperiment", "RegisterModel"]
 

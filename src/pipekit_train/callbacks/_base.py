@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pipekit import Operator
 
 if TYPE_CHECKING:
-    from ._writers import MetricWriter
+    from .._writers import MetricWriter
 
 
 class Callback(Operator, register=False):

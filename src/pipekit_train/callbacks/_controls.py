@@ -10,10 +10,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pipekit import ConfigError
-from pipekit._errors import suggestion
+from pipekit import ConfigError, suggestion
 
-from ._callbacks import Callback, TrainContext
+from ._base import Callback, TrainContext
 
 Mode = Literal["min", "max"]
 

@@ -14,9 +14,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ._artifacts import TrainingArtifact
-from ._cli_common import EXIT_OK, CommandError, guarded, run_commands
-from ._store import ArtifactStore
+from ..provenance._artifact import TrainingArtifact
+from ..provenance._store import ArtifactStore
+from ._common import EXIT_OK, CommandError, guarded, run_commands
 
 __all__ = ["add_artifact_commands", "main"]
 

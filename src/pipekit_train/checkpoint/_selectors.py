@@ -90,7 +90,7 @@ class Best(Selector):
     retention would apply it to what is left after earlier deletions rather than to everything written.
 
     Example:
-        >>> from pipekit_train._selectors import Best, ManifestEntry
+        >>> from pipekit_train.checkpoint._selectors import Best, ManifestEntry
         >>> entries = [ManifestEntry(step=s, score=v) for s, v in [(1, 0.5), (2, 0.2), (3, None), (4, 0.3)]]
         >>> sorted(Best(k=2).select(entries, "min"))
         [2, 4]
@@ -118,7 +118,7 @@ class Last(Selector):
     """The `n` checkpoints with the highest steps, scored or not.
 
     Example:
-        >>> from pipekit_train._selectors import Last, ManifestEntry
+        >>> from pipekit_train.checkpoint._selectors import Last, ManifestEntry
         >>> sorted(Last(n=2).select([ManifestEntry(step=s) for s in (10, 30, 20)], "min"))
         [20, 30]
     """
@@ -137,7 +137,7 @@ class Every(Selector):
     """Every checkpoint whose step is a multiple of `n` (a sparse, permanent history).
 
     Example:
-        >>> from pipekit_train._selectors import Every, ManifestEntry
+        >>> from pipekit_train.checkpoint._selectors import Every, ManifestEntry
         >>> sorted(Every(n=3).select([ManifestEntry(step=s) for s in range(1, 10)], "min"))
         [3, 6, 9]
     """

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipekit_train._cli_common import EXIT_ERROR, EXIT_OK
+from pipekit_train.cli._common import EXIT_ERROR, EXIT_OK
 
 # Exit codes (`_cli_common`): 0 done; 1 an error, one line on stderr; 2 bad command-line usage; 128 + signal number
 # when SIGINT (130) or SIGTERM (143) stopped training gracefully after a committed checkpoint.
@@ -50,8 +50,7 @@ def apply_override(node: Any, path: list[str], value: Any, shown: str = "") -> A
     """A copy of `node` with the field at `path` set to `value` (type-checked like the YAML loader does)."""
     import dataclasses
 
-    from pipekit import ConfigError, Operator
-    from pipekit._errors import suggestion
+    from pipekit import ConfigError, Operator, suggestion
 
     head, rest = path[0], path[1:]
     where = f"{shown}.{head}" if shown else head
@@ -168,9 +167,9 @@ def _print_summary(artifact: Any, store: Any) -> None:
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     import pipekit_train  # noqa: F401  (registers the training operators)
-    from pipekit_train._reproduce import check_data_unchanged, pipeline_of
     from pipekit_train._run import run_settings
-    from pipekit_train._store import ArtifactStore
+    from pipekit_train.provenance._reproduce import check_data_unchanged, pipeline_of
+    from pipekit_train.provenance._store import ArtifactStore
 
     with ArtifactStore(args.store) as store:
         pipeline, chain = pipeline_of(args.artifact, store)
@@ -214,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--run-dir", metavar="DIR", help="where the new run writes")
     rep.set_defaults(func=_cmd_reproduce)
 
-    from pipekit_train.cli_artifacts import add_artifact_commands
-    from pipekit_train.cli_checkpoints import add_checkpoint_commands
+    from pipekit_train.cli._artifacts import add_artifact_commands
+    from pipekit_train.cli._checkpoints import add_checkpoint_commands
 
     add_artifact_commands(sub)
     add_checkpoint_commands(sub)

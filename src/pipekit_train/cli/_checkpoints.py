@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._cli_common import EXIT_OK, CommandError, UsageError, guarded, run_commands
+from ._common import EXIT_OK, CommandError, UsageError, guarded, run_commands
 
 __all__ = ["add_checkpoint_commands", "main"]
 
@@ -76,8 +76,8 @@ def resolve_checkpoint_dir(path: str) -> Path:
 # Commands --------------------------------------------------------------------------------------------------
 def cmd_average(args: argparse.Namespace) -> int:
     """Average the chosen checkpoints of a run into a new checkpoint directory."""
-    from ._checkpoint import _pick, write_average
-    from ._selectors import Average, Best, Last
+    from ..checkpoint._average import _pick, write_average
+    from ..checkpoint._selectors import Average, Best, Last
 
     chosen = [flag for flag in ("last", "best", "steps") if getattr(args, flag) is not None]
     if len(chosen) != 1:
@@ -102,7 +102,7 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """List the checkpointed runs under a directory, newest first."""
-    from ._checkpoint import format_runs_table, list_runs
+    from ..checkpoint._runs import format_runs_table, list_runs
 
     rows = list_runs(args.root)
     if args.json:
@@ -151,7 +151,7 @@ def add_checkpoint_commands(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``average …`` or ``runs …`` (``python -m pipekit_train.cli_checkpoints``); returns the exit code."""
+    """Run ``average …`` or ``runs …`` (``python -m pipekit_train.cli._checkpoints``); returns the exit code."""
     return run_commands(add_checkpoint_commands, argv, "Average checkpoints and list runs.")
 
 

@@ -1,0 +1,10 @@
+"""Every operator type of the training core, registered by importing the modules that define them.
+
+This module is the ``pipekit.operators`` entry point of pipekit-train: the YAML loader imports it (and every other
+installed plugin's) before it looks up any ``type:`` name. Backends register their model operators through entry
+points of their own.
+"""
+
+from __future__ import annotations
+
+from . import _loop, _losses, _models, _writers, callbacks, checkpoint, data  # noqa: F401  # noqa: F401

@@ -1,0 +1,152 @@
+"""`EquinoxModel`: an Equinox model built by a registered factory, and `register_model`.
+
+This module is cheap to import (Equinox and JAX are imported inside the methods that need them), because it is
+loaded whenever a pipeline file is read, to make the ``EquinoxModel`` type known. The built-in factories live in
+`_factories` and are registered the first time a factory is looked up.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from pipekit import ConfigError, field, suggestion
+
+from ..._models import ModelOp
+
+__all__ = ["EquinoxModel", "register_model", "registered_models"]
+
+_MODELS: dict[str, Callable[..., Any]] = {}
+
+
+def _builtins() -> dict[str, Callable[..., Any]]:
+    from . import _factories  # noqa: F401  (registers mlp, cnn, autoencoder, classifier)
+
+    return _MODELS
+
+
+def register_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a model factory ``fn(key, **kwargs) -> eqx.Module`` under `name`, for `EquinoxModel(factory=name)`.
+
+    Example:
+        >>> import equinox as eqx
+        >>> @register_model("doc_linear")
+        ... def doc_linear(key, in_size: int, out_size: int = 1):
+        ...     return eqx.nn.Linear(in_size, out_size, key=key)
+        >>> EquinoxModel(factory="doc_linear", kwargs={"in_size": 3})
+        EquinoxModel(factory='doc_linear', kwargs={'in_size': 3})
+    """
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        params = list(inspect.signature(fn).parameters.values())
+        if not params or params[0].name != "key":
+            raise ConfigError(f"register_model({name!r}): the factory's first parameter must be `key`, got {fn!r}")
+        old = _MODELS.get(name)
+        if old is not None and old is not fn and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ConfigError(
+                f"model factory {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
+                "choose another name"
+            )
+        _MODELS[name] = fn
+        return fn
+
+    return decorator
+
+
+def registered_models() -> list[str]:
+    """The names `EquinoxModel.factory` accepts, sorted."""
+    return sorted(_builtins())
+
+
+class EquinoxModel(ModelOp):
+    """An Equinox model built by a registered factory: ``factory(key, **kwargs)``.
+
+    Built-in factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier`` (see their docstrings). Register more
+    with `register_model`.
+
+    Args:
+        factory: a name registered with `register_model`.
+        kwargs: keyword arguments for the factory, checked against its signature on construction.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> op = EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 2})
+        >>> op.bind(op.build(0))(jnp.zeros((3, 4))).shape
+        (3, 2)
+    """
+
+    backend = "equinox"
+
+    factory: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def example(cls) -> EquinoxModel:
+        return cls(factory="mlp", kwargs={"in_size": 4, "out_size": 2, "width_size": 8})
+
+    def validate(self) -> None:
+        fn = _builtins().get(self.factory)
+        if fn is None:
+            names = registered_models()
+            raise ConfigError(
+                f"EquinoxModel.factory {self.factory!r} is not a registered model factory"
+                f"{suggestion(self.factory, names)}; registered: {', '.join(names)}"
+            )
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return
+        accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for name in self.kwargs:
+            if name not in accepted:
+                raise ConfigError(
+                    f"EquinoxModel.kwargs: factory {self.factory!r} has no parameter {name!r}"
+                    f"{suggestion(name, accepted)}; it accepts: {', '.join(accepted)}"
+                )
+        required = [p.name for p in params if p.name in accepted and p.default is p.empty]
+        missing = [n for n in required if n not in self.kwargs]
+        if missing:
+            raise ConfigError(
+                f"EquinoxModel.kwargs: factory {self.factory!r} needs {', '.join(repr(m) for m in missing)}; "
+                f"required: {', '.join(required)}; it accepts: {', '.join(accepted)}"
+            )
+
+    def build(self, key: Any) -> Any:
+        import equinox as eqx
+        import jax
+
+        module = _builtins()[self.factory](jax.random.key(key) if isinstance(key, int) else key, **self.kwargs)
+        if not isinstance(module, eqx.Module):
+            raise ConfigError(
+                f"model factory {self.factory!r} returned {type(module).__name__}; it must return an equinox Module"
+            )
+        return module
+
+    # The ModelOp protocol ------------------------------------------------------------------------------------
+    def check_bind(self, module: Any) -> None:
+        from . import _tree
+
+        _tree.check_fits(self, module)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        from . import _tree
+
+        return _tree.weights(self._bound("weights"))
+
+    def with_weights(self, arrays: Mapping[str, np.ndarray]) -> EquinoxModel:
+        from . import _tree
+
+        return self.bind(_tree.fill(self, arrays), check=False)  # type: ignore[return-value]
+
+    def check_input(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        from . import _tree
+
+        return _tree.check_input(self, shape, dtype)
+
+    def __call__(self, x: Any) -> Any:
+        """Run the bound module on a batch: the module maps one example, this maps it over the leading axis."""
+        from . import _tree
+
+        return _tree.batched_call(self._bound("__call__"), x)

@@ -1,0 +1,441 @@
+"""Checkpoints: the `Checkpoint` callback (configuration) and the `Checkpointer` that writes and reads them.
+
+One checkpoint is one Orbax step directory holding three items committed together: ``state`` (the arrays),
+``data_iter`` (the data iterator's JSON position) and ``meta`` (JSON: the caller's meta plus leaf digests). A
+``manifest.json`` beside the step directories lists every retained checkpoint, so ``latest`` / ``best`` lookups and
+`list_runs` never open one. See ``design/checkpoints.md`` for the layout and the atomicity argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import logging
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipekit import ConfigError
+
+from .._warnings import PipekitTrainWarning
+from ._errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointSaveError,
+)
+from ._layout import (
+    _ITEMS,
+    FORMAT,
+    MANIFEST,
+    _add_digests,
+    _check_json,
+    _check_step,
+    _delete_step,
+    _file_digests,
+    _json_digest,
+    _load_entries,
+    _optional,
+    _pending,
+    _prepare_state,
+    _step,
+    _uncommitted_reason,
+    _with_io_retry,
+    _write_manifest,
+)
+from ._restore import _restore_step
+from ._selectors import Best, Last, ManifestEntry, Mode, Selector, finite_score, union_select
+from ._settings import _check_keep
+
+logger = logging.getLogger("pipekit_train.checkpoint")
+
+
+# The checkpointer --------------------------------------------------------------------------------------------
+class Checkpointer:
+    """Writes checkpoints into one directory, keeps what the selectors pick, and restores them.
+
+    A checkpoint is committed when Orbax has renamed its step directory into place and written its commit
+    markers; only then is it added to ``manifest.json``, and only after that are the checkpoints no selector
+    keeps deleted, so a crash at any moment leaves the previous checkpoints restorable. Lookups read the
+    manifest and check the commit markers; they never open a checkpoint.
+
+    Steps must increase within a directory: a run resumed from an earlier checkpoint writes to a new directory.
+    Nothing on disk changes until the first `save`. One process, one calling thread.
+
+    Args:
+        directory: Where the step directories and ``manifest.json`` live.
+        keep: Retain the union of what these selectors pick (`Best`, `Last`, `Every`).
+        monitor: The metric the ``score`` of a save measures. ``None`` follows the directory's manifest
+            (``"validate/loss"`` for a new directory).
+        mode: ``"min"`` or ``"max"``; ``None`` follows the manifest (``"min"`` for a new directory).
+        async_save: Write in the background. `save` then returns once the arrays are on the host; the next
+            `save`, `wait`, `restore` and `close` wait for it and raise `CheckpointSaveError` if it failed.
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp
+        >>> from pipekit_train.checkpoint import Checkpointer, Last
+        >>> with tempfile.TemporaryDirectory() as d, Checkpointer(d, keep=(Last(n=1),)) as ckpt:
+        ...     ckpt.save(10, state={"w": jnp.ones(3)}, data_iter={"next_index": 4}, meta={"epoch": 0})
+        ...     state, data_iter, meta = ckpt.restore("latest", {"w": jnp.zeros(3)})
+        ...     (ckpt.steps(), data_iter, meta["epoch"], float(state["w"].sum()))
+        True
+        ([10], {'next_index': 4}, 0, 3.0)
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        keep: Sequence[Selector] = (Best(k=3), Last(n=1)),
+        monitor: str | None = None,
+        mode: Mode | None = None,
+        async_save: bool = True,
+    ) -> None:
+        self.directory = Path(directory).absolute()
+        self.keep = _check_keep("Checkpointer.keep", keep)
+        if mode not in (None, "min", "max"):
+            raise ConfigError(f"Checkpointer.mode must be 'min' or 'max', got {mode!r}")
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise ConfigError(f"Checkpointer.monitor must name a metric, got {monitor!r}")
+        self.async_save = bool(async_save)
+        header, entries = _load_entries(self.directory)
+        self.monitor: str = monitor or header.get("monitor") or "validate/loss"
+        self.mode: Mode = mode or header.get("mode") or "min"
+        self._entries: dict[int, ManifestEntry] = entries
+        self._lock = threading.Lock()
+        self._manager: Any = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        foreign = [e for e in entries.values() if not self._is_own(e)]
+        if foreign:
+            warnings.warn(
+                f"{len(foreign)} checkpoint(s) in {self.directory} (steps {sorted(e.step for e in foreign)}) were "
+                f"scored under another metric or mode than {self.monitor!r} ({self.mode}); they are kept, never "
+                "ranked or deleted",
+                PipekitTrainWarning,
+                stacklevel=2,
+            )
+
+    # Lookups ---------------------------------------------------------------------------------------------
+    def manifest(self) -> list[ManifestEntry]:
+        """The committed checkpoints the manifest lists, by step."""
+        with self._lock:
+            entries = list(self._entries.values())
+        return sorted((e for e in entries if _uncommitted_reason(self.directory / str(e.step)) is None), key=_step)
+
+    def steps(self) -> list[int]:
+        """The steps of the committed checkpoints, ascending."""
+        return [e.step for e in self.manifest()]
+
+    def latest_step(self) -> int | None:
+        """The highest committed step, or ``None``.
+
+        An interrupted save is never the latest, and neither is one still being written in the background
+        (call `wait` first to count it).
+        """
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def best_step(self) -> int | None:
+        """The best committed step by `monitor` and `mode`, or ``None`` when none is scored."""
+        picked = Best(k=1).select([e for e in self.manifest() if self._is_own(e)], self.mode)
+        return next(iter(picked), None)
+
+    # Saving ----------------------------------------------------------------------------------------------
+    def save(self, step: int, *, state: Any, data_iter: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+        """Checkpoint `state` with the data position `data_iter` and `meta`, all in one Orbax checkpoint.
+
+        Args:
+            step: The optimizer step; greater than every step already in the directory.
+            state: A PyTree of arrays (JAX or NumPy). Typed PRNG keys are stored as their key data.
+            data_iter: The data iterator's position (JSON data, e.g. ``iterator.get_state()``).
+            meta: JSON data returned by `restore`. The checkpointer reads these keys (all optional) into
+                the manifest: ``score`` (the value of `monitor` now, or ``None``; non-finite counts as
+                unscored), ``epoch``, ``stage``, ``run_id`` and ``stop_reason``.
+
+        Returns:
+            ``True`` when the checkpoint was written (or queued), ``False`` when no selector in `keep` would
+            retain it (for example an unscored step under ``keep=(Best(k=3),)``), so it was not written.
+
+        Raises:
+            CheckpointSaveError: the previous asynchronous save failed (this one is not started), or Orbax
+                refused this one.
+            CheckpointError: a bad argument, or `step` is not after the latest checkpoint.
+        """
+        step = _check_step("Checkpointer.save", step)
+        _check_json("data_iter", data_iter)
+        _check_json("meta", meta)
+        # Orbax serialises the JSON items in the background: snapshot them now, or a caller mutating its dicts
+        # (callback state after the next evaluation) changes what is written after record_sha256 was computed.
+        data_iter, meta = copy.deepcopy(dict(data_iter)), copy.deepcopy(dict(meta))
+        entry = ManifestEntry(
+            step=step,
+            epoch=_optional(meta, "epoch", int),
+            stage=_optional(meta, "stage", str),
+            run_id=_optional(meta, "run_id", str),
+            metric=self.monitor,
+            mode=self.mode,
+            score=finite_score(meta.get("score"), "Checkpointer.save: meta['score']"),
+            stop_reason=_optional(meta, "stop_reason", str),
+            time=time.time(),
+        )
+        tree, leaves = _prepare_state(state)  # checks the leaves and copies them to the host
+        self.wait()
+        committed = self.manifest()
+        if committed and step <= committed[-1].step:
+            raise CheckpointError(
+                f"Checkpointer.save: step {step} is not after the latest checkpoint {committed[-1].step} in "
+                f"{self.directory}; steps must increase (a run resumed from an earlier checkpoint writes to a new "
+                "directory)"
+            )
+        step_dir = self.directory / str(step)
+        if step_dir.exists():
+            raise CheckpointError(
+                f"Checkpointer.save: {step_dir} exists but is not a committed checkpoint "
+                f"({_uncommitted_reason(step_dir)}); remove it to save step {step}"
+            )
+        own = [e for e in committed if self._is_own(e)]
+        if step not in union_select(self.keep, [*own, entry], self.mode):
+            return False
+        if not self.async_save:
+            self._write(step, tree, leaves, dict(data_iter), dict(meta), entry)
+            return True
+        # Asynchronous: the caller paid only for the host copy above. Checksums, Orbax's write, the commit, the
+        # manifest and retention run in the background; the next save or wait() joins this thread first.
+        _finish_at_exit(self)
+        self._thread = threading.Thread(
+            target=self._write_in_background,
+            args=(step, tree, leaves, dict(data_iter), dict(meta), entry),
+            name=f"pipekit-checkpoint-{step}",
+        )
+        self._thread.start()
+        return True
+
+    def _write_in_background(self, *args: Any) -> None:
+        try:
+            self._write(*args)
+        except BaseException as e:  # handed to the caller by the next wait()
+            logger.error("checkpoint step %s: %s", args[0], e)
+            self._error = e
+
+    def _write(
+        self,
+        step: int,
+        tree: Any,
+        leaves: dict[str, Any],
+        data_iter: dict[str, Any],
+        meta: dict[str, Any],
+        entry: ManifestEntry,
+    ) -> None:
+        """Checksum the host copies, write one Orbax composite checkpoint, commit, update the manifest, rotate."""
+        _add_digests(leaves, tree)
+        record: dict[str, Any] = {
+            "format": FORMAT,
+            "step": step,
+            "time": entry.time,
+            "metric": self.monitor,
+            "mode": self.mode,
+            "score": entry.score,
+            "leaves": leaves,
+            "data_iter_sha256": _json_digest(data_iter),
+            "user": meta,
+        }
+        record["record_sha256"] = _json_digest(record)
+        import orbax.checkpoint as ocp
+
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(tree),
+            data_iter=ocp.args.JsonSave(data_iter),
+            meta=ocp.args.JsonSave(record),
+        )
+        try:
+            self._get_manager().save(step, args=args, force=True)
+        except Exception as e:
+            self._discard_manager()
+            raise CheckpointSaveError(f"saving step {step} to {self.directory} failed: {e}") from e
+        try:
+            self._finalize(entry)
+        except CheckpointSaveError:
+            self._discard_manager()
+            raise
+
+    def wait(self) -> None:
+        """Wait for an asynchronous save to commit and be rotated; raise `CheckpointSaveError` if it failed.
+
+        The failure is raised once; the checkpointer stays usable (the next `save` starts a fresh Orbax manager,
+        which also removes the failed write's temporary directory).
+        """
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            self._discard_manager()
+            raise error
+
+    def _discard_manager(self) -> None:
+        """Drop a manager whose last save failed: Orbax re-raises that failure once in every thread that waits."""
+        manager, self._manager = self._manager, None
+        if manager is None:
+            return
+        with contextlib.suppress(Exception):  # the failure just reported
+            manager.wait_until_finished()
+        try:
+            manager.close()
+        except Exception as e:
+            logger.warning("closing the Orbax manager of %s after a failed save: %s", self.directory, e)
+
+    def close(self) -> None:
+        """Wait for the last save (raising its failure) and release Orbax's resources."""
+        try:
+            self.wait()
+        finally:
+            if self._manager is not None:
+                self._manager.close()
+                self._manager = None
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # an exception is already on its way out: do not mask it with a save failure
+            self.close()
+        except CheckpointError as e:
+            logger.error("while closing %s: %s", self.directory, e)
+
+    # Restoring -------------------------------------------------------------------------------------------
+    def restore(self, which: int | str = "latest", abstract_state: Any = None) -> tuple[Any, dict[str, Any], Any]:
+        """Read a committed checkpoint back: ``(state, data_iter, meta)``.
+
+        Args:
+            which: A step, ``"latest"`` or ``"best"`` (by `monitor` and `mode`).
+            abstract_state: The tree to restore into: arrays or ``jax.ShapeDtypeStruct`` leaves, whose
+                shardings and dtypes are used (a dtype other than the saved one is a cast after the
+                checksum check). ``None`` restores the tree as saved, with dicts and lists as containers.
+
+        Raises:
+            CheckpointNotFoundError: no such committed checkpoint.
+            CheckpointMismatchError: `abstract_state` has other leaves or shapes than the checkpoint.
+            CheckpointCorruptedError: the checkpoint's files are damaged; the error names them.
+        """
+        self.wait()
+        step = self._resolve(which)
+        with self._lock:
+            entry = self._entries.get(step)
+        return _restore_step(self.directory, step, abstract_state, entry.files if entry else None)
+
+    def _resolve(self, which: int | str) -> int:
+        if which == "latest":
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointNotFoundError(f"no committed checkpoint in {self.directory}{_pending(self.directory)}")
+            return step
+        if which == "best":
+            step = self.best_step()
+            if step is None:
+                raise CheckpointNotFoundError(
+                    f"no checkpoint scored under {self.monitor!r} ({self.mode}) in {self.directory}; "
+                    f"committed steps: {self.steps()}"
+                )
+            return step
+        if isinstance(which, bool) or not isinstance(which, int):
+            raise CheckpointError(f"Checkpointer.restore: which must be a step, 'latest' or 'best', got {which!r}")
+        reason = _uncommitted_reason(self.directory / str(which))
+        if reason is not None:
+            raise CheckpointNotFoundError(
+                f"step {which} in {self.directory} is not a committed checkpoint ({reason}); "
+                f"committed steps: {self.steps()}"
+            )
+        return which
+
+    # Internals -------------------------------------------------------------------------------------------
+    def _is_own(self, entry: ManifestEntry) -> bool:
+        return entry.metric == self.monitor and entry.mode == self.mode
+
+    def _get_manager(self) -> Any:
+        if self._manager is None:
+            import orbax.checkpoint as ocp
+            from orbax.checkpoint import checkpoint_managers as cm
+
+            options = ocp.CheckpointManagerOptions(
+                enable_async_checkpointing=self.async_save,
+                # Retention is ours: the manifest must be written between commit and deletion (see design).
+                preservation_policy=cm.preservation_policy.PreserveAll(),
+                # Cadence is ours too (`Checkpoint.should_save`); every save we hand over is written.
+                save_decision_policy=cm.FixedIntervalPolicy(1),
+                cleanup_tmp_directories=True,
+                create=True,
+            )
+            self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+        return self._manager
+
+    def _finalize(self, entry: ManifestEntry) -> None:
+        """After Orbax commits `entry.step`: record it in the manifest, then delete what no selector keeps."""
+        step_dir = self.directory / str(entry.step)
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            raise CheckpointSaveError(
+                f"saving step {entry.step} to {self.directory} failed in the background: {e}; "
+                f"the checkpoints already listed in {MANIFEST} are intact"
+            ) from e
+        reason = _uncommitted_reason(step_dir)
+        if reason is not None:
+            raise CheckpointSaveError(f"step {entry.step} did not commit in {self.directory}: {reason}")
+        entry = dataclasses.replace(entry, files=_with_io_retry(lambda: _file_digests(step_dir)))
+        with self._lock:
+            entries = [e for e in self._entries.values() if _uncommitted_reason(self.directory / str(e.step)) is None]
+            entries.append(entry)
+            own = [e for e in entries if self._is_own(e)]
+            kept = union_select(self.keep, own, self.mode) | {e.step for e in entries if not self._is_own(e)}
+            retained = sorted((e for e in entries if e.step in kept), key=_step)
+            header = {"monitor": self.monitor, "mode": self.mode, "keep": [repr(s) for s in self.keep]}
+            try:
+                _with_io_retry(lambda: _write_manifest(self.directory, header, retained))
+            except OSError as e:
+                self._entries[entry.step] = entry  # listed by the next manifest write that succeeds
+                raise CheckpointSaveError(
+                    f"step {entry.step} committed in {self.directory} but {MANIFEST} could not be updated ({e}); "
+                    "nothing was deleted"
+                ) from e
+            self._entries = {e.step: e for e in retained}
+        for doomed in sorted(e.step for e in entries if e.step not in kept):
+            try:
+                _with_io_retry(lambda d=doomed: _delete_step(self.directory / str(d)))
+            except OSError as e:
+                logger.warning("could not delete checkpoint step %s in %s: %s", doomed, self.directory, e)
+
+
+_PENDING: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+_EXIT_HOOK = False
+
+
+def _finish_at_exit(checkpointer: Checkpointer) -> None:
+    """Make interpreter exit wait for `checkpointer`'s background save (a forgotten `close` would lose it).
+
+    The hook must run before `concurrent.futures` stops accepting work, which Orbax's background write still
+    needs; `atexit` runs too late for that, so the hook goes where concurrent.futures registers its own.
+    """
+    global _EXIT_HOOK
+    _PENDING.add(checkpointer)
+    if not _EXIT_HOOK:
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(_wait_for_pending)
+            _EXIT_HOOK = True
+
+
+def _wait_for_pending() -> None:
+    for checkpointer in list(_PENDING):
+        try:
+            checkpointer.close()
+        except Exception as e:
+            logger.error("checkpoint of %s failed while exiting: %s", checkpointer.directory, e)

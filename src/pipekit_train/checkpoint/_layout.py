@@ -1,0 +1,292 @@
+"""The checkpoint directory on disk: leaf and file digests, commit markers, the manifest, deletion."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._warnings import PipekitTrainWarning
+from ._errors import CheckpointError
+from ._selectors import ManifestEntry
+
+logger = logging.getLogger("pipekit_train.checkpoint")
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+_ITEMS = ("state", "data_iter", "meta")
+_COMMIT = "commit_success.txt"  # Orbax writes it into the step directory and into each item directory
+_STEP_METADATA = "_CHECKPOINT_METADATA"
+_TMP = ".orbax-checkpoint-tmp"
+_TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.EIO}
+_T = TypeVar("_T")
+
+# State preparation and digests ---------------------------------------------------------------------------------
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="pipekit-digest")
+    return _POOL
+
+
+def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
+    """The tree Orbax writes (PRNG keys as key data) and the per-leaf record: shape, dtype, sha256."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+    if not flat:
+        raise CheckpointError("Checkpointer.save: state has no array leaves")
+    names, datas, records = [], [], []
+    for path, leaf in flat:
+        name = _path_name(path)
+        rec: dict[str, Any] = {}
+        if isinstance(leaf, jax.Array):
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                rec["prng_impl"] = str(jax.random.key_impl(leaf))
+                leaf = jax.random.key_data(leaf)
+            if not leaf.is_fully_addressable:
+                raise CheckpointError(f"Checkpointer.save: state leaf {name!r} spans processes; single-process only")
+        elif not isinstance(leaf, (np.ndarray, np.generic)):
+            raise CheckpointError(
+                f"Checkpointer.save: state leaf {name!r} is a {type(leaf).__name__}; checkpoint state leaves must be "
+                f"arrays (wrap scalars: jnp.asarray({leaf!r:.40}))"
+            )
+        if np.dtype(leaf.dtype).kind == "O":
+            raise CheckpointError(f"Checkpointer.save: state leaf {name!r} is an array of Python objects")
+        names.append(name)
+        datas.append(leaf)
+        rec.update(shape=list(np.shape(leaf)), dtype=str(leaf.dtype))
+        records.append(rec)
+    if len(set(names)) != len(names):
+        raise CheckpointError(f"Checkpointer.save: state has leaves with the same path name: {names}")
+    # A real copy: the caller may donate or overwrite its buffers as soon as `save` returns. JAX arrays are
+    # copied on their device (Orbax moves them to the host in the background); NumPy arrays are copied here.
+    copies = [jnp.array(x, copy=True) if isinstance(x, jax.Array) else np.array(x, copy=True) for x in datas]
+    return jax.tree_util.tree_unflatten(treedef, copies), dict(zip(names, records))
+
+
+def _add_digests(leaves: dict[str, Any], tree: Any) -> None:
+    """Record the sha256 of every leaf's bytes (in the order `_prepare_state` listed them)."""
+    hosts = [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+    digests = _pool().map(_leaf_digest, hosts) if sum(h.nbytes for h in hosts) > 1 << 20 else map(_leaf_digest, hosts)
+    for rec, digest in zip(leaves.values(), digests):
+        rec["sha256"] = digest
+
+
+def _path_name(path: Iterable[Any]) -> str:
+    """A leaf's path as ``a/b/0``, the same for a dict key, an attribute or an index (Orbax restores dicts)."""
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+def _flatten(tree: Any) -> list[tuple[str, Any]]:
+    return [(_path_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _leaf_digest(host: np.ndarray) -> str:
+    data = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+    return hashlib.sha256(memoryview(data)).hexdigest()
+
+
+def _json_digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _file_digests(step_dir: Path) -> dict[str, list[Any]]:
+    """``{relative path: [size, sha256]}`` of every file in a committed step directory."""
+    out = {}
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file()):
+        out[path.relative_to(step_dir).as_posix()] = [path.stat().st_size, _file_digest(path)]
+    return out
+
+
+# Disk layout: commit markers, manifest, deletion ---------------------------------------------------------------
+def _uncommitted_reason(step_dir: Path) -> str | None:
+    """``None`` when `step_dir` is a committed checkpoint, else what is missing."""
+    if not step_dir.is_dir():
+        return "no such directory"
+    for rel in (_COMMIT, _STEP_METADATA, *(f"{item}/{_COMMIT}" for item in _ITEMS)):
+        if not (step_dir / rel).is_file():
+            return f"missing {rel}"
+    return None
+
+
+def _pending(directory: Path) -> str:
+    """A note listing interrupted (uncommitted) step directories, for error messages."""
+    if not directory.is_dir():
+        return " (the directory does not exist)"
+    names = sorted(p.name for p in directory.iterdir() if _TMP in p.name or p.name.isdigit())
+    stale = [n for n in names if _TMP in n or _uncommitted_reason(directory / n) is not None]
+    return f" (uncommitted: {stale})" if stale else ""
+
+
+def _step(entry: ManifestEntry) -> int:
+    return entry.step
+
+
+def _read_manifest(directory: Path) -> tuple[dict[str, Any], list[ManifestEntry]]:
+    data = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
+        raise ValueError(f"not a format-{FORMAT} pipekit manifest")
+    header = {k: v for k, v in data.items() if k != "entries"}
+    return header, [ManifestEntry.from_json(e) for e in data["entries"]]
+
+
+def _write_manifest(directory: Path, header: Mapping[str, Any], entries: list[ManifestEntry]) -> None:
+    """Replace ``manifest.json`` atomically: write a temporary file, fsync it, rename it over the old one."""
+    doc = {"format": FORMAT, **header, "updated": time.time(), "entries": [e.to_json() for e in entries]}
+    text = json.dumps(doc, indent=1, allow_nan=False)
+    tmp = directory / f".{MANIFEST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for Orbax's files
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / MANIFEST)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _load_entries(directory: Path) -> tuple[dict[str, Any], dict[int, ManifestEntry]]:
+    """The manifest's header and entries, plus committed step directories it misses (a crash after commit)."""
+    header: dict[str, Any] = {}
+    entries: dict[int, ManifestEntry] = {}
+    if (directory / MANIFEST).exists():
+        try:
+            header, listed = _with_io_retry(lambda: _read_manifest(directory))
+            entries = {e.step: e for e in listed}
+        except (ValueError, TypeError) as e:
+            warnings.warn(
+                f"{directory / MANIFEST} is unreadable ({e}); rebuilding the list from the checkpoints themselves",
+                PipekitTrainWarning,
+                stacklevel=3,
+            )
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if child.name.isdigit() and int(child.name) not in entries and _uncommitted_reason(child) is None:
+                entry = _entry_from_checkpoint(child)
+                if entry is not None:
+                    entries[entry.step] = entry
+    return header, entries
+
+
+def _entry_from_checkpoint(step_dir: Path) -> ManifestEntry | None:
+    import orbax.checkpoint as ocp
+
+    step = int(step_dir.name)
+    try:
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
+            from ._restore import _read_record
+
+            record = _read_record(reader, step_dir, step, None)
+    except CheckpointError as e:
+        logger.warning("ignoring %s: %s", step_dir, e)
+        return None
+    user = record.get("user", {})
+    return ManifestEntry(
+        step=step,
+        epoch=user.get("epoch"),
+        stage=user.get("stage"),
+        run_id=user.get("run_id"),
+        metric=record.get("metric"),
+        mode=record.get("mode", "min"),
+        score=record.get("score"),
+        stop_reason=user.get("stop_reason"),
+        time=float(record.get("time", 0.0)),
+    )
+
+
+def _delete_step(step_dir: Path) -> None:
+    """Uncommit first (one unlink), then remove: a crash midway leaves an ignored, uncommitted directory."""
+    (step_dir / _COMMIT).unlink(missing_ok=True)
+    shutil.rmtree(step_dir, ignore_errors=False)
+
+
+def _with_io_retry(fn: Callable[[], _T], *, attempts: int = 3, backoff: float = 0.1) -> _T:
+    """Call `fn`, retrying an `OSError` with a transient errno (EAGAIN, EBUSY, EIO, ...) with backoff."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except OSError as e:
+            if e.errno not in _TRANSIENT_ERRNOS or attempt == attempts - 1:
+                raise
+            logger.warning("transient I/O error (%s); retry %d of %d", e, attempt + 1, attempts - 1)
+            time.sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+# Argument checks ---------------------------------------------------------------------------------------------
+def _check_step(where: str, step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise CheckpointError(f"{where}: step must be a non-negative int, got {step!r}")
+    return int(step)
+
+
+def _check_json(name: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise CheckpointError(f"Checkpointer.save: {name} must be a dict of JSON data, got {type(value).__name__}")
+
+    def walk(v: Any, path: str) -> None:
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return
+        if isinstance(v, Mapping):
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    raise CheckpointError(f"Checkpointer.save: {path} has a non-string key {k!r} (JSON keys are str)")
+                walk(item, f"{path}[{k!r}]")
+            return
+        if isinstance(v, (list, tuple)):
+            for i, item in enumerate(v):
+                walk(item, f"{path}[{i}]")
+            return
+        raise CheckpointError(
+            f"Checkpointer.save: {path} is a {type(v).__name__}; {name} must be JSON data "
+            "(dict, list, str, int, float, bool, None)"
+        )
+
+    walk(value, name)
+
+
+def _optional(meta: Mapping[str, Any], key: str, kind: type) -> Any:
+    value = meta.get(key)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise CheckpointError(f"Checkpointer.save: meta[{key!r}] must be {kind.__name__} or None, got {value!r}")
+    return value

@@ -1,0 +1,147 @@
+"""Reading one checkpoint back: the Orbax restore, leaf digests and the repair of a restored tree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._errors import CheckpointCorruptedError, CheckpointError, CheckpointMismatchError, CheckpointNotFoundError
+from ._layout import FORMAT, _file_digest, _flatten, _json_digest, _leaf_digest, _path_name, _uncommitted_reason
+
+
+# Restore internals -------------------------------------------------------------------------------------------
+def _restore_step(
+    directory: Path, step: int, abstract_state: Any, files: dict[str, list[Any]] | None
+) -> tuple[Any, dict[str, Any], Any]:
+    import orbax.checkpoint as ocp
+
+    step_dir = directory / str(step)
+    reason = _uncommitted_reason(step_dir)
+    if reason is not None:
+        raise CheckpointNotFoundError(f"step {step} in {directory} is not a committed checkpoint ({reason})")
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
+        record = _read_record(reader, step_dir, step, files)
+        target, finish = _restore_plan(abstract_state, record["leaves"], step_dir)
+        try:
+            out = reader.restore(
+                step_dir,
+                args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data_iter=ocp.args.JsonRestore()),
+            )
+        except Exception as e:
+            raise _corrupted(step_dir, step, files, "state", f"Orbax could not read it: {e}") from e
+        state, data_iter = out.state, out.data_iter
+        recorded = record["leaves"]
+        bad = [p for p, x in _flatten(state) if _leaf_digest(np.asarray(x)) != recorded.get(p, {}).get("sha256")]
+        if bad:
+            raise _corrupted(step_dir, step, files, "state", f"leaf checksum mismatch at {bad}")
+        if _json_digest(data_iter) != record["data_iter_sha256"]:
+            raise _corrupted(step_dir, step, files, "data_iter", "data_iter checksum mismatch")
+    return finish(state), data_iter, record["user"]
+
+
+def _read_record(reader: Any, step_dir: Path, step: int, files: dict[str, list[Any]] | None) -> dict[str, Any]:
+    import orbax.checkpoint as ocp
+
+    try:
+        record = reader.restore(step_dir, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    except Exception as e:
+        raise _corrupted(step_dir, step, files, "meta", f"cannot read its meta item: {e}") from e
+    if not isinstance(record, dict) or "record_sha256" not in record:
+        raise _corrupted(step_dir, step, files, "meta", "its meta item is not a pipekit checkpoint record")
+    if record.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{step_dir} has checkpoint format {record.get('format')!r}; this pipekit-train reads format {FORMAT}"
+        )
+    body = {k: v for k, v in record.items() if k != "record_sha256"}
+    if _json_digest(body) != record["record_sha256"]:
+        raise _corrupted(step_dir, step, files, "meta", "meta checksum mismatch")
+    return record
+
+
+def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -> tuple[Any, Callable[[Any], Any]]:
+    """The tree Orbax restores into (saved shapes and dtypes) and the function that finishes the result."""
+    import jax.numpy as jnp
+
+    if abstract_state is None:
+
+        def finish_as_saved(state: Any) -> Any:
+            flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+            out = []
+            for path, leaf in flat:
+                impl = leaves.get(_path_name(path), {}).get("prng_impl")
+                out.append(jax.random.wrap_key_data(leaf, impl=impl) if impl else leaf)
+            return jax.tree_util.tree_unflatten(treedef, out)
+
+        return None, finish_as_saved
+
+    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
+    names = [_path_name(p) for p, _ in flat]
+    problems = []
+    missing = [n for n in names if n not in leaves]
+    extra = sorted(set(leaves) - set(names))
+    if missing:
+        problems.append(f"not in the checkpoint: {missing}")
+    if extra:
+        problems.append(f"in the checkpoint but not in abstract_state: {extra}")
+    targets, posts = [], []
+    for name, (_, leaf) in zip(names, flat):
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            raise CheckpointMismatchError(
+                f"abstract_state leaf {name!r} is a {type(leaf).__name__}; expected an array or jax.ShapeDtypeStruct"
+            )
+        rec = leaves.get(name)
+        if rec is None:
+            targets.append(None)
+            posts.append(None)
+            continue
+        is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        shape = tuple(leaf.shape)
+        if is_key:
+            if "prng_impl" not in rec:
+                problems.append(f"{name!r} is a PRNG key in abstract_state but {rec['dtype']} data in the checkpoint")
+                continue
+            shape = tuple(jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)).shape)
+        if shape != tuple(rec["shape"]):
+            problems.append(f"shape of {name!r}: checkpoint {tuple(rec['shape'])}, abstract_state {tuple(leaf.shape)}")
+            continue
+        targets.append(jax.ShapeDtypeStruct(shape, jnp.dtype(rec["dtype"]), sharding=getattr(leaf, "sharding", None)))
+        if is_key:
+            posts.append(lambda x, impl=rec["prng_impl"]: jax.random.wrap_key_data(x, impl=impl))
+        elif jnp.dtype(leaf.dtype) != jnp.dtype(rec["dtype"]):
+            posts.append(lambda x, dtype=leaf.dtype: x.astype(dtype))
+        else:
+            posts.append(None)
+    if problems:
+        raise CheckpointMismatchError(f"{step_dir} does not match abstract_state: " + "; ".join(problems))
+
+    def finish(state: Any) -> Any:
+        restored = jax.tree_util.tree_leaves(state)
+        return jax.tree_util.tree_unflatten(treedef, [f(x) if f else x for f, x in zip(posts, restored)])
+
+    return jax.tree_util.tree_unflatten(treedef, targets), finish
+
+
+def _corrupted(step_dir: Path, step: int, files: dict[str, list[Any]] | None, item: str, detail: str) -> Exception:
+    """A `CheckpointCorruptedError` naming the damaged files, found by comparing them with their commit digests."""
+    damaged: list[str] = []
+    if files:
+        for rel, (size, digest) in sorted(files.items()):
+            path = step_dir / rel
+            try:
+                if path.stat().st_size != size:
+                    damaged.append(f"{path} (size {path.stat().st_size}, {size} when committed)")
+                elif _file_digest(path) != digest:
+                    damaged.append(f"{path} (contents changed since commit)")
+            except OSError:
+                damaged.append(f"{path} (missing)")
+    if damaged:
+        where = "damaged file(s): " + ", ".join(damaged)
+        names = [d.split(" (", 1)[0] for d in damaged]
+    else:
+        where = f"in {step_dir / item}" + ("" if files else " (no file digests recorded for this checkpoint)")
+        names = [str(step_dir / item)]
+    return CheckpointCorruptedError(f"checkpoint step {step} is corrupted: {detail}; {where}", step=step, files=names)

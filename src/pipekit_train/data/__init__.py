@@ -1,0 +1,19 @@
+"""Data: `TrainingDataset` (a source, whole-batch transforms and a checkpointable batch iterator on Grain), the
+sources (`ArraySource`, `NpzSource`, `NpySource`, registered datasets) and the transforms. See ``docs/datasets.md``."""
+
+from ._dataset import BatchIterator as BatchIterator
+from ._dataset import TrainingDataset as TrainingDataset
+from ._sources import ArraySource as ArraySource
+from ._sources import NpySource as NpySource
+from ._sources import NpzSource as NpzSource
+from ._sources import RegisteredSource as RegisteredSource
+from ._sources import Source as Source
+from ._sources import register_dataset as register_dataset
+from ._transforms import Cast as Cast
+from ._transforms import Flatten as Flatten
+from ._transforms import Normalize as Normalize
+from ._transforms import OneHot as OneHot
+from ._transforms import Rename as Rename
+from ._transforms import Reshape as Reshape
+from ._transforms import Select as Select
+from ._transforms import Transform as Transform

@@ -1,0 +1,12 @@
+"""Provenance: the `TrainingArtifact` recorded per stage, the SQLite `ArtifactStore` with lineage queries, the
+content-addressed model registry and `reproduce`. See ``docs/provenance.md``."""
+
+from ._artifact import TrainingArtifact as TrainingArtifact
+from ._model_registry import LocalModelRegistry as LocalModelRegistry
+from ._model_registry import ModelIntegrityError as ModelIntegrityError
+from ._model_registry import ModelNotFoundError as ModelNotFoundError
+from ._model_registry import ModelRegistryError as ModelRegistryError
+from ._model_registry import load_model as load_model
+from ._store import ArtifactStore as ArtifactStore
+from ._store import ArtifactStoreError as ArtifactStoreError
+from ._store import UnknownArtifactError as UnknownArtifactError
