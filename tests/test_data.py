@@ -15,7 +15,7 @@ import pytest
 
 import pipekit
 from pipekit import ConfigError
-from pipekit_train.data._dataset import (
+from pipekit_train.data import (
     ArraySource,
     BatchIterator,
     Cast,
@@ -226,7 +226,7 @@ def test_epoch_batches_is_one_ordered_pass_with_the_remainder():
 # Content hash -----------------------------------------------------------------------------------------------
 _HASH_SCRIPT = """
 import sys
-from pipekit_train.data._dataset import Normalize, NpzSource, OneHot, TrainingDataset
+from pipekit_train.data import Normalize, NpzSource, OneHot, TrainingDataset
 ds = TrainingDataset(
     source=NpzSource(path=sys.argv[1]),
     transforms=(Normalize(key="x", mean=0.5, std=2.0), OneHot(key="y", num_classes=3)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def test_a_modified_weights_file_is_refused_naming_the_file(tmp_path: Path):
     uri = registry.put(_trained())
     weights = registry.path_of(uri) / "weights.npz"
     data = bytearray(weights.read_bytes())
-    data[-3] ^= 0x01  # one bit of the last array
+    data[-3] ^= 0x01  # one bit near the end of the file
     weights.write_bytes(bytes(data))
     with pytest.raises(ModelIntegrityError, match=rf"{weights}: contents changed since the model was registered"):
         load_model(uri, registry=registry)
@@ -93,9 +94,14 @@ def test_a_modified_weights_file_with_a_forged_meta_is_still_refused(tmp_path: P
     registry = LocalModelRegistry(tmp_path)
     uri = registry.put(_trained())
     folder = registry.path_of(uri)
-    data = bytearray((folder / "weights.npz").read_bytes())
-    data[-3] ^= 0x01
-    (folder / "weights.npz").write_bytes(bytes(data))
+    # A well-formed .npz holding other numbers (one bit of one weight flipped), and a meta.json forged to match it.
+    with np.load(folder / "weights.npz") as npz:
+        arrays = [npz[f"arr_{i}"].copy() for i in range(len(npz.files))]
+    arrays[0].view(np.uint8).reshape(-1)[0] ^= 0x01
+    buffer = io.BytesIO()
+    np.savez(buffer, *arrays)
+    data = buffer.getvalue()
+    (folder / "weights.npz").write_bytes(data)
     meta = json.loads((folder / "meta.json").read_text())
     meta["sha256"]["weights.npz"] = "sha256:" + hashlib.sha256(bytes(data)).hexdigest()
     (folder / "meta.json").write_text(json.dumps(meta))

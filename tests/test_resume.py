@@ -1,6 +1,6 @@
 """Resume on real runs: kill and resume bitwise, graceful stops, refusals, restore_best, corruption.
 
-Processes that die are real ``python -m pipekit_train.cli._main run`` subprocesses, killed with SIGKILL (or stopped with
+Processes that die are real ``python -m pipekit_train.cli run`` subprocesses, killed with SIGKILL (or stopped with
 SIGTERM) at points drawn from a seeded generator, each bounded in time. A resumed run must end bitwise equal to an
 uninterrupted one: its final weights, its last train metrics record and every checkpoint it kept (every leaf's
 digest, the data position, the callbacks' state). Grain's ``assert_equal_output_after_checkpoint`` idea is
@@ -202,7 +202,7 @@ class _Process:
     def __init__(self, work: Path, run: str, *extra: str, resume: bool = False, xla_cache: bool = True) -> None:
         self.work = work
         self.run_dir = work / run
-        args = [sys.executable, "-m", "pipekit_train.cli._main", "run", "pipe.yaml", "--run-dir", run, "--no-store"]
+        args = [sys.executable, "-m", "pipekit_train.cli", "run", "pipe.yaml", "--run-dir", run, "--no-store"]
         args += [*extra, *(["--resume", "auto"] if resume else [])]
         n = len(list(work.glob(f"{run}.*.out")))
         self.out_path, self.err_path = work / f"{run}.{n}.out", work / f"{run}.{n}.err"

@@ -39,11 +39,77 @@ class StepBackend(Protocol):
     def set_model(self, model_op: Any) -> None:
         """Replace the current weights (same structure)."""
 
-    def get_lr_scale(self) -> float: ...
+    def get_lr_scale(self) -> float:
+        """The run-time learning-rate multiplier (1.0 unless `ReduceLROnPlateau` lowered it)."""
 
-    def set_lr_scale(self, value: float) -> None: ...
+    def set_lr_scale(self, value: float) -> None:
+        """Set the run-time learning-rate multiplier; it is part of `state_tree` so it survives a resume."""
 
-    def learning_rate(self, step: int) -> float: ...
+    def learning_rate(self, step: int) -> float:
+        """The learning rate at `step` (the schedule times the multiplier), for logging."""
+
+    def state_tree(self) -> Mapping[str, Any]:
+        """Every array a checkpoint needs to continue exactly (weights, optimizer state, ...), a dict of pytrees."""
+
+    def load_state_tree(self, tree: Mapping[str, Any]) -> None:
+        """The inverse of `state_tree` (the tree comes back with the same structure, as arrays)."""
+
+    def weights_tree(self) -> Mapping[str, Any]:
+        """The model's weights alone: what a warm start (`TrainingLoop.init_from`) copies from a checkpoint.
+
+        Its keys are keys of `state_tree`, with the same structure underneath."""
+
+    def load_weights_tree(self, tree: Mapping[str, Any]) -> None:
+        """Replace the weights only (the inverse of `weights_tree`); the optimizer state stays."""
+
+
+@dataclass
+class EngineSnapshot:
+    """What the engine knows after a chunk, as plain data: what checkpoint hooks save with the arrays.
+
+    Attributes:
+        step: Optimizer steps taken.
+        epoch: The epoch of `step`.
+        pending: The steps not yet logged, ``[[step, {metric: value}], ...]`` as host floats, already checked to be
+            finite (a checkpoint never holds weights past a non-finite loss).
+        last_train: The last logged window's means (``loss``, ``lr``, ...).
+        last_eval: The last validation metrics (``validate/...``).
+        evaluated_at: The step `last_eval` was computed at, or ``None``.
+        callback_states: Each callback's state, by position in the sorted callback list.
+    """
+
+    step: int
+    epoch: int
+    pending: list[list[Any]]
+    last_train: dict[str, float]
+    last_eval: dict[str, float]
+    evaluated_at: int | None
+    callback_states: dict[int, dict[str, Any]]
+
+
+class StageHooks(Protocol):
+    """What the engine calls on checkpoint, resume and signal hooks (`pipekit_train.checkpoint` supplies them)."""
+
+    parent_ids: tuple[str, ...]
+    restored_meta: Mapping[str, Any] | None
+
+    def restore(self, backend: StepBackend) -> tuple[int, dict[str, Any] | None, dict[int, dict[str, Any]] | None]:
+        """Before the first step: load a warm start and/or the checkpoint to resume; ``(step, data, callbacks)``."""
+
+    def boundaries(self) -> list[int]:
+        """Step multiples a fused chunk must not cross (the checkpoint cadence)."""
+
+    def after_chunk(self, engine: Engine, data_state: dict[str, Any]) -> None:
+        """After every dispatch: save when the cadence says so."""
+
+    def stop_requested(self) -> str | None:
+        """A signal's name when SIGINT/SIGTERM asked the stage to stop."""
+
+    def at_end(self, engine: Engine, data_state: dict[str, Any], stop_reason: str | None) -> None:
+        """After the last step: a final save, waiting for background writes, `restore_best`."""
+
+    def close(self) -> None:
+        """Release what the hooks hold (signal handlers, writers), also after an error."""
 
 
 def now_iso() -> str:
@@ -119,7 +185,7 @@ class Engine:
         start_step: int = 0,
         data_state: dict[str, Any] | None = None,
         callback_states: dict[int, dict[str, Any]] | None = None,
-        hooks: Any = None,
+        hooks: StageHooks | None = None,
     ) -> None:
         self.loop = loop
         self.backend = backend
@@ -150,7 +216,8 @@ class Engine:
         self.window: list[tuple[int, Mapping[str, Any]]] = []
         self.last_train: dict[str, Any] = {}
         self.eval_metrics: dict[str, Any] = {}
-        restored = getattr(hooks, "restored_meta", None)
+        self.evaluated_at: int | None = None
+        restored = hooks.restored_meta if hooks is not None else None
         if restored:
             self.restore_records(restored)
 
@@ -211,7 +278,7 @@ class Engine:
             self._flush_window()
             if ctx.stop_reason is not None:
                 status = f"stopped: {ctx.stop_reason}"
-                if loop.val_dataset is not None and self.eval_metrics.get("_step") != self.step:
+                if loop.val_dataset is not None and self.evaluated_at != self.step:
                     self._evaluate()
             self._flush_window()
             if self.hooks is not None:
@@ -315,30 +382,47 @@ class Engine:
         self.last_train = record
         self.writer.write({"type": "metrics", "context": "train", "step": step, "epoch": self.epoch_of(step), **record})
 
-    def pending_window(self) -> list[list[Any]]:
-        """The steps not yet logged, as host floats ``[[step, {metric: value}], ...]``, after checking them.
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state as plain data (see `EngineSnapshot`); checks the pending losses first.
 
         Called before a checkpoint is written: no checkpoint holds weights past a NaN loss, and the checkpoint
-        carries these values so a resumed run writes the same train records as an uninterrupted one.
+        carries the pending values so a resumed run writes the same train records as an uninterrupted one.
         """
         values = _on_host(self.window)
         pending = [[s, {k: float(v) for k, v in m.items()}] for (s, _), m in zip(self.window, values)]
         for step, metrics in pending:
             self._check_finite(step, metrics["loss"])
-        return pending
+        return EngineSnapshot(
+            step=self.step,
+            epoch=self.ctx.epoch,
+            pending=pending,
+            last_train=dict(self.last_train),
+            last_eval=dict(self.eval_metrics),
+            evaluated_at=self.evaluated_at,
+            callback_states={i: dict(s) for i, s in self.callback_states.items()},
+        )
+
+    def checkpoint_written(self, step: int) -> None:
+        """Tell the callbacks that a checkpoint of `step` was written."""
+        for cb in self.callbacks:
+            cb.on_checkpoint(self.ctx, step)
 
     def restore_records(self, meta: Mapping[str, Any]) -> None:
         """Take back what `pending_window` and the latest records were when a checkpoint was written."""
         self.window = [(int(s), m) for s, m in meta.get("window", [])]
         self.last_train = dict(meta.get("last_train", {}))
-        self.eval_metrics = dict(meta.get("last_eval", {}))
-        self.ctx.last_eval = {k: v for k, v in self.eval_metrics.items() if not k.startswith("_")}
+        last_eval = dict(meta.get("last_eval", {}))
+        step = meta.get("evaluated_at", last_eval.pop("_step", None))  # checkpoints before 0.2 kept it in last_eval
+        self.evaluated_at = int(step) if step is not None else None
+        self.eval_metrics = last_eval
+        self.ctx.last_eval = dict(last_eval)
 
     def _evaluate(self) -> dict[str, float]:
         loop = self.loop
         metrics = evaluate(self.backend, loop.val_dataset, loop.eval_batch_size or loop.batch_size)
         prefixed = {f"validate/{k}": v for k, v in metrics.items()}
-        self.eval_metrics = {**prefixed, "_step": self.step}
+        self.eval_metrics = dict(prefixed)
+        self.evaluated_at = self.step
         self.ctx.last_eval = prefixed
         self.writer.write(
             {"type": "metrics", "context": "validate", "step": self.step, "epoch": self.ctx.epoch, **metrics}
@@ -349,7 +433,7 @@ class Engine:
 
     def final_metrics(self) -> dict[str, float]:
         out = {f"train/{k}": v for k, v in self.last_train.items()}
-        out.update({k: v for k, v in self.eval_metrics.items() if not k.startswith("_")})
+        out.update(self.eval_metrics)
         loop = self.loop
         if loop.test_dataset is not None:
             metrics = evaluate(self.backend, loop.test_dataset, loop.eval_batch_size or loop.batch_size)
@@ -386,3 +470,25 @@ class _LRScale:
 
     def set(self, value: float) -> None:
         self.backend.set_lr_scale(value)
+
+
+def run_steps(loop: Any, backend: StepBackend, info: Any, hooks: StageHooks | None) -> AdapterResult:
+    """The usual body of an adapter's ``run``: restore (warm start, resume), then the engine's loop.
+
+    Returns the engine's `AdapterResult`; the adapter fills in ``backend_info``, ``opt_state`` and ``rng``.
+    """
+    start_step, data_state, callback_states = 0, None, None
+    if hooks is not None:
+        start_step, data_state, callback_states = hooks.restore(backend)
+    engine = Engine(
+        loop,
+        backend,
+        stage=info.stage,
+        run_id=info.run_id,
+        stage_dir=info.stage_dir,
+        start_step=start_step,
+        data_state=data_state,
+        callback_states=callback_states,
+        hooks=hooks,
+    )
+    return engine.run()

@@ -10,6 +10,7 @@ import pipekit
 from pipekit import CarryState, ConfigError, Operator, StatefulOperator, field
 
 from ._backends import check_backend_name, get_backend
+from ._losses import Loss
 from ._models import ModelOp, Transfer
 from ._writers import MetricWriter
 from .callbacks._base import Callback
@@ -100,7 +101,7 @@ class TrainingLoop(StatefulOperator):
     model_op: ModelOp
     dataset: TrainingDataset
     val_dataset: TrainingDataset | None = None
-    loss: Operator | None = None
+    loss: Loss | None = None
     task: Any = None
     optimizer_config: dict[str, Any] = field(default_factory=lambda: {"name": "adamw", "lr": 3e-4})
     max_steps: int = 10_000
@@ -159,7 +160,7 @@ class TrainingLoop(StatefulOperator):
     @classmethod
     def example(cls) -> TrainingLoop:
         from ._losses import MSE
-        from .data._dataset import NpzSource
+        from .data import NpzSource
 
         return cls(
             model_op=_example_model(),

@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
+from urllib.parse import quote
 
 import pipekit
 
+from ._jsonio import DamagedFileError, read_json, write_json
 from ._loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
 
 
@@ -26,12 +27,16 @@ class RunSettings:
             nothing.
         resume: ``"never"`` starts fresh; ``"auto"`` continues the run found in `run_dir` exactly.
         pipeline: The whole pipeline being run (recorded with each stage's artifact for `reproduce`).
+        imports: The user modules imported before the pipeline was read (``--import``, ``$PIPEKIT_IMPORT``), each
+            ``{"module": name, "file": path or None, "sha256": hex digest of the file or None}``; recorded in
+            every stage's artifact (`TrainingArtifact.imports`).
     """
 
     run_dir: str | None = None
     store: str | Literal[False] | None = None
     resume: Literal["never", "auto"] = "never"
     pipeline: Any = None
+    imports: tuple[dict[str, Any], ...] = ()
 
 
 _DEFAULT_SETTINGS = RunSettings()
@@ -67,8 +72,12 @@ def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tup
     run_dir = settings.run_dir
     meta_path = os.path.join(run_dir, "run.json") if run_dir else None
     if meta_path and os.path.exists(meta_path):
-        with open(meta_path, encoding="utf-8") as f:
-            existing = json.load(f)
+        existing = read_json(
+            meta_path,
+            what="the run's metadata",
+            required=("run_id",),
+            remedy="start a new run in another directory, warm-starting from its checkpoints with init_from",
+        )
         if settings.resume != "auto":
             raise ConfigError(
                 f"run directory {run_dir} already holds run {existing.get('run_id')!r}; continue it with "
@@ -105,19 +114,33 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
     path = os.path.join(info.stage_dir, FINAL_FILE)
     if not os.path.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        final = json.load(f)
+    redo = f"delete {info.stage_dir} to train stage {info.stage!r} again"
+    final = read_json(
+        path, what=f"stage {info.stage!r}'s record of its final weights", required=("model_uri", "step"), remedy=redo
+    )
     from .provenance._model_registry import load_model
 
-    model = load_model(final["model_uri"])
-    with open(os.path.join(info.stage_dir, "artifact.json"), encoding="utf-8") as f:
-        artifact = TrainingArtifact.from_dict(json.load(f))
+    model = load_model(_absolute(final["model_uri"], info.run_dir))
+    record = read_json(
+        os.path.join(info.stage_dir, "artifact.json"),
+        what=f"stage {info.stage!r}'s artifact",
+        required=("artifact_id",),
+        remedy=redo,
+    )
+    try:
+        artifact = TrainingArtifact.from_dict(record)
+    except (KeyError, TypeError, ValueError) as e:
+        raise DamagedFileError(
+            f"{os.path.join(info.stage_dir, 'artifact.json')}: stage {info.stage!r}'s artifact is damaged ({e}); "
+            f"{redo}",
+            path=os.path.join(info.stage_dir, "artifact.json"),
+        ) from None
     if model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False):
         return None  # the stage changed since it finished: run it (its checkpoints refuse a changed config)
     state = TrainerCarryState(
         model=model,
-        step=final["step"],
-        epoch=final["epoch"],
+        step=int(final["step"]),
+        epoch=int(final.get("epoch", 0)),
         metrics=artifact.final_metrics,
         run_id=info.run_id,
         run_dir=info.run_dir,
@@ -135,10 +158,31 @@ def _keep_final_model(info: RunInfo, result: Any) -> str:
     return registry.locator(registry.put(result.model))
 
 
+def _absolute(model_uri: str, run_dir: str) -> str:
+    """A ``final.json`` URI whose registry root is relative to the run directory, made loadable from here."""
+    from .provenance._model_registry import parse_model_uri
+
+    digest, query = parse_model_uri(model_uri)
+    root = query.get("root")
+    if root is None or os.path.isabs(root):
+        return model_uri
+    return f"pipekit-model:sha256:{digest}?root=" + quote(os.path.abspath(os.path.join(run_dir, root)), safe="/")
+
+
 def _write_final(info: RunInfo, result: Any, artifact: Any, model_uri: str) -> None:
-    """Mark the stage finished, so a resume of this run skips it and takes these weights."""
+    """Mark the stage finished, so a resume of this run skips it and takes these weights.
+
+    The registry root is written relative to the run directory, so a moved run directory still resumes.
+    """
+    from .provenance._model_registry import parse_model_uri
+
+    digest, query = parse_model_uri(model_uri)
+    root = query.get("root")
+    if root is not None and os.path.isabs(root):
+        relative = os.path.relpath(root, os.path.abspath(info.run_dir))
+        model_uri = f"pipekit-model:sha256:{digest}?root=" + quote(relative, safe="/")
     final = {"model_uri": model_uri, "step": result.step, "epoch": result.epoch, "artifact_id": artifact.artifact_id}
-    _write_json(os.path.join(info.stage_dir, FINAL_FILE), final)
+    write_json(os.path.join(info.stage_dir, FINAL_FILE), final)
 
 
 def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[TrainingResult, TrainerCarryState]:
@@ -193,13 +237,6 @@ def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[Trai
     return TrainingResult(result.model, artifact), new_state
 
 
-def _write_json(path: str, data: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
-
-
 def _write_run_meta(run_dir: str, run_id: str, settings: RunSettings) -> None:
     path = os.path.join(run_dir, "run.json")
     if os.path.exists(path):
@@ -207,7 +244,7 @@ def _write_run_meta(run_dir: str, run_id: str, settings: RunSettings) -> None:
     meta: dict[str, Any] = {"run_id": run_id}
     if settings.pipeline is not None:
         meta["pipeline_yaml"] = pipekit.dumps(settings.pipeline, strict=False)
-    _write_json(path, meta)
+    write_json(path, meta)
 
 
 def _build_artifact(
@@ -239,11 +276,12 @@ def _build_artifact(
         git=git_state(os.getcwd()),
         status=result.status,
         run_dir=info.stage_dir,
+        imports=settings.imports,
     )
     if settings.store is not False:
         from .provenance._store import ArtifactStore
 
         with ArtifactStore(settings.store or None) as store:
             store.record(artifact)
-    _write_json(os.path.join(info.stage_dir, "artifact.json"), artifact.to_dict())
+    write_json(os.path.join(info.stage_dir, "artifact.json"), artifact.to_dict())
     return artifact

@@ -7,13 +7,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from ._checkpointer import Checkpointer
 from ._errors import CheckpointError, CheckpointMismatchError, CheckpointNotFoundError
 from ._layout import _check_step, _load_entries, _step, _uncommitted_reason
-from ._restore import _restore_step
 from ._selectors import Average, Last, ManifestEntry, Mode, Selector
 
 
@@ -66,6 +64,8 @@ def average_checkpoints(
         steps: The steps to average, or an `Average` / selector resolved against the directory's manifest.
         abstract_state: As for `Checkpointer.restore`; ``None`` restores the trees as saved.
     """
+    import jax
+
     directory = Path(directory).absolute()
     picked, committed = _pick(directory, steps)
     sums: list[np.ndarray | None] = []
@@ -73,6 +73,8 @@ def average_checkpoints(
     newest: list[Any] = []
     for step in picked:
         entry = committed.get(step)
+        from ._restore import _restore_step
+
         state, _, _ = _restore_step(directory, step, abstract_state, entry.files if entry else None)
         leaves, this_def = jax.tree_util.tree_flatten(state)
         if treedef is None:
@@ -96,6 +98,8 @@ def average_checkpoints(
 
 
 def _is_inexact(dtype: Any) -> bool:
+    import jax
+
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         return False
     return bool(jax.dtypes.issubdtype(dtype, np.inexact))

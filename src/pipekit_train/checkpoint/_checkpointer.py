@@ -48,7 +48,6 @@ from ._layout import (
     _with_io_retry,
     _write_manifest,
 )
-from ._restore import _restore_step
 from ._selectors import Best, Last, ManifestEntry, Mode, Selector, finite_score, union_select
 from ._settings import _check_keep
 
@@ -330,6 +329,8 @@ class Checkpointer:
         step = self._resolve(which)
         with self._lock:
             entry = self._entries.get(step)
+        from ._restore import _restore_step
+
         return _restore_step(self.directory, step, abstract_state, entry.files if entry else None)
 
     def _resolve(self, which: int | str) -> int:

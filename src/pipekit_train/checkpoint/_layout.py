@@ -7,7 +7,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import time
 import warnings
@@ -16,10 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from .._jsonio import write_json
 from .._warnings import PipekitTrainWarning
 from ._errors import CheckpointError
 from ._selectors import ManifestEntry
@@ -48,6 +46,9 @@ def _pool() -> ThreadPoolExecutor:
 
 def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
     """The tree Orbax writes (PRNG keys as key data) and the per-leaf record: shape, dtype, sha256."""
+    import jax
+    import jax.numpy as jnp
+
     flat, treedef = jax.tree_util.tree_flatten_with_path(state)
     if not flat:
         raise CheckpointError("Checkpointer.save: state has no array leaves")
@@ -82,6 +83,8 @@ def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
 
 def _add_digests(leaves: dict[str, Any], tree: Any) -> None:
     """Record the sha256 of every leaf's bytes (in the order `_prepare_state` listed them)."""
+    import jax
+
     hosts = [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
     digests = _pool().map(_leaf_digest, hosts) if sum(h.nbytes for h in hosts) > 1 << 20 else map(_leaf_digest, hosts)
     for rec, digest in zip(leaves.values(), digests):
@@ -102,6 +105,8 @@ def _path_name(path: Iterable[Any]) -> str:
 
 
 def _flatten(tree: Any) -> list[tuple[str, Any]]:
+    import jax
+
     return [(_path_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
@@ -166,23 +171,7 @@ def _read_manifest(directory: Path) -> tuple[dict[str, Any], list[ManifestEntry]
 def _write_manifest(directory: Path, header: Mapping[str, Any], entries: list[ManifestEntry]) -> None:
     """Replace ``manifest.json`` atomically: write a temporary file, fsync it, rename it over the old one."""
     doc = {"format": FORMAT, **header, "updated": time.time(), "entries": [e.to_json() for e in entries]}
-    text = json.dumps(doc, indent=1, allow_nan=False)
-    tmp = directory / f".{MANIFEST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for Orbax's files
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / MANIFEST)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_json(directory / MANIFEST, doc, indent=1, allow_nan=False)
 
 
 def _load_entries(directory: Path) -> tuple[dict[str, Any], dict[int, ManifestEntry]]:

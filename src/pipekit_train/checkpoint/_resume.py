@@ -25,11 +25,14 @@ import signal
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._warnings import PipekitTrainWarning
+
+if TYPE_CHECKING:
+    from .._engine import Engine
 from ._checkpointer import Checkpointer
 from ._errors import CheckpointError, CheckpointMismatchError
 from ._layout import _path_name
@@ -161,7 +164,7 @@ class CheckpointHooks:
         self.restored_meta = meta
         return int(meta["step"]), data_iter, callbacks
 
-    def after_chunk(self, engine: Any, data_state: dict[str, Any]) -> None:
+    def after_chunk(self, engine: Engine, data_state: dict[str, Any]) -> None:
         # A signal seen now stops after this chunk and `at_end` writes the checkpoint with its stop_reason; one that
         # arrives during the save below is acted on after the next chunk, so the stop checkpoint always records it.
         self.stopping = self.signals.reason
@@ -171,7 +174,7 @@ class CheckpointHooks:
     def stop_requested(self) -> str | None:
         return self.stopping
 
-    def at_end(self, engine: Any, data_state: dict[str, Any], stop_reason: str | None) -> None:
+    def at_end(self, engine: Engine, data_state: dict[str, Any], stop_reason: str | None) -> None:
         try:
             wanted = self.config is not None and (self.config.save_on_end or stop_reason is not None)
             if wanted and self.last_saved != engine.step:
@@ -191,33 +194,32 @@ class CheckpointHooks:
             self.checkpointer.close()
 
     # Internals ---------------------------------------------------------------------------------------------
-    def _save(self, engine: Any, data_state: dict[str, Any], stop_reason: str | None = None) -> None:
+    def _save(self, engine: Engine, data_state: dict[str, Any], stop_reason: str | None = None) -> None:
         assert self.checkpointer is not None and self.config is not None
-        window = engine.pending_window()
-        ctx = engine.ctx
-        evaluated_now = engine.eval_metrics.get("_step") == engine.step
-        score = engine.eval_metrics.get(self.config.monitor) if evaluated_now else None
-        if score is None and self.config.monitor.startswith("train/") and engine.last_train:
-            score = engine.last_train.get(self.config.monitor[len("train/") :])
+        snap = engine.snapshot()
+        evaluated_now = snap.evaluated_at == snap.step
+        score = snap.last_eval.get(self.config.monitor) if evaluated_now else None
+        if score is None and self.config.monitor.startswith("train/") and snap.last_train:
+            score = snap.last_train.get(self.config.monitor[len("train/") :])
         meta = {
-            "step": engine.step,
-            "epoch": ctx.epoch,
+            "step": snap.step,
+            "epoch": snap.epoch,
             "stage": self.info.stage,
             "run_id": self.info.run_id,
             "score": score,
             "stop_reason": stop_reason,
-            "callbacks": {str(i): s for i, s in engine.callback_states.items()},
+            "callbacks": {str(i): s for i, s in snap.callback_states.items()},
             "fingerprint": self.fingerprint,
-            "window": window,
-            "last_train": engine.last_train,
-            "last_eval": engine.eval_metrics,
+            "window": snap.pending,
+            "last_train": snap.last_train,
+            "last_eval": snap.last_eval,
+            "evaluated_at": snap.evaluated_at,
         }
-        if self.checkpointer.save(engine.step, state=engine.backend.state_tree(), data_iter=data_state, meta=meta):
-            self.last_saved = engine.step
-            for cb in engine.callbacks:
-                cb.on_checkpoint(ctx, engine.step)
+        if self.checkpointer.save(snap.step, state=engine.backend.state_tree(), data_iter=data_state, meta=meta):
+            self.last_saved = snap.step
+            engine.checkpoint_written(snap.step)
 
-    def _restore_best(self, engine: Any) -> None:
+    def _restore_best(self, engine: Engine) -> None:
         ckpt = self.checkpointer
         if ckpt is None or ckpt.best_step() is None:
             warnings.warn(

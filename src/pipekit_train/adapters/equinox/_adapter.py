@@ -14,7 +14,7 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError, suggestion
 
-from ..._engine import AdapterResult, Engine
+from ..._engine import AdapterResult, run_steps
 from ..optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
 from ._steps import Layout, LossSpec, combine, eval_batch, host_copy, partition, static_arg, train_chunk
 from ._tree import apply_transfer
@@ -253,21 +253,7 @@ def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, h
     init_key, step_key = jax.random.split(root)
     module = initial_module(loop, incoming, init_key, info.stage)
     backend = EquinoxBackend(loop, loop.model_op, module, step_key)
-    start_step, data_state, callback_states = 0, None, None
-    if hooks is not None:
-        start_step, data_state, callback_states = hooks.restore(backend)
-    engine = Engine(
-        loop,
-        backend,
-        stage=info.stage,
-        run_id=info.run_id,
-        stage_dir=info.stage_dir,
-        start_step=start_step,
-        data_state=data_state,
-        callback_states=callback_states,
-        hooks=hooks,
-    )
-    result = engine.run()
+    result = run_steps(loop, backend, info, hooks)
     result.opt_state = backend.opt_state
     result.rng = np.asarray(jax.random.key_data(root)).tolist()
     result.backend_info = {
