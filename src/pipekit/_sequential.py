@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigError
 from ._operator import Operator, StatefulOperator
@@ -27,6 +28,10 @@ class Sequential(StatefulOperator):
     """
 
     stages: tuple[Operator, ...] = ()
+
+    if TYPE_CHECKING:  # what type checkers see: the stages positionally or by keyword, as a list or a tuple
+
+        def __init__(self, stages: Sequence[Operator] = ()) -> None: ...
 
     def validate(self) -> None:
         if not self.stages:

@@ -22,7 +22,9 @@ class TrainerCarryState(CarryState):
 
     Attributes:
         model: The model operator, bound to its current weights.
-        opt_state: Backend-specific optimizer state (an optax state for Equinox).
+        opt_state: The optimizer state the stage ended with, for user code in this process (an optax state for
+            Equinox). Every stage starts its own optimizer fresh, and a resumed run that skips a finished stage
+            does not restore it (``None`` then).
         step: Optimizer steps taken by the stage that produced this state.
         epoch: ``step // steps_per_epoch`` (0 without `steps_per_epoch`).
         metrics: Final metric snapshot of that stage (host floats).
