@@ -120,8 +120,13 @@ def test_build_argument_errors():
         build_optimizer({}, max_steps=10, accum=0)
     with pytest.raises(ConfigError, match=r"grad_clip_norm must be a float > 0 or None, got -1.0"):
         build_optimizer({}, max_steps=10, grad_clip_norm=-1.0)
-    with pytest.raises(ConfigError, match=r"warmup_steps must be < decay_steps \(10\) for schedule 'warmup_cosine'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"warmup_steps must be < 10 for schedule 'warmup_cosine' \(decay_steps defaults to max_steps=10\), got 10",
+    ):
         build_optimizer({"schedule": "warmup_cosine", "warmup_steps": 10}, max_steps=10)
+    with pytest.raises(ConfigError, match=r"warmup_steps \(30\) is more than max_steps \(20\)"):
+        check_optimizer_config({"warmup_steps": 30}, max_steps=20)
     with pytest.raises(ConfigError, match=r"warmup_steps must be in \(0, 10\) for schedule 'onecycle'"):
         build_optimizer({"schedule": "onecycle", "warmup_steps": 0}, max_steps=10)
 

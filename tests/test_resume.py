@@ -357,10 +357,11 @@ def _kill_plan(seed: int, chains: int, low: int, high: int) -> list[list[tuple[s
 
 
 def _tree_digest(directory: Path) -> dict[str, str]:
+    """Every file's digest; the run-directory lock records who last ran there, which is not the run's data."""
     return {
         str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(directory.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != ".lock"
     }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipekit import ConfigError, suggestion
 
-__all__ = ["check_optimizer_config", "resolve_optimizer_config"]
+__all__ = ["check_optimizer_config", "check_schedule", "resolve_optimizer_config"]
 
 # Keys each optimizer takes, with their defaults (optax's defaults where optax has one).
 _OPTIMIZERS: dict[str, dict[str, Any]] = {
@@ -126,6 +126,38 @@ def resolve_optimizer_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_optimizer_config(config: Mapping[str, Any]) -> None:
-    """Raise `pipekit.ConfigError` if `config` would not build (no `max_steps` needed: run it at validation)."""
-    resolve_optimizer_config(config)
+def check_schedule(cfg: Mapping[str, Any], max_steps: int) -> tuple[int, int | None]:
+    """``(decay_steps, warmup_steps)`` of a resolved config for a stage of `max_steps`, or a `ConfigError`.
+
+    ``decay_steps`` defaults to `max_steps`; ``onecycle``'s warm-up defaults to 30% of it.
+    """
+    kind = cfg["schedule"]
+    decay_steps = cfg.get("decay_steps") or max_steps
+    given = cfg.get("decay_steps")
+    source = f"decay_steps={decay_steps}" if given else f"decay_steps defaults to max_steps={max_steps}"
+    warmup = cfg.get("warmup_steps")
+    if kind == "onecycle":
+        warmup = round(0.3 * decay_steps) if warmup is None else warmup
+        if not 0 < warmup < decay_steps:
+            raise ConfigError(
+                f"optimizer_config.warmup_steps must be in (0, {decay_steps}) for schedule 'onecycle' ({source}), "
+                f"got {warmup}"
+            )
+    elif kind == "warmup_cosine" and warmup >= decay_steps:
+        raise ConfigError(
+            f"optimizer_config.warmup_steps must be < {decay_steps} for schedule 'warmup_cosine' ({source}), "
+            f"got {warmup}; lower warmup_steps or raise max_steps"
+        )
+    elif warmup and warmup > max_steps:
+        raise ConfigError(
+            f"optimizer_config.warmup_steps ({warmup}) is more than max_steps ({max_steps}): the stage would end "
+            "before the learning rate reached lr; lower warmup_steps or raise max_steps"
+        )
+    return decay_steps, warmup
+
+
+def check_optimizer_config(config: Mapping[str, Any], max_steps: int | None = None) -> None:
+    """Raise `pipekit.ConfigError` if `config` would not build; with `max_steps`, check the schedule against it."""
+    cfg = resolve_optimizer_config(config)
+    if max_steps is not None:
+        check_schedule(cfg, max_steps)

@@ -14,7 +14,9 @@ from urllib.parse import quote
 import pipekit
 
 from ._jsonio import DamagedFileError, read_json, write_json
+from ._lock import run_dir_lock
 from ._loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
+from ._validate import preflight_stage
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,17 @@ def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[Trai
         done = _finished_stage(info, loop)
         if done is not None:
             return done
+    # Everything that can be checked before training is checked before the run directory is created or claimed.
+    preflight_stage(loop, state, info.stage)
+    _check_store(settings)
+    with run_dir_lock(run_dir):  # one writer per run directory: a second process is refused, naming this one
+        return _run_locked(loop, state, info, settings)
+
+
+def _run_locked(
+    loop: TrainingLoop, state: TrainerCarryState | None, info: RunInfo, settings: RunSettings
+) -> tuple[TrainingResult, TrainerCarryState]:
+    run_id, run_dir, stage_index = info.run_id, info.run_dir, info.stage_index
     os.makedirs(info.stage_dir, exist_ok=True)
     _write_run_meta(run_dir, run_id, settings)
     from .checkpoint._resume import make_hooks
@@ -235,6 +248,27 @@ def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[Trai
         artifact_id=artifact.artifact_id,
     )
     return TrainingResult(result.model, artifact), new_state
+
+
+def _check_store(settings: RunSettings) -> None:
+    """Refuse before training when the artifact store cannot be written (it would fail after the whole run)."""
+    if settings.store is False:
+        return
+    import sqlite3
+
+    from .provenance._store import ArtifactStore, ArtifactStoreError
+
+    store = ArtifactStore(settings.store or None)
+    try:
+        store.schema_version()  # creates the database, or brings its schema up to date
+        with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
+            conn.execute("BEGIN IMMEDIATE")  # takes the write lock: fails on a read-only file or folder
+            conn.execute("ROLLBACK")
+    except (sqlite3.Error, OSError) as e:
+        raise ArtifactStoreError(
+            f"the artifact store {store.path} cannot be written ({e}); nothing was trained. Choose a writable "
+            "store with --store PATH (or PIPEKIT_ARTIFACT_STORE), or record nothing with --no-store"
+        ) from None
 
 
 def _write_run_meta(run_dir: str, run_id: str, settings: RunSettings) -> None:

@@ -1,8 +1,19 @@
-"""`check_pipeline`: everything that can be checked about a pipeline without training it."""
+"""Pre-flight: every check a run makes before it trains, in one place. ``pipekit-train validate`` runs exactly this.
+
+`preflight_stage` checks one `TrainingLoop` (the optimizer configuration against `max_steps`, `batch_size`
+against the data, the validation and test data, then the backend's own `preflight`: shapes, the hand-off from the
+previous stage); `check_pipeline` runs it over every stage of a pipeline, threading the model each stage would
+hand the next. A stage runs it again before it claims its run directory, so a failed pre-flight writes nothing.
+"""
 
 from __future__ import annotations
 
-from pipekit import Operator, Sequential
+from typing import TYPE_CHECKING, Any
+
+from pipekit import ConfigError, Operator, Sequential
+
+if TYPE_CHECKING:
+    from ._loop import TrainerCarryState, TrainingLoop
 
 
 def _stages(op: Operator) -> list[Operator]:
@@ -14,25 +25,43 @@ def _stages(op: Operator) -> list[Operator]:
     return [op]
 
 
-def check_pipeline(op: Operator) -> str:
-    """Check every stage through its backend's `preflight`: data, model and loss shapes, weight hand-offs, the
-    optimizer configuration, the validation and test data.
+def preflight_stage(loop: TrainingLoop, state: TrainerCarryState | None, stage: str) -> Any:
+    """Check `loop` as stage `stage` after `state`; return the bound model it would start from."""
+    from ._optim import check_optimizer_config
 
-    Raises the same errors a run would raise before compiling; returns a one-line description.
+    check_optimizer_config(loop.optimizer_config, loop.max_steps)
+    loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
+    for role, ds in (("val_dataset", loop.val_dataset), ("test_dataset", loop.test_dataset)):
+        if ds is None:
+            continue
+        spec, train_spec = ds.element_spec(), loop.dataset.element_spec()
+        keys = (loop.input_key, loop.target_key) if loop.task is None else tuple(train_spec)
+        for key in keys:
+            if key not in spec:
+                raise ConfigError(
+                    f"stage {stage!r}: TrainingLoop.{role} has no {key!r} (its batches have keys {sorted(spec)}); "
+                    "evaluation runs the same model and loss as training"
+                )
+            if key in train_spec and tuple(spec[key][0]) != tuple(train_spec[key][0]):
+                raise ConfigError(
+                    f"stage {stage!r}: TrainingLoop.{role}'s {key!r} has per-example shape {tuple(spec[key][0])} but "
+                    f"the training data's has {tuple(train_spec[key][0])}"
+                )
+    return loop.adapter().preflight(loop, state, stage)
+
+
+def check_pipeline(op: Operator) -> str:
+    """Pre-flight every training stage of `op` (see the module docstring); returns a one-line description.
+
+    Raises the same errors a run would raise before training.
     """
     from ._loop import TrainerCarryState, TrainingLoop
-    from ._optim import check_optimizer_config
 
     loops = [s for s in _stages(op) if isinstance(s, TrainingLoop)]
     state: TrainerCarryState | None = None
     steps = 0
     for index, loop in enumerate(loops):
-        stage = loop.name or f"stage{index}"
-        check_optimizer_config(loop.optimizer_config)
-        model = loop.adapter().preflight(loop, state, stage)
-        for ds in (loop.val_dataset, loop.test_dataset):
-            if ds is not None:
-                ds.element_spec()
+        model = preflight_stage(loop, state, loop.name or f"stage{index}")
         state = TrainerCarryState(model=model, stage_index=index + 1)
         steps += loop.max_steps
     plural = "s" if len(loops) != 1 else ""

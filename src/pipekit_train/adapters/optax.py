@@ -23,7 +23,7 @@ import optax
 
 from pipekit import ConfigError, PipekitError
 
-from .._optim import resolve_optimizer_config
+from .._optim import check_schedule, resolve_optimizer_config
 
 __all__ = [
     "LrScaleState",
@@ -38,25 +38,14 @@ __all__ = [
 
 def _schedule(cfg: dict[str, Any], max_steps: int) -> optax.Schedule:
     lr, kind = cfg["lr"], cfg["schedule"]
-    decay_steps = cfg.get("decay_steps") or max_steps
-    warmup = cfg.get("warmup_steps")
+    decay_steps, warmup = check_schedule(cfg, max_steps)
     if kind == "onecycle":
-        warmup = round(0.3 * decay_steps) if warmup is None else warmup
-        if not 0 < warmup < decay_steps:
-            raise ConfigError(
-                f"optimizer_config.warmup_steps must be in (0, {decay_steps}) for schedule 'onecycle' "
-                f"(decay_steps={decay_steps}), got {warmup}"
-            )
+        assert warmup is not None
         final_div = 1e4 if cfg["end_lr"] is None else (lr / 25.0) / cfg["end_lr"]
         return optax.cosine_onecycle_schedule(
             decay_steps, lr, pct_start=warmup / decay_steps, final_div_factor=final_div
         )
     if kind == "warmup_cosine":
-        if warmup >= decay_steps:
-            raise ConfigError(
-                f"optimizer_config.warmup_steps must be < decay_steps ({decay_steps}) for schedule 'warmup_cosine', "
-                f"got {warmup}"
-            )
         return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, decay_steps, end_value=cfg["end_lr"])
     if kind == "exponential":
         main = optax.exponential_decay(lr, decay_steps, cfg["decay_rate"], end_value=cfg["end_lr"])
