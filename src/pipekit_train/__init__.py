@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._backends import available_backends as available_backends
     from ._backends import register_backend as register_backend
     from ._engine import NonFiniteLossError as NonFiniteLossError
+    from ._engine import NonFiniteWeightsError as NonFiniteWeightsError
     from ._jsonio import DamagedFileError as DamagedFileError
     from ._loop import TrainerCarryState as TrainerCarryState
     from ._loop import TrainingLoop as TrainingLoop

@@ -24,6 +24,21 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite. The message names the stage, step and epoch."""
 
 
+class NonFiniteWeightsError(FloatingPointError):
+    """The weights hold NaN or infinity; nothing was saved or registered with them. The message names the array."""
+
+
+def first_nonfinite(tree: Any) -> str | None:
+    """The path of the first floating-point array of `tree` (a pytree or a flat mapping) holding NaN or infinity."""
+    import jax
+
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        host = np.asarray(leaf)
+        if host.dtype.kind in "fc" and not np.isfinite(host).all():
+            return jax.tree_util.keystr(path)
+    return None
+
+
 class StepBackend(Protocol):
     """What the engine needs from a backend adapter."""
 

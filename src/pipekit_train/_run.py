@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import pipekit
 
+from ._engine import NonFiniteWeightsError, first_nonfinite
 from ._jsonio import DamagedFileError, read_json, write_json
 from ._lock import run_dir_lock
 from ._loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
@@ -229,6 +230,13 @@ def _run_locked(
     # A warm start (`init_from`) names the stage that wrote those weights as another parent.
     info = replace(info, parent_ids=tuple(dict.fromkeys(info.parent_ids + hooks.parent_ids)))
     interrupted = getattr(hooks, "interrupted", None)
+    if loop.stop_on_nonfinite:
+        bad = first_nonfinite(result.model.weights())
+        if bad is not None:
+            raise NonFiniteWeightsError(
+                f"stage {info.stage!r}: the final weights at {bad} are not finite (step {result.step}); they were not "
+                "registered and the stage is not marked finished. Lower the learning rate or set grad_clip_norm"
+            )
     model_uri = None if interrupted is not None else _keep_final_model(info, result)
     artifact = _build_artifact(loop, result, info, settings, model_uri)
     if interrupted is not None:

@@ -31,6 +31,9 @@ def preflight_stage(loop: TrainingLoop, state: TrainerCarryState | None, stage: 
 
     check_optimizer_config(loop.optimizer_config, loop.max_steps)
     loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
+    for role in ("dataset", "val_dataset", "test_dataset"):
+        if getattr(loop, role) is not None:
+            _check_finite_data(getattr(loop, role), f"stage {stage!r}: TrainingLoop.{role}")
     for role, ds in (("val_dataset", loop.val_dataset), ("test_dataset", loop.test_dataset)):
         if ds is None:
             continue
@@ -48,6 +51,23 @@ def preflight_stage(loop: TrainingLoop, state: TrainerCarryState | None, stage: 
                     f"the training data's has {tuple(train_spec[key][0])}"
                 )
     return loop.adapter().preflight(loop, state, stage)
+
+
+def _check_finite_data(dataset: Any, where: str) -> None:
+    """Refuse NaN or infinity in a dataset's floating-point arrays (they would train or evaluate to NaN)."""
+    import numpy as np
+
+    for key, values in dataset.arrays().items():
+        host = np.asarray(values)
+        if host.dtype.kind not in "fc":
+            continue
+        bad = ~np.isfinite(host)
+        if bad.any():
+            first = int(np.argwhere(bad)[0][0])
+            raise ConfigError(
+                f"{where}: {key!r} holds {int(bad.sum())} NaN or infinite value(s) (the first in record {first}); "
+                "clean the data or drop those records"
+            )
 
 
 def check_pipeline(op: Operator) -> str:

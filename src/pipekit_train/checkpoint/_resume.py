@@ -197,6 +197,17 @@ class CheckpointHooks:
     def _save(self, engine: Engine, data_state: dict[str, Any], stop_reason: str | None = None) -> None:
         assert self.checkpointer is not None and self.config is not None
         snap = engine.snapshot()
+        if self.loop.stop_on_nonfinite:
+            from .._engine import NonFiniteWeightsError, first_nonfinite
+
+            bad = first_nonfinite(engine.backend.weights_tree())
+            if bad is not None:
+                last = f"step {self.last_saved}" if self.last_saved is not None else "none"
+                raise NonFiniteWeightsError(
+                    f"stage {self.info.stage!r}: the weights at {bad} are not finite at step {snap.step}; no "
+                    f"checkpoint was written for that step (the last good one: {last}). Lower the learning rate, "
+                    "set grad_clip_norm, or resume from the last good checkpoint with other settings (init_from)"
+                )
         evaluated_now = snap.evaluated_at == snap.step
         score = snap.last_eval.get(self.config.monitor) if evaluated_now else None
         if score is None and self.config.monitor.startswith("train/") and snap.last_train:
