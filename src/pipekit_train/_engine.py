@@ -28,6 +28,17 @@ class NonFiniteWeightsError(FloatingPointError):
     """The weights hold NaN or infinity; nothing was saved or registered with them. The message names the array."""
 
 
+def callback_keys(callbacks: tuple[Callback, ...]) -> list[str]:
+    """``"EarlyStopping:0"``-style keys: a callback's type and how many callbacks of that type come before it."""
+    seen: dict[str, int] = {}
+    keys = []
+    for cb in callbacks:
+        name = type(cb).__name__
+        keys.append(f"{name}:{seen.get(name, 0)}")
+        seen[name] = seen.get(name, 0) + 1
+    return keys
+
+
 def first_nonfinite(tree: Any) -> str | None:
     """The path of the first floating-point array of `tree` (a pytree or a flat mapping) holding NaN or infinity."""
     import jax
@@ -90,7 +101,8 @@ class EngineSnapshot:
         last_train: The last logged window's means (``loss``, ``lr``, ...).
         last_eval: The last validation metrics (``validate/...``).
         evaluated_at: The step `last_eval` was computed at, or ``None``.
-        callback_states: Each callback's state, by position in the sorted callback list.
+        callback_states: Each callback's state, by its `callback_keys` key (its type and how many callbacks of that
+            type come before it), so adding a callback of another type does not move any other's state.
     """
 
     step: int
@@ -99,7 +111,7 @@ class EngineSnapshot:
     last_train: dict[str, float]
     last_eval: dict[str, float]
     evaluated_at: int | None
-    callback_states: dict[int, dict[str, Any]]
+    callback_states: dict[str, dict[str, Any]]
 
 
 class StageHooks(Protocol):
@@ -108,7 +120,7 @@ class StageHooks(Protocol):
     parent_ids: tuple[str, ...]
     restored_meta: Mapping[str, Any] | None
 
-    def restore(self, backend: StepBackend) -> tuple[int, dict[str, Any] | None, dict[int, dict[str, Any]] | None]:
+    def restore(self, backend: StepBackend) -> tuple[int, dict[str, Any] | None, dict[str, dict[str, Any]] | None]:
         """Before the first step: load a warm start and/or the checkpoint to resume; ``(step, data, callbacks)``."""
 
     def boundaries(self) -> list[int]:
@@ -199,7 +211,7 @@ class Engine:
         stage_dir: str | None,
         start_step: int = 0,
         data_state: dict[str, Any] | None = None,
-        callback_states: dict[int, dict[str, Any]] | None = None,
+        callback_states: dict[str, dict[str, Any]] | None = None,
         hooks: StageHooks | None = None,
     ) -> None:
         self.loop = loop
@@ -208,7 +220,10 @@ class Engine:
         self.step = start_step
         self.callbacks: tuple[Callback, ...] = tuple(sorted(loop.callbacks, key=lambda c: c.order))
         states = callback_states or {}
-        self.callback_states = {i: dict(states.get(i, cb.initial_state())) for i, cb in enumerate(self.callbacks)}
+        self.callback_states = {
+            key: dict(states.get(key, cb.initial_state()))
+            for key, cb in zip(callback_keys(self.callbacks), self.callbacks)
+        }
         self.writer: MetricWriter = loop.metric_writer or JsonLinesWriter()
         self.ctx = TrainContext(
             loop=loop,
@@ -414,7 +429,7 @@ class Engine:
             last_train=dict(self.last_train),
             last_eval=dict(self.eval_metrics),
             evaluated_at=self.evaluated_at,
-            callback_states={i: dict(s) for i, s in self.callback_states.items()},
+            callback_states={k: dict(s) for k, s in self.callback_states.items()},
         )
 
     def checkpoint_written(self, step: int) -> None:

@@ -29,6 +29,8 @@ class RunSettings:
         store: Path of the artifact store (SQLite); ``None`` means `ArtifactStore`'s default; ``False``: record
             nothing.
         resume: ``"never"`` starts fresh; ``"auto"`` continues the run found in `run_dir` exactly.
+        force_resume: With ``resume="auto"``, continue a checkpoint written under another configuration (warned
+            about and recorded in the artifact) instead of refusing.
         pipeline: The whole pipeline being run (recorded with each stage's artifact for `reproduce`).
         imports: The user modules imported before the pipeline was read (``--import``, ``$PIPEKIT_IMPORT``), each
             ``{"module": name, "file": path or None, "sha256": hex digest of the file or None}``; recorded in
@@ -38,6 +40,7 @@ class RunSettings:
     run_dir: str | None = None
     store: str | Literal[False] | None = None
     resume: Literal["never", "auto"] = "never"
+    force_resume: bool = False
     pipeline: Any = None
     imports: tuple[dict[str, Any], ...] = ()
 

@@ -37,6 +37,16 @@ class Callback(Operator, register=False):
         """The JSON-able run-time state this callback starts a run with."""
         return {}
 
+    def fingerprint(self) -> Any:
+        """What of this callback a resumed run must share with the checkpoint for the result to be exact.
+
+        The default is the whole configuration. A callback that only observes (a tracker, a logger) returns
+        ``None``, so changing it does not refuse a resume.
+        """
+        from pipekit._yaml import to_plain
+
+        return to_plain(self, strict=False)
+
     def on_train_start(self, ctx: TrainContext) -> None:
         """Called once when training starts (or resumes)."""
 
@@ -83,7 +93,7 @@ class TrainContext:
         run_id: str,
         run_dir: str | None,
         writer: MetricWriter,
-        callback_states: dict[int, dict[str, Any]],
+        callback_states: dict[str, dict[str, Any]],
         callbacks: tuple[Callback, ...],
         get_model: Any,
         set_model: Any = None,
@@ -100,7 +110,7 @@ class TrainContext:
         self.last_eval: dict[str, float] = {}
         self.artifact_fields: dict[str, Any] = {}
         self._states = callback_states
-        self._index = {id(cb): i for i, cb in enumerate(callbacks)}
+        self._index = {id(cb): key for cb, key in zip(callbacks, callback_states)}
         self._get_model = get_model
         self._set_model = set_model
         self._lr_scale = lr_scale

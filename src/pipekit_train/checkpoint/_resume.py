@@ -60,9 +60,27 @@ def fingerprint(loop: Any) -> dict[str, Any]:
     """What a checkpoint must have been written under for a resume to be exact, as plain data."""
     from pipekit._yaml import to_plain
 
+    from .._optim import resolve_optimizer_config
+
     out = {name: to_plain(getattr(loop, name), name, strict=False) for name in _FINGERPRINT_FIELDS}
+    # Defaults written out change nothing: compare the configuration with every default filled in.
+    out["optimizer_config"] = resolve_optimizer_config(loop.optimizer_config)
     out["dataset_hash"] = loop.dataset.content_hash()
-    out["ema"] = next((to_plain(cb, strict=False) for cb in loop.callbacks if type(cb).__name__ == "EMA"), None)
+    out["dataset_shuffle"] = loop.dataset.shuffle
+    out["dataset_drop_remainder"] = loop.dataset.drop_remainder
+    # Validation feeds callbacks (early stopping, plateaus) and `Best` checkpoints: its data and cadence count.
+    val = loop.val_dataset
+    out["val_dataset_hash"] = val.content_hash() if val is not None else None
+    out["eval_every_n_steps"] = loop.eval_every_n_steps if val is not None else None
+    out["eval_batch_size"] = (loop.eval_batch_size or loop.batch_size) if val is not None else None
+    callbacks = {}
+    for cb in loop.callbacks:
+        mark = cb.fingerprint()
+        if mark is not None:
+            callbacks.setdefault(type(cb).__name__, []).append(mark)
+    out["callbacks"] = callbacks
+    if loop.steps_per_call > 1:  # fused chunks end at checkpoint steps: the cadence shapes the compiled calls
+        out["checkpoint_every"] = next((cb.every_n_steps for cb in loop.callbacks if isinstance(cb, Checkpoint)), None)
     return out
 
 
@@ -101,8 +119,10 @@ class _Signals:
 class CheckpointHooks:
     """Checkpointing, resume and graceful-stop hooks for one stage (see the module docstring)."""
 
-    def __init__(self, loop: Any, info: Any, resume: bool, config: Checkpoint | None) -> None:
+    def __init__(self, loop: Any, info: Any, resume: bool, config: Checkpoint | None, force: bool = False) -> None:
         self.loop = loop
+        self.force = force
+        self.forced: str | None = None
         self.info = info
         self.resume = resume
         self.config = config
@@ -121,14 +141,14 @@ class CheckpointHooks:
     def boundaries(self) -> list[int]:
         return [self.config.every_n_steps] if self.config else []
 
-    def restore(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[int, dict[str, Any]] | None]:
+    def restore(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[str, dict[str, Any]] | None]:
         try:
             return self._restore(backend)
         except BaseException:  # a refused or failed restore must not leave our signal handlers installed
             self.close()
             raise
 
-    def _restore(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[int, dict[str, Any]] | None]:
+    def _restore(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[str, dict[str, Any]] | None]:
         self.backend = backend
         self.signals.install()
         if self.loop.init_from:
@@ -150,17 +170,31 @@ class CheckpointHooks:
             if meta.get("fingerprint") == self.fingerprint:
                 raise
         saved = meta.get("fingerprint")
-        if saved != self.fingerprint:
+        if saved != self.fingerprint and self.force:
+            self.forced = _diff(saved or {}, self.fingerprint or {})
+            warnings.warn(
+                f"--force-resume: stage {self.info.stage!r} continues from step {step} under a changed "
+                f"configuration; the result is not what either configuration alone gives:\n{self.forced}",
+                PipekitTrainWarning,
+                stacklevel=2,
+            )
+        elif saved != self.fingerprint:
             raise CheckpointMismatchError(
                 f"refusing to resume stage {self.info.stage!r} from step {step} in {self.directory}: the "
                 "configuration changed since that checkpoint was written:\n"
                 f"{_diff(saved or {}, self.fingerprint or {})}\n"
-                "Resume with the original configuration, or start a new run from these weights with "
-                f"init_from: {self.directory}@{step}"
+                "Resume with the original configuration, start a new run from these weights with "
+                f"init_from: {self.directory}@{step}, or continue anyway with --force-resume (recorded in the "
+                "artifact)"
             )
         backend.load_state_tree(state)
         self.last_saved = step
-        callbacks = {int(k): v for k, v in meta.get("callbacks", {}).items()}
+        callbacks = dict(meta.get("callbacks", {}))
+        if callbacks and all(k.isdigit() for k in callbacks):  # written by 0.1, by position in the sorted list
+            from .._engine import callback_keys
+
+            keys = callback_keys(tuple(sorted(self.loop.callbacks, key=lambda c: c.order)))
+            callbacks = {keys[int(k)]: v for k, v in callbacks.items() if int(k) < len(keys)}
         self.restored_meta = meta
         return int(meta["step"]), data_iter, callbacks
 
@@ -219,7 +253,7 @@ class CheckpointHooks:
             "run_id": self.info.run_id,
             "score": score,
             "stop_reason": stop_reason,
-            "callbacks": {str(i): s for i, s in snap.callback_states.items()},
+            "callbacks": snap.callback_states,
             "fingerprint": self.fingerprint,
             "window": snap.pending,
             "last_train": snap.last_train,
@@ -315,4 +349,4 @@ def make_hooks(loop: Any, info: Any, settings: Any) -> CheckpointHooks:
     """The hooks for one stage: with its `Checkpoint` callback (if any) and the run's resume setting."""
     config = next((cb for cb in loop.callbacks if isinstance(cb, Checkpoint)), None)
     resume = settings.resume == "auto" or loop.resume == "auto"
-    return CheckpointHooks(loop, info, resume, config)
+    return CheckpointHooks(loop, info, resume, config, force=bool(getattr(settings, "force_resume", False)))

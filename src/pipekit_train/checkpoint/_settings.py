@@ -38,6 +38,10 @@ class Checkpoint(Callback):
     async_save: bool = True
     save_on_end: bool = True
 
+    def fingerprint(self) -> None:
+        """Not part of a resume's fingerprint: it changes what is recorded, not what is trained."""
+        return None
+
     def validate(self) -> None:
         if self.every_n_steps < 1:
             raise ConfigError(f"Checkpoint.every_n_steps must be a positive int, got {self.every_n_steps}")
