@@ -1,35 +1,96 @@
-"""Conformance checks every backend adapter must pass (run: ``python -m pipekit_train.adapters.conformance NAME``).
+"""Conformance checks every backend adapter must pass, whatever its framework.
 
-Each check builds a tiny regression problem, runs the adapter through `TrainingLoop` exactly as users do, and
-raises `AssertionError` with a readable message when the adapter breaks the contract in ``adapters/README.md``.
-`tests/test_adapter_contract.py` runs every check over every implemented backend, so a new adapter is covered the
-moment it is added to ``_IMPLEMENTED_BACKENDS``.
+Run them from the shell (``--import`` loads a backend that registers itself in-process with `register_backend`)::
+
+    python -m pipekit_train.adapters.conformance NAME [--import MODULE]
+
+or from a test suite through `CHECKS`, the public API: ``{check name: check(backend_name, tmp_dir)}``. A check
+returns ``None`` when the backend conforms and raises `AssertionError` naming the backend and what differed when it
+does not; it writes only under ``tmp_dir`` (a fresh directory per check)::
+
+    @pytest.mark.parametrize("check", sorted(CHECKS))
+    def test_conformance(check, tmp_path):
+        CHECKS[check]("my-backend", tmp_path)
+
+Every check trains a tiny regression problem (96 examples of 4 features, a linear target, 30 steps of 16) the way
+users do, through `TrainingLoop`, `pipekit.Sequential` and the CLI. The model is the adapter's own
+``example_model(4, 1)`` (see ``adapters/README.md``), the loss `MSE` and the optimizer SGD with momentum, which every
+backend is expected to honour. The backend must be registered in this process before a check runs (an installed
+entry point, or the module that calls `register_backend` imported first).
+
+The checks:
+
+- ``returns_a_trained_model``: a bound model of the loop's architecture, and the logged training loss went down.
+- ``is_deterministic``: one seed gives bitwise the same weights twice; another seed gives other weights.
+- ``calls_callbacks_in_order``: start, one ``on_step_end`` per step with the right step, evaluations, end.
+- ``resumes_exactly``: a run stopped by SIGTERM and resumed ends with bitwise the weights of an uninterrupted run.
+- ``keeps_checkpoints_by_selectors``: ``keep=(Last(n=2),)`` leaves exactly the last two steps on disk and in
+  ``manifest.json``, and a warm start (``init_from``) from the latest one starts from the final weights.
+- ``records_artifacts``: one artifact per stage in a SQLite `ArtifactStore`, with the backend's name, its
+  `backend_info` and the parent link between stages.
+- ``round_trips_the_model_registry``: `load_model` of the artifact's URI gives an equal operator with the same
+  weights hash and the same predictions.
+- ``hands_off_in_a_sequential``: the second stage of a `Sequential` starts from the first stage's final weights.
+- ``refuses_a_foreign_model``: ``preflight`` refuses, with a `pipekit.ConfigError`, a model of another backend.
+- ``runs_a_yaml_pipeline_from_the_cli``: ``pipekit-train validate`` and ``run`` of a two-stage YAML pipeline in a
+  subprocess (with ``--import MODULE`` for an in-process backend) record both stages, with bitwise the weights the
+  same pipeline gets in this process.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.metadata
 import json
+import os
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+__all__ = ["CHECKS", "main"]
+
+_RNG = np.random.default_rng(0)
+_X = _RNG.normal(size=(96, 4)).astype(np.float32)
+_Y = (_X @ np.array([[1.0], [-2.0], [0.5], [0.0]], np.float32)).astype(np.float32)
+_OPTIMIZER = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
+
+
+# The problem ---------------------------------------------------------------------------------------------------
+def _example_model(backend: str, in_size: int, out_size: int) -> Any:
+    """The adapter's ``example_model(in_size, out_size)``: the model every check trains."""
+    from .._backends import get_backend
+
+    adapter = get_backend(backend)
+    make = getattr(adapter, "example_model", None)
+    if not callable(make):
+        raise AssertionError(
+            f"{backend}: adapter {adapter.__name__} has no example_model(in_size, out_size); the conformance kit "
+            "trains the model it returns (see adapters/README.md, 'The adapter module')"
+        )
+    model = make(in_size, out_size)
+    model_backend = getattr(model, "backend", None)
+    assert model_backend == backend, (
+        f"{backend}: example_model({in_size}, {out_size}) returned {model!r}, a model of backend {model_backend!r}"
+    )
+    return model
+
 
 def _problem(backend: str, **overrides: Any) -> Any:
-    from pipekit_train import MSE, ArraySource, EquinoxModel, TrainingDataset, TrainingLoop
+    from pipekit_train import MSE, ArraySource, TrainingDataset, TrainingLoop
 
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(96, 4)).astype(np.float32)
-    y = (x @ np.array([[1.0], [-2.0], [0.5], [0.0]], np.float32)).astype(np.float32)
     fields: dict[str, Any] = dict(
-        model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 1, "width_size": 8, "depth": 1}),
-        dataset=TrainingDataset(source=ArraySource(arrays={"x": x, "y": y})),
-        val_dataset=TrainingDataset(source=ArraySource(arrays={"x": x[:32], "y": y[:32]}), shuffle=False),
+        model_op=_example_model(backend, 4, 1),
+        dataset=TrainingDataset(source=ArraySource(arrays={"x": _X, "y": _Y})),
+        val_dataset=TrainingDataset(source=ArraySource(arrays={"x": _X[:32], "y": _Y[:32]}), shuffle=False),
         loss=MSE(),
-        optimizer_config={"name": "adam", "lr": 0.01},
+        optimizer_config=dict(_OPTIMIZER),
         max_steps=30,
         batch_size=16,
         eval_every_n_steps=10,
@@ -41,24 +102,32 @@ def _problem(backend: str, **overrides: Any) -> Any:
     return TrainingLoop(**fields)
 
 
-def _run(loop: Any, run_dir: Path) -> tuple[Any, Any]:
+def _run(op: Any, run_dir: Path, store: Any = False) -> Any:
     from pipekit_train import run_settings
 
-    with run_settings(run_dir=str(run_dir), store=False):
-        return loop.run()  # type: ignore[no-any-return]
+    with run_settings(run_dir=str(run_dir), store=store):
+        return op.run()
 
 
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# The checks ----------------------------------------------------------------------------------------------------
 def check_returns_a_trained_model(backend: str, tmp: Path) -> None:
     """``run`` returns a bound model operator of the loop's architecture, and the loss went down."""
     loop = _problem(backend)
     model, artifact = _run(loop, tmp / "a")
-    assert model == loop.model_op, f"{backend}: the returned model is {model!r}, not the loop's architecture"
+    assert model == loop.model_op, f"{backend}: the returned model is {model!r}, not the loop's {loop.model_op!r}"
     assert model.module is not None, f"{backend}: the returned model is not bound to weights"
-    assert model(np.zeros((2, 4), np.float32)).shape == (2, 1)
+    shape = np.shape(model(np.zeros((2, 4), np.float32)))
+    assert shape == (2, 1), f"{backend}: the trained model predicts shape {shape} for 2 examples, not (2, 1)"
     records = [json.loads(line) for line in (tmp / "a" / "stage0" / "metrics.jsonl").read_text().splitlines()]
     train = [r["loss"] for r in records if r.get("type") == "metrics" and r.get("context") == "train"]
-    assert len(train) == 3 and train[-1] < train[0], f"{backend}: training losses {train} did not go down"
-    assert artifact.backend == backend and artifact.backend_info.get("steps") == 30
+    assert len(train) == 3 and train[-1] < train[0], f"{backend}: the logged training losses {train} did not go down"
+    assert artifact.backend == backend, f"{backend}: the artifact names backend {artifact.backend!r}"
+    steps = artifact.backend_info.get("steps")
+    assert steps == 30, f"{backend}: backend_info['steps'] is {steps!r} after 30 steps"
 
 
 def check_is_deterministic(backend: str, tmp: Path) -> None:
@@ -66,8 +135,10 @@ def check_is_deterministic(backend: str, tmp: Path) -> None:
     a, _ = _run(_problem(backend), tmp / "d1")
     b, _ = _run(_problem(backend), tmp / "d2")
     c, _ = _run(_problem(backend, seed=1), tmp / "d3")
-    assert a.weights_hash() == b.weights_hash(), f"{backend}: two runs with one seed differ"
-    assert a.weights_hash() != c.weights_hash(), f"{backend}: the seed does not change the weights"
+    assert a.weights_hash() == b.weights_hash(), (
+        f"{backend}: two runs with seed 0 end with different weights ({a.weights_hash()} vs {b.weights_hash()})"
+    )
+    assert a.weights_hash() != c.weights_hash(), f"{backend}: seeds 0 and 1 end with the same weights"
 
 
 def check_calls_callbacks_in_order(backend: str, tmp: Path) -> None:
@@ -84,7 +155,7 @@ def check_calls_callbacks_in_order(backend: str, tmp: Path) -> None:
             events.append(("step", ctx.step))
 
         def on_eval_end(self, ctx: Any, metrics: Mapping[str, float]) -> None:
-            assert "validate/loss" in metrics, f"{backend}: on_eval_end got {sorted(metrics)}"
+            assert "validate/loss" in metrics, f"{backend}: on_eval_end got metrics {sorted(metrics)}"
             events.append(("eval", ctx.step))
 
         def on_train_end(self, ctx: Any) -> None:
@@ -92,14 +163,16 @@ def check_calls_callbacks_in_order(backend: str, tmp: Path) -> None:
 
     _run(_problem(backend, callbacks=(Record(),)), tmp / "cb")
     steps = [s for e, s in events if e == "step"]
-    assert events[0] == ("start", 0) and events[-1] == ("end", 30), f"{backend}: events {events[:2]}..{events[-2:]}"
-    assert steps == list(range(1, 31)), f"{backend}: on_step_end saw steps {steps}"
-    assert [s for e, s in events if e == "eval"] == [10, 20, 30]
+    evals = [s for e, s in events if e == "eval"]
+    assert events[0] == ("start", 0) and events[-1] == ("end", 30), (
+        f"{backend}: the callbacks saw {events[:2]} .. {events[-2:]}, not ('start', 0) .. ('end', 30)"
+    )
+    assert steps == list(range(1, 31)), f"{backend}: on_step_end saw steps {steps}, not 1..30"
+    assert evals == [10, 20, 30], f"{backend}: on_eval_end ran at steps {evals}, not [10, 20, 30]"
 
 
 def check_resumes_exactly(backend: str, tmp: Path) -> None:
     """A run stopped by SIGTERM at step 20 and resumed gives bitwise the weights of an uninterrupted run."""
-    import os
     import signal
 
     from pipekit_train import Callback, Checkpoint, Last, TrainingInterrupted, run_settings
@@ -114,12 +187,224 @@ def check_resumes_exactly(backend: str, tmp: Path) -> None:
     try:
         _run(_problem(backend, callbacks=(ckpt, TermAt20())), tmp / "part")
     except TrainingInterrupted as stop:
-        assert stop.reason == "SIGTERM" and stop.artifact.status == "stopped: SIGTERM"
+        assert stop.reason == "SIGTERM" and stop.artifact.status == "stopped: SIGTERM", (
+            f"{backend}: the stopped run reports {stop.reason!r} with status {stop.artifact.status!r}"
+        )
     else:
-        raise AssertionError(f"{backend}: SIGTERM did not stop the run")
+        raise AssertionError(f"{backend}: SIGTERM at step 20 did not stop the run")
     with run_settings(run_dir=str(tmp / "part"), store=False, resume="auto"):
         resumed, _ = _problem(backend, callbacks=(ckpt,)).run()
-    assert resumed.weights_hash() == full.weights_hash(), f"{backend}: resumed weights differ from uninterrupted"
+    assert resumed.weights_hash() == full.weights_hash(), (
+        f"{backend}: the weights resumed from step 20 ({resumed.weights_hash()}) differ from an uninterrupted "
+        f"run's ({full.weights_hash()})"
+    )
+
+
+def check_keeps_checkpoints_by_selectors(backend: str, tmp: Path) -> None:
+    """``keep=(Last(n=2),)`` keeps the last two checkpoints; the latest holds the final weights (``init_from``)."""
+    from pipekit_train import Callback, Checkpoint, Last
+
+    model, _ = _run(_problem(backend, callbacks=(Checkpoint(every_n_steps=5, keep=(Last(n=2),)),)), tmp / "keep")
+    directory = tmp / "keep" / "stage0" / "checkpoints"
+    on_disk = sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+    listed = [entry["step"] for entry in _read_json(directory / "manifest.json")["entries"]]
+    assert on_disk == [25, 30], f"{backend}: saving every 5 of 30 steps keeping Last(n=2) left steps {on_disk} on disk"
+    assert listed == [25, 30], f"{backend}: manifest.json lists steps {listed}, not [25, 30]"
+
+    starts: list[str] = []
+
+    class RecordStart(Callback, register=False):
+        def on_train_start(self, ctx: Any) -> None:
+            starts.append(ctx.model.weights_hash())
+
+    warm = _problem(backend, max_steps=1, init_from=f"{directory}@latest", callbacks=(RecordStart(),))
+    _run(warm, tmp / "warm")
+    assert starts == [model.weights_hash()], (
+        f"{backend}: a warm start from the checkpoint of step 30 starts from weights {starts}, not the final "
+        f"weights {model.weights_hash()} (weights_tree / load_weights_tree)"
+    )
+
+
+def check_records_artifacts(backend: str, tmp: Path) -> None:
+    """Each stage of a two-stage run is recorded in the SQLite store, with the backend, its info and lineage."""
+    import pipekit
+    from pipekit_train import ArtifactStore
+
+    first = _problem(backend, max_steps=10, name="first")
+    store = tmp / "artifacts.sqlite"
+    _, last = _run(pipekit.Sequential([first, first.replace(name="second")]), tmp / "run", store=str(store))
+    with ArtifactStore(store) as s:
+        stored = {a.stage: a for a in s.query(run_id=last.run_id)}
+    assert sorted(stored) == ["first", "second"], f"{backend}: the store holds stages {sorted(stored)} of the run"
+    info = _backend_info(backend)
+    for stage, artifact in stored.items():
+        assert artifact.backend == backend, f"{backend}: the {stage} artifact names backend {artifact.backend!r}"
+        recorded = artifact.backend_info
+        missing = {k: v for k, v in info.items() if recorded.get(k) != v}
+        assert recorded and not missing, (
+            f"{backend}: the {stage} artifact's backend_info {recorded} lacks backend_info() items {missing}"
+        )
+        assert recorded.get("steps") == 10, f"{backend}: the {stage} artifact records steps={recorded.get('steps')!r}"
+        assert artifact.status == "completed", f"{backend}: the {stage} artifact has status {artifact.status!r}"
+    parents = stored["second"].parent_ids
+    assert parents == (stored["first"].artifact_id,), (
+        f"{backend}: the second stage's parents are {parents}, not the first stage ({stored['first'].artifact_id})"
+    )
+    assert stored["second"] == last, f"{backend}: the stored artifact differs from the one run() returned"
+
+
+def _backend_info(backend: str) -> dict[str, Any]:
+    from .._backends import get_backend
+
+    return dict(get_backend(backend).backend_info())
+
+
+def check_round_trips_the_model_registry(backend: str, tmp: Path) -> None:
+    """`load_model` of the artifact's URI: an equal operator, the same weights hash, the same predictions."""
+    from pipekit_train import load_model
+
+    model, artifact = _run(_problem(backend), tmp / "reg")
+    uri = artifact.model_registry_uri
+    assert uri, f"{backend}: the artifact has no model_registry_uri"
+    loaded = load_model(uri)
+    assert loaded == model, f"{backend}: load_model({uri!r}) gives {loaded!r}, not {model!r}"
+    assert loaded.weights_hash() == model.weights_hash() == artifact.trained_model_hash, (
+        f"{backend}: weights hashes differ: loaded {loaded.weights_hash()}, trained {model.weights_hash()}, "
+        f"artifact {artifact.trained_model_hash}"
+    )
+    got, want = np.asarray(loaded(_X[:8])), np.asarray(model(_X[:8]))
+    assert np.array_equal(got, want), f"{backend}: the loaded model predicts {got.ravel()}, the trained {want.ravel()}"
+
+
+def check_hands_off_in_a_sequential(backend: str, tmp: Path) -> None:
+    """In ``Sequential([first, second])`` the second stage starts from the first stage's final weights."""
+    import pipekit
+    from pipekit_train import Callback
+
+    starts: dict[str, tuple[int, str]] = {}
+
+    class RecordStart(Callback, register=False):
+        def on_train_start(self, ctx: Any) -> None:
+            starts[ctx.stage] = (ctx.step, ctx.model.weights_hash())
+
+    first = _problem(backend, max_steps=10, name="first", callbacks=(RecordStart(),))
+    second = first.replace(name="second")
+    model, last = _run(pipekit.Sequential([first, second]), tmp / "seq")
+    handed = _read_json(tmp / "seq" / "first" / "artifact.json")
+    assert starts.get("second") == (0, handed["trained_model_hash"]), (
+        f"{backend}: the second stage starts at (step, weights) {starts.get('second')}, not (0, the first "
+        f"stage's final {handed['trained_model_hash']}); the first stage started from {starts.get('first')}"
+    )
+    assert last.parent_ids == (handed["artifact_id"],), (
+        f"{backend}: the second stage's parents are {last.parent_ids}, not ({handed['artifact_id']!r},)"
+    )
+    assert model == second.model_op and model.weights_hash() == last.trained_model_hash, (
+        f"{backend}: the Sequential returned {model!r} with weights {model.weights_hash()}, its artifact says "
+        f"{last.trained_model_hash}"
+    )
+
+
+def check_refuses_a_foreign_model(backend: str, tmp: Path) -> None:
+    """``preflight`` refuses to start from a model of another backend, with a `pipekit.ConfigError`."""
+    from pipekit import ConfigError
+    from pipekit_train import ModelOp, TrainerCarryState
+
+    class Foreign(ModelOp, register=False):
+        backend = "conformance-foreign"
+
+    loop = _problem(backend)
+    try:
+        loop.adapter().preflight(loop, TrainerCarryState(model=Foreign(), stage_index=1), "stage1")
+    except ConfigError:
+        return
+    raise AssertionError(f"{backend}: preflight accepted a previous stage's model of backend 'conformance-foreign'")
+
+
+def _backend_module(backend: str) -> tuple[str | None, str | None]:
+    """What a fresh process needs to find `backend`: ``(module to import, folder to add to the path)``, or Nones
+    for an installed entry point."""
+    from .._backends import ENTRY_POINT_GROUP, get_backend
+
+    if backend in {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}:
+        return None, None
+    module = get_backend(backend)
+    path = Path(module.__file__ or ".").resolve()
+    if path.stem == "__init__":
+        path = path.parent
+    for _ in module.__name__.split("."):
+        path = path.parent
+    return module.__name__, str(path)
+
+
+def _cli_takes_import() -> bool:
+    """Whether ``pipekit-train run`` has the ``--import MODULE`` option (else the subprocess imports it first)."""
+    from pipekit_train.cli._main import build_parser
+
+    try:
+        _, unknown = build_parser().parse_known_args(["run", "p.yaml", "--import", "m"])
+    except SystemExit:
+        return False
+    return not unknown
+
+
+_CLI_SCRIPT = """\
+import importlib, json, sys
+spec = json.loads(sys.argv[1])
+for name in spec["imports"]:
+    importlib.import_module(name)
+from pipekit_train.cli import main
+for argv in spec["commands"]:
+    code = main(argv)
+    if code:
+        raise SystemExit(code)
+"""
+
+
+def check_runs_a_yaml_pipeline_from_the_cli(backend: str, tmp: Path) -> None:
+    """``pipekit-train validate`` and ``run`` of a YAML pipeline in a fresh process: both stages recorded, with
+    bitwise the weights of the same pipeline run in this process."""
+    import pipekit
+    from pipekit_train import ArtifactStore, NpzSource, TrainingDataset
+
+    np.savez(tmp / "data.npz", x=_X, y=_Y)
+    data = TrainingDataset(source=NpzSource(path=str(tmp / "data.npz")))
+    first = _problem(backend, dataset=data, val_dataset=None, max_steps=10, name="first")
+    pipeline = pipekit.Sequential([first, first.replace(name="second")])
+    yaml_path, store = tmp / "pipeline.yaml", tmp / "cli.sqlite"
+    yaml_path.write_text(pipekit.dumps(pipeline), encoding="utf-8")
+
+    module, folder = _backend_module(backend)
+    flags = ["--import", module] if module and _cli_takes_import() else []
+    commands = [
+        ["validate", str(yaml_path), *flags],
+        ["run", str(yaml_path), "--run-dir", str(tmp / "cli-run"), "--store", str(store), *flags],
+    ]
+    spec = {"imports": [module] if module and not flags else [], "commands": commands}
+    env = dict(os.environ)
+    if folder:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLI_SCRIPT, json.dumps(spec)],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    shown = " && ".join("pipekit-train " + " ".join(c) for c in commands)
+    assert proc.returncode == 0, (
+        f"{backend}: `{shown}` exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
+    )
+    with ArtifactStore(store) as s:
+        stored = {a.stage: a for a in s.query()}
+    assert sorted(stored) == ["first", "second"], f"{backend}: the CLI run recorded stages {sorted(stored)}"
+    wrong = {stage: a.backend for stage, a in stored.items() if a.backend != backend}
+    assert not wrong, f"{backend}: the CLI run's artifacts name other backends: {wrong}"
+    _, here = _run(pipeline, tmp / "in-process")
+    assert stored["second"].trained_model_hash == here.trained_model_hash, (
+        f"{backend}: the YAML pipeline run by the CLI ends with weights {stored['second'].trained_model_hash}, "
+        f"the same pipeline in this process with {here.trained_model_hash}"
+    )
 
 
 CHECKS: dict[str, Callable[[str, Path], None]] = {
@@ -127,26 +412,46 @@ CHECKS: dict[str, Callable[[str, Path], None]] = {
     "is_deterministic": check_is_deterministic,
     "calls_callbacks_in_order": check_calls_callbacks_in_order,
     "resumes_exactly": check_resumes_exactly,
+    "keeps_checkpoints_by_selectors": check_keeps_checkpoints_by_selectors,
+    "records_artifacts": check_records_artifacts,
+    "round_trips_the_model_registry": check_round_trips_the_model_registry,
+    "hands_off_in_a_sequential": check_hands_off_in_a_sequential,
+    "refuses_a_foreign_model": check_refuses_a_foreign_model,
+    "runs_a_yaml_pipeline_from_the_cli": check_runs_a_yaml_pipeline_from_the_cli,
 }
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m pipekit_train.adapters.conformance BACKEND", file=sys.stderr)
-        return 2
+def main(argv: list[str] | None = None) -> int:
+    """Run every check against one backend; print one line per check; exit 1 if any failed."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipekit_train.adapters.conformance", description="Check a backend adapter's contract."
+    )
+    parser.add_argument("backend", metavar="NAME", help="the backend's registered name")
+    parser.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import MODULE first (a module that calls pipekit_train.register_backend)",
+    )  # fmt: skip
+    parser.add_argument("--check", action="append", choices=sorted(CHECKS), help="run only this check (repeatable)")
+    args = parser.parse_args(argv)
+    for name in args.imports:
+        importlib.import_module(name)
+    selected = {name: CHECKS[name] for name in args.check} if args.check else CHECKS
     failed = 0
-    for name, check in CHECKS.items():
+    for name, check in selected.items():
+        started = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                check(argv[0], Path(tmp))
+                check(args.backend, Path(tmp))
             except AssertionError as e:
-                failed += 1
-                print(f"FAIL {name}: {e}")
+                failed, outcome = failed + 1, f"FAIL {name}: {e}"
+            except Exception as e:
+                failed, outcome = failed + 1, f"FAIL {name}: {type(e).__name__}: {e}"
             else:
-                print(f"ok   {name}")
-    print(f"{len(CHECKS) - failed} passed, {failed} failed")
+                outcome = f"ok   {name}"
+        print(f"{outcome} ({time.perf_counter() - started:.1f}s)", flush=True)
+    print(f"{len(selected) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
