@@ -20,5 +20,7 @@ if TYPE_CHECKING:
     from .._engine import StepBackend as StepBackend
     from .._engine import run_steps as run_steps
     from .._loop import RunInfo as RunInfo
+    from .._optim import check_schedule as check_schedule
+    from .._optim import resolve_optimizer_config as resolve_optimizer_config
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())
