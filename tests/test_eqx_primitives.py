@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -9,16 +11,18 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from pipekit import ShapeError
-from pipekit_train._losses import MSE, Composite, CrossEntropy
+from pipekit import ConfigError, ShapeError
+from pipekit_train._losses import MSE, Composite, CrossEntropy, Loss
 from pipekit_train.adapters.equinox import EquinoxModel
 from pipekit_train.adapters.equinox._primitives import (
     TrainState,
     TrainTask,
+    check_task,
     init_state,
     make_task,
     restore_state,
     save_state,
+    task_loss,
     train_step,
 )
 from pipekit_train.adapters.optax import build_optimizer, get_lr_scale, set_lr_scale
@@ -35,14 +39,14 @@ def _mlp():
     return op.build(jax.random.key(0))
 
 
-class _CountingMSE:
-    """A plain (non-operator) Loss that counts how often it is traced."""
+class _CountingMSE(Loss, register=False):
+    """An MSE that counts how often it is traced (test-only, not registered; the count is a class attribute
+    because a loss is a frozen value)."""
 
-    def __init__(self):
-        self.calls = 0
+    calls: ClassVar[int] = 0
 
     def __call__(self, predicted, target):
-        self.calls += 1
+        type(self).calls += 1
         return jnp.mean((predicted - target) ** 2)
 
 
@@ -54,6 +58,7 @@ def test_train_step_decreases_the_loss_and_compiles_once():
     batch = _regression()
     opt = build_optimizer({"name": "adam", "lr": 0.02}, max_steps=200)
     loss = _CountingMSE()
+    _CountingMSE.calls = 0
     task = make_task(loss)
     state = init_state(_mlp(), opt)
     assert state.step.dtype == jnp.int32 and int(state.step) == 0
@@ -105,16 +110,21 @@ class _Noisy(eqx.Module):
         return self.scale * (x[0] + noise)
 
 
+class _Capture(Loss, register=False):
+    """An MSE that keeps the predictions it was called with."""
+
+    seen: ClassVar[dict] = {}
+
+    def __call__(self, predicted, target):
+        self.seen["p"] = predicted
+        return jnp.mean((predicted - target) ** 2)
+
+
 def test_each_example_gets_its_own_key_and_a_none_key_is_passed_through():
     model = _Noisy(jnp.ones(()))
     batch = {"x": jnp.zeros((4, 1)), "y": jnp.zeros(4)}
-    seen = {}
-
-    def capture(predicted, target):
-        seen["p"] = predicted
-        return jnp.mean((predicted - target) ** 2)
-
-    task = make_task(capture)
+    seen = _Capture.seen
+    task = make_task(_Capture())
     key = jax.random.key(7)
     task.loss_fn(model, batch, key)
     expected = jax.vmap(lambda k: jax.random.normal(k, ()))(jax.random.split(key, 4))
@@ -146,8 +156,50 @@ def test_task_errors():
         make_task(MSE()).loss_fn(model, {"x": batch["x"], "y": batch["y"][:, 0]}, jax.random.key(0))
     with pytest.raises(TypeError, match=r"make_task: loss must be a Loss .*, got 3"):
         make_task(3)
+    with pytest.raises(TypeError, match=r"make_task: loss must be a Loss \(an instance of a pipekit_train.Loss sub"):
+        make_task(lambda p, t: jnp.mean((p - t) ** 2))  # a plain function is not a Loss: subclass Loss
     with pytest.raises(TypeError, match="abstract"):
         TrainTask()
+
+
+class _Returns(TrainTask):
+    """A task that returns whatever it is given, to test the checks on a task's output."""
+
+    out: object = eqx.field(static=True)
+
+    def loss_fn(self, model, batch, key):
+        return self.out(batch)
+
+
+def test_task_loss_checks_the_output_and_adds_the_loss_metric():
+    batch = {"x": jnp.ones((4, 3))}
+    value, metrics = task_loss(_Returns(lambda b: (jnp.sum(b["x"]), {"mae": 1.0})), None, batch, None)
+    assert float(value) == 12.0 and set(metrics) == {"mae", "loss"} and metrics["loss"] is value
+    _, metrics = task_loss(_Returns(lambda b: (jnp.sum(b["x"]), {"loss": 7.0})), None, batch, None)
+    assert metrics == {"loss": 7.0}  # the task's own "loss" wins
+    with pytest.raises(TypeError, match=r"_Returns.loss_fn must return \(scalar loss, metrics dict\), got ArrayImpl"):
+        task_loss(_Returns(lambda b: jnp.sum(b["x"])), None, batch, None)
+    with pytest.raises(TypeError, match=r"must return \(scalar loss, metrics dict\), got a tuple of 3"):
+        task_loss(_Returns(lambda b: (1.0, {}, 2.0)), None, batch, None)
+    with pytest.raises(ShapeError, match=r"_Returns.loss_fn returned a loss of shape \(4,\); a training loss must"):
+        task_loss(_Returns(lambda b: (jnp.sum(b["x"], axis=1), {})), None, batch, None)
+
+
+def test_check_task_traces_abstract_values_and_names_the_task():
+    model = eqx.filter_eval_shape(_mlp)
+    batch = {"x": jax.ShapeDtypeStruct((8, 3), jnp.float32), "y": jax.ShapeDtypeStruct((8, 1), jnp.float32)}
+    check_task(make_task(MSE()), model, batch)  # nothing runs, nothing raises
+    with pytest.raises(ConfigError, match=r"TrainingLoop.task must be a TrainTask .*, got MSE\(\)"):
+        check_task(MSE(), model, batch)
+    wrong = {"x": batch["x"], "y": jax.ShapeDtypeStruct((8,), jnp.float32)}
+    with pytest.raises(
+        ShapeError,
+        match=r"TrainingLoop.task LossTask.loss_fn fails on a batch of shapes "
+        r"\{'x': \(8, 3\), 'y': \(8,\)\}: MSE: predicted shape \(8, 1\) != target shape \(8,\)",
+    ):
+        check_task(make_task(MSE()), model, wrong)
+    with pytest.raises(ShapeError, match=r"fails on a batch .*KeyError|fails on a batch .*'label'"):
+        check_task(make_task(MSE(), target_key="label"), model, batch)
 
 
 def test_save_restore_round_trip_bitwise(tmp_path):

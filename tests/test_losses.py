@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 
 import pipekit
 from pipekit import ConfigError, ShapeError
+from pipekit_train import ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, read_jsonl, run_settings
 from pipekit_train._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss, split_loss_output
 
 P = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
@@ -222,3 +224,93 @@ def test_losses_jit_and_grad(loss, make, target):
     numeric = (scalar(1.3 + eps) - scalar(1.3 - eps)) / (2 * eps)
     assert np.isfinite(grad)
     np.testing.assert_allclose(grad, numeric, rtol=2e-2, atol=1e-3)
+
+
+# Your own loss -----------------------------------------------------------------------------------------------
+class ScaledL1(Loss):
+    """A user's loss: registered as ``ScaledL1`` by defining it; returns its value and one aux term."""
+
+    scale: float = 1.0
+
+    def __call__(self, predicted, target):
+        err = jnp.abs(predicted - target)
+        return self.scale * jnp.mean(err), {"max_error": jnp.max(err)}
+
+
+def test_a_user_loss_is_a_frozen_typed_registered_operator():
+    loss = ScaledL1(scale=2)
+    assert isinstance(loss, Loss) and isinstance(loss, pipekit.Operator)
+    assert loss == ScaledL1(scale=2.0) and repr(loss) == "ScaledL1(scale=2.0)"
+    assert pipekit.registered()["ScaledL1"] is ScaledL1
+    value, aux = loss(P, T)
+    np.testing.assert_allclose(value, 2.0 * np.abs(P - T).mean(), rtol=1e-6)
+    np.testing.assert_allclose(aux["max_error"], np.abs(P - T).max())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loss.scale = 3.0
+    with pytest.raises(ConfigError, match=r"ScaledL1.scale must be float, got 'big'"):
+        ScaledL1(scale="big")
+
+
+def test_loss_is_abstract_and_not_registered():
+    assert "Loss" not in pipekit.registered()
+    with pytest.raises(TypeError, match=r"Can't instantiate abstract class Loss"):
+        Loss()
+
+    class NoCall(Loss, register=False):
+        scale: float = 1.0
+
+    with pytest.raises(TypeError, match=r"Can't instantiate abstract class NoCall .*__call__"):
+        NoCall()
+
+
+def test_a_user_loss_round_trips_through_yaml_alone_and_in_a_pipeline():
+    loss = ScaledL1(scale=0.5)
+    assert pipekit.dumps(loss) == "pipekit: 1\ntype: ScaledL1\nscale: 0.5\n"
+    assert pipekit.loads(pipekit.dumps(loss)) == loss
+    text = (
+        "pipekit: 1\ntype: TrainingLoop\n"
+        "model_op: {type: EquinoxModel, factory: mlp, kwargs: {in_size: 2, out_size: 2}}\n"
+        "dataset: {type: TrainingDataset, source: {type: NpzSource, path: train.npz}}\n"
+        "loss: {type: Composite, components: [[1.0, {type: MSE}], [0.1, {type: ScaledL1, scale: 0.5}]]}\n"
+    )
+    loop = pipekit.loads(text)
+    assert loop.loss == Composite(components=((1.0, MSE()), (0.1, loss)))
+    assert pipekit.loads(pipekit.dumps(loop)) == loop
+
+
+def test_a_non_loss_as_loss_is_refused_naming_the_field(tmp_path):
+    path = tmp_path / "pipe.yaml"
+    path.write_text(
+        "pipekit: 1\ntype: TrainingLoop\n"
+        "model_op: {type: EquinoxModel, factory: mlp, kwargs: {in_size: 2, out_size: 2}}\n"
+        "dataset: {type: TrainingDataset, source: {type: NpzSource, path: train.npz}}\n"
+        "loss: {type: EarlyStopping}\n"
+    )
+    with pytest.raises(ConfigError, match=r"pipe.yaml:5:7: TrainingLoop.loss must be Loss or null, got EarlyStopping"):
+        pipekit.load(path)
+    model = EquinoxModel(factory="mlp", kwargs={"in_size": 2, "out_size": 2})
+    data = TrainingDataset(source=ArraySource(arrays={"x": P, "y": T}))
+    with pytest.raises(ConfigError, match=r"TrainingLoop.loss must be Loss or null, got <function"):
+        TrainingLoop(model_op=model, dataset=data, loss=lambda p, t: jnp.mean((p - t) ** 2))
+    with pytest.raises(ConfigError, match=r"Composite.components\[0\]\[1\] must be Loss .*, got <function"):
+        Composite(components=((1.0, lambda p, t: 0.0),))
+
+
+def test_a_user_losss_aux_terms_are_logged_under_its_aux_prefix(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 2)).astype(np.float32)
+    loop = TrainingLoop(
+        model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 2, "out_size": 2, "width_size": 4, "depth": 1}),
+        dataset=TrainingDataset(source=ArraySource(arrays={"x": x, "y": 2 * x})),
+        loss=ScaledL1(),
+        max_steps=4,
+        batch_size=8,
+        log_every_n_steps=2,
+        progress=False,
+    )
+    with run_settings(run_dir=str(tmp_path / "run"), store=False):
+        loop.run()
+    train = [r for r in read_jsonl(tmp_path / "run" / "stage0" / "metrics.jsonl") if r.get("context") == "train"]
+    logged = [r for r in train if r["type"] == "metrics"]
+    assert [r["step"] for r in logged] == [2, 4]
+    assert all({"loss", "loss/max_error"} <= set(r) for r in logged)

@@ -81,6 +81,9 @@ def to_plain(value: Any, path: str = "", strict: bool = True) -> Any:
         return value
     if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "shape", None) == ():
         return value.item()
+    if not strict:  # a Python-only value (a training task): described by its type, the same text in every run
+        cls = type(value)
+        return {"type": f"{cls.__module__}.{cls.__qualname__} (Python object, not written to YAML)"}
     raise ConfigError(f"{path or 'value'}: {type(value).__name__} values cannot be written to YAML: {value!r}")
 
 

@@ -37,7 +37,7 @@ class TrainerCarryState(CarryState):
 
     def __init__(
         self,
-        model: Operator | None = None,
+        model: ModelOp | None = None,
         opt_state: Any = None,
         step: int = 0,
         epoch: int = 0,
@@ -148,6 +148,11 @@ class TrainingLoop(StatefulOperator):
             raise ConfigError(f"TrainingLoop.grad_clip_norm must be positive or null, got {self.grad_clip_norm}")
         if self.loss is None and self.task is None:
             raise ConfigError("TrainingLoop needs a `loss` (or a backend-native `task`); both are null")
+        if self.loss is not None and self.task is not None:
+            raise ConfigError(
+                f"TrainingLoop has both a loss ({self.loss!r}) and a task ({type(self.task).__name__}); a task "
+                "computes its own loss: set one of them"
+            )
         if self.name is not None and not self.name.replace("-", "_").isidentifier():
             raise ConfigError(f"TrainingLoop.name must be a simple name (letters, digits, _ or -), got {self.name!r}")
         check_backend_name(self.backend)
@@ -178,6 +183,10 @@ class TrainingLoop(StatefulOperator):
     def adapter(self) -> ModuleType:
         """The backend adapter module for `backend` (see ``adapters/README.md``)."""
         return get_backend(self.backend)
+
+    def initial_state(self) -> TrainerCarryState | None:
+        """``None``: a stage run first starts fresh; a later stage of a `Sequential` gets the previous stage's state."""
+        return None
 
     def _apply(self, carrier: Any, state: TrainerCarryState | None) -> tuple[TrainingResult, TrainerCarryState]:
         from ._run import run_stage

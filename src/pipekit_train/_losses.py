@@ -1,17 +1,19 @@
-"""The `Loss` protocol and the common loss operators: `MSE`, `NLL`, `KL`, `CrossEntropy`, `Composite`.
+"""The `Loss` base class and the common losses: `MSE`, `NLL`, `KL`, `CrossEntropy`, `Composite`.
 
-Every loss is a registered `pipekit.Operator` (so it round-trips through YAML) written in `jax.numpy` only, so it
-can be called under `jax.jit` and differentiated with `jax.grad`. Shapes are static under tracing, so the shape
-checks below raise while tracing, before anything is compiled.
+Every loss subclasses `Loss`, a `pipekit.Operator`: defining the subclass registers it under its class name, so
+it round-trips through YAML (``loss: {type: Huber, delta: 0.5}``). Losses are written in `jax.numpy` only, so
+they can be called under `jax.jit` and differentiated with `jax.grad`. Shapes are static under tracing, so the
+shape checks below raise while tracing, before anything is compiled.
 
 A loss returns either a scalar or a ``(scalar, aux_metrics)`` pair; `split_loss_output` tells them apart.
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -23,20 +25,33 @@ __all__ = ["KL", "MSE", "NLL", "Composite", "CrossEntropy", "Loss", "split_loss_
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-@runtime_checkable
-class Loss(Protocol):
-    """Loss function. Per-batch scalar, called by the adapter.
+class Loss(Operator, abc.ABC, register=False):
+    """Base class of losses: a frozen, typed operator called as ``loss(predicted, target)`` by the adapter.
 
-    Implementations may return either a scalar loss directly, or a
-    (scalar, aux_metrics_dict) tuple. The adapter distinguishes by
-    introspection.
+    Subclass it, declare the configuration as fields and implement ``__call__``; defining the subclass registers
+    it under its class name (or ``name=``), so a YAML file can name it (``loss: {type: Huber, delta: 0.5}``).
+    ``__call__`` gets the model's predictions for the whole batch and the batch's targets, and returns either a
+    scalar or a ``(scalar, aux_metrics)`` pair (`split_loss_output` tells them apart). The loop logs each aux
+    metric as ``<aux_prefix><name>``. Write it in `jax.numpy`: it runs under `jax.jit` and `jax.grad`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> class WeightedL1(Loss):
+        ...     weight: float = 1.0
+        ...     def __call__(self, predicted, target):
+        ...         return self.weight * jnp.mean(jnp.abs(predicted - target))
+        >>> float(WeightedL1(weight=2)(jnp.array([0.5, -3.0]), jnp.zeros(2)))
+        3.5
+        >>> WeightedL1(weight=2)  # a frozen, typed value: the int became a float
+        WeightedL1(weight=2.0)
     """
 
-    def __call__(
-        self,
-        predicted: Any,
-        target: Any,
-    ) -> float | tuple[float, dict[str, float]]: ...
+    #: The loop logs a loss's aux values as ``<aux_prefix><name>`` (``loss/MSE_0`` for a `Composite`'s terms).
+    aux_prefix: ClassVar[str] = "loss/"
+
+    @abc.abstractmethod
+    def __call__(self, predicted: Any, target: Any) -> Any:
+        """The loss of `predicted` against `target`: a scalar, or ``(scalar, {name: scalar, ...})``."""
 
 
 def split_loss_output(out: Any) -> tuple[Any, dict[str, Any]]:
@@ -101,7 +116,7 @@ def _gaussian(name: str, value: Any, role: str) -> tuple[jax.Array, jax.Array]:
 
 
 # Losses ---------------------------------------------------------------------------------------------------
-class MSE(Operator):
+class MSE(Loss):
     """Mean squared error. Carrier-agnostic over array-like leaves.
 
     `predicted` and `target` are arrays (or pytrees of arrays with the same structure) of identical shapes.
@@ -124,7 +139,7 @@ class MSE(Operator):
         return _reduce(errors, self.reduction, jax.tree.structure(predicted))
 
 
-class NLL(Operator):
+class NLL(Loss):
     """Negative log-likelihood for distributional outputs.
 
     Used when the model predicts a distribution (mean + variance) or
@@ -157,7 +172,7 @@ class NLL(Operator):
         return _reduce([values], self.reduction)
 
 
-class KL(Operator):
+class KL(Loss):
     """KL divergence — for variational training.
 
     ``KL()(q, p)`` is KL(q ‖ p). `q` and `p` are ``(mean, log_var)`` pairs of diagonal Gaussians (analytic KL),
@@ -192,7 +207,7 @@ class KL(Operator):
         return _reduce([values], self.reduction)
 
 
-class CrossEntropy(Operator):
+class CrossEntropy(Loss):
     """Softmax cross-entropy over logits, for integer labels or one-hot (or soft) targets.
 
     `predicted` holds logits ``(..., classes)``. `target` is either integer labels ``(...)`` or a probability
@@ -245,7 +260,7 @@ class CrossEntropy(Operator):
         return jnp.mean(per_example), {"accuracy": accuracy}
 
 
-class Composite(Operator):
+class Composite(Loss):
     """Weighted sum: loss = sum(w_i * L_i).
 
     Returns ``(total, terms)``; `terms` maps ``f"{type(L).__name__}_{i}"`` to each component's (unweighted)

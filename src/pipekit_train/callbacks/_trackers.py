@@ -85,7 +85,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
 def pipeline_params(loop: Any) -> dict[str, str]:
     """The loop's configuration as flat MLflow parameters: from its YAML when it has one, else its fields."""
     try:
-        plain = yaml.safe_load(pipekit.dumps(loop))
+        plain = yaml.safe_load(pipekit.dumps(loop, strict=False))
         plain.pop("pipekit", None)
     except (ConfigError, AttributeError, TypeError):
         plain = loop.non_default_fields() if isinstance(loop, Operator) else {}
@@ -231,7 +231,7 @@ class LogToExperiment(Callback):
             return
         client, run_id = handle
         try:
-            client.log_text(run_id, pipekit.dumps(ctx.loop), "pipeline.yaml")
+            client.log_text(run_id, pipekit.dumps(ctx.loop, strict=False), "pipeline.yaml")
         except ConfigError as e:  # a loop over in-memory arrays has no YAML; say why rather than fail the run
             client.set_tag(run_id, "pipekit.pipeline_yaml", f"unavailable: {e}"[:_MAX_VALUE])
         client.set_tag(run_id, "pipekit.status", f"stopped: {ctx.stop_reason}" if ctx.stop_reason else "completed")

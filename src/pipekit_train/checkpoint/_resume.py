@@ -53,6 +53,7 @@ _FINGERPRINT_FIELDS = (
     "target_key",
     "steps_per_epoch",
     "transfer",
+    "task",
 )
 
 
@@ -73,7 +74,7 @@ def fingerprint(loop: Any) -> dict[str, Any]:
     out["val_dataset_hash"] = val.content_hash() if val is not None else None
     out["eval_every_n_steps"] = loop.eval_every_n_steps if val is not None else None
     out["eval_batch_size"] = (loop.eval_batch_size or loop.batch_size) if val is not None else None
-    callbacks = {}
+    callbacks: dict[str, list[Any]] = {}
     for cb in loop.callbacks:
         mark = cb.fingerprint()
         if mark is not None:
@@ -156,13 +157,13 @@ class CheckpointHooks:
         if not self.resume:
             return 0, None, None
         ckpt = self.checkpointer
-        if ckpt is None or ckpt.latest_step() is None:
+        step = ckpt.latest_step() if ckpt is not None else None
+        if ckpt is None or step is None:
             where = self.directory if ckpt is not None else "this stage (it has no Checkpoint callback)"
             warnings.warn(
                 f"resume='auto': nothing to resume in {where}; starting fresh", PipekitTrainWarning, stacklevel=2
             )
             return 0, None, None
-        step = ckpt.latest_step()
         try:
             state, data_iter, meta = ckpt.restore(step, backend.state_tree())
         except CheckpointMismatchError:  # other shapes: report the configuration change when that is the cause

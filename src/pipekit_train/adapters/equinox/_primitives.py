@@ -7,6 +7,7 @@ step (``jax.jit`` over partitioned arrays, donation, ``lax.scan``) must agree wi
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
 
-from pipekit import ShapeError
+from pipekit import ConfigError, ShapeError
 
 from ..._losses import Loss, split_loss_output
 
@@ -23,10 +24,12 @@ __all__ = [
     "LossTask",
     "TrainState",
     "TrainTask",
+    "check_task",
     "init_state",
     "make_task",
     "restore_state",
     "save_state",
+    "task_loss",
     "train_step",
 ]
 
@@ -51,7 +54,23 @@ def init_state(model: Any, optimizer: optax.GradientTransformation) -> TrainStat
 class TrainTask(eqx.Module):
     """What to optimise: ``loss_fn(model, batch, key) -> (scalar loss, metrics dict)``.
 
-    Supply your own subclass for custom training behaviour; `make_task` synthesises one from a `Loss`.
+    Supply your own subclass for custom training behaviour (several forward passes, a teacher model, a loss that
+    needs more of the batch than one input and one target) and pass it as ``TrainingLoop(task=..., loss=None)``;
+    `make_task` synthesises one from a `Loss`. The loop differentiates the loss with respect to the model's
+    trainable arrays only: a task's own arrays (a frozen teacher, class weights) are inputs of the compiled step,
+    its other fields are static. A task is Python-only: it cannot be written to (or read from) a YAML file.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> class Regression(TrainTask):
+        ...     weight: float = 1.0
+        ...     def loss_fn(self, model, batch, key):
+        ...         predicted = jax.vmap(model)(batch["x"])
+        ...         loss = self.weight * jnp.mean((predicted - batch["y"]) ** 2)
+        ...         return loss, {"loss": loss, "mae": jnp.mean(jnp.abs(predicted - batch["y"]))}
+        >>> loss, metrics = Regression().loss_fn(lambda x: 2 * x, {"x": jnp.ones(3), "y": jnp.zeros(3)}, None)
+        >>> float(loss), sorted(metrics)
+        (4.0, ['loss', 'mae'])
     """
 
     @abc.abstractmethod
@@ -89,8 +108,55 @@ def make_task(loss: Loss, input_key: str = "x", target_key: str = "y") -> TrainT
     The metrics hold ``"loss"`` and each auxiliary term the loss returns, under its own name.
     """
     if not isinstance(loss, Loss):
-        raise TypeError(f"make_task: loss must be a Loss (callable as loss(predicted, target)), got {loss!r}")
+        raise TypeError(
+            "make_task: loss must be a Loss (an instance of a pipekit_train.Loss subclass, called as "
+            f"loss(predicted, target)), got {loss!r}"
+        )
     return LossTask(loss=loss, input_key=input_key, target_key=target_key)
+
+
+def task_loss(task: Any, model: Any, batch: Any, key: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``task.loss_fn(model, batch, key)``, checked: a scalar loss and a mapping of metrics.
+
+    The loop logs the metrics and watches ``metrics["loss"]`` for NaN; when the task reports no ``"loss"``, the
+    returned scalar is added under that name.
+    """
+    name = type(task).__name__
+    out = task.loss_fn(model, batch, key)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping)):
+        shown = type(out).__name__ if not isinstance(out, tuple) else f"a tuple of {len(out)}"
+        raise TypeError(f"{name}.loss_fn must return (scalar loss, metrics dict), got {shown}")
+    value, metrics = out
+    if jnp.shape(value) != ():
+        raise ShapeError(
+            f"{name}.loss_fn returned a loss of shape {jnp.shape(value)}; a training loss must be a scalar "
+            "(reduce it with jnp.mean or jnp.sum)"
+        )
+    metrics = dict(metrics)
+    metrics.setdefault("loss", value)
+    return value, metrics
+
+
+def check_task(task: Any, model: Any, batch: Any) -> None:
+    """Refuse a task that cannot train `model` on `batch`, before anything is compiled.
+
+    `model` and `batch` may be abstract (`jax.ShapeDtypeStruct` leaves, as from ``eqx.filter_eval_shape``):
+    `task_loss` is traced with `jax.eval_shape`, nothing runs. Raises `pipekit.ConfigError` when `task` has no
+    ``loss_fn``, and `pipekit.ShapeError` naming the task and the batch when tracing it fails.
+    """
+    if not callable(getattr(task, "loss_fn", None)):
+        raise ConfigError(
+            "TrainingLoop.task must be a TrainTask (an eqx.Module with loss_fn(model, batch, key) returning "
+            f"(scalar loss, metrics dict)), got {task!r}"
+        )
+    try:
+        eqx.filter_eval_shape(task_loss, task, model, batch, jax.random.key(0))
+    except Exception as e:
+        shapes = {k: tuple(getattr(v, "shape", ())) for k, v in batch.items()} if isinstance(batch, Mapping) else batch
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ShapeError(
+            f"TrainingLoop.task {type(task).__name__}.loss_fn fails on a batch of shapes {shapes}: {first}"
+        ) from e
 
 
 @eqx.filter_jit

@@ -1,10 +1,11 @@
 """The compiled train and eval steps of the Equinox adapter.
 
 The model is partitioned once per stage into ``params`` (inexact arrays, trained), ``consts`` (other arrays) and
-``static`` (everything else). The step is a module-level `jax.jit` function with ``static``, the loss and the
-optimizer as static arguments, so JAX's own cache is keyed by structure: a second stage (or a second run in the
-same process) with the same model structure, loss, optimizer and batch shapes compiles nothing new. Parameters and
-optimizer state are donated. ``n > 1`` runs ``n`` steps in one dispatch with `lax.scan` over stacked batches.
+``static`` (everything else). The step is a module-level `jax.jit` function with ``static``, the loss (or the
+static part of a task) and the optimizer as static arguments, so JAX's own cache is keyed by structure: a second
+stage (or a second run in the same process) with the same model structure, loss, optimizer and batch shapes
+compiles nothing new. A task's arrays are arguments of the step, like the parameters. Parameters and optimizer
+state are donated. ``n > 1`` runs ``n`` steps in one dispatch with `lax.scan` over stacked batches.
 """
 
 from __future__ import annotations
@@ -19,34 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from ..._losses import split_loss_output
+from ._primitives import task_loss
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
-
-class LossSpec(eqx.Module):
-    """How a batch becomes a loss: a `Loss` on ``model(batch[input_key])`` vs ``batch[target_key]``, or a task.
-
-    Static (hashable) so it can be a `jax.jit` static argument.
-    """
-
-    loss: Any = eqx.field(static=True)
-    task: Any = eqx.field(static=True)
-    input_key: str = eqx.field(static=True)
-    target_key: str = eqx.field(static=True)
-    aux_prefix: str = eqx.field(static=True)
-
-    def __call__(self, model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
-        if self.task is not None:
-            loss, metrics = self.task.loss_fn(model, batch, key)
-            return loss, dict(metrics)
-        x = batch[self.input_key]
-        keys = jax.random.split(key, x.shape[0])
-        predicted = jax.vmap(lambda xi, ki: model(xi, key=ki))(x, keys)
-        total, aux = split_loss_output(self.loss(predicted, batch[self.target_key]))
-        metrics = {"loss": total}
-        for name, value in aux.items():
-            metrics[f"{self.aux_prefix}{name}"] = value
-        return total, metrics
 
 
 class Static:
@@ -81,6 +57,84 @@ def static_arg(value: Any) -> Static:
     return Static(value)
 
 
+class StepLoss(eqx.Module):
+    """What the compiled step specialises on: the loss, or the static part of a task, and the batch keys.
+
+    Hashable and compared by value, so a second stage (or run) with an equal loss, or a task of the same
+    structure, reuses the compiled step. A task's arrays are not here: the step receives them as arguments.
+    """
+
+    loss: Any = eqx.field(static=True)
+    task: Any = eqx.field(static=True)
+    task_def: Any = eqx.field(static=True)
+    input_key: str = eqx.field(static=True)
+    target_key: str = eqx.field(static=True)
+    aux_prefix: str = eqx.field(static=True)
+
+    def __call__(
+        self, model: Any, batch: dict[str, jax.Array], key: jax.Array, task_leaves: list[jax.Array]
+    ) -> tuple[jax.Array, dict[str, Any]]:
+        """The loss and the metrics of `model` on `batch`; `task_leaves` are the task's arrays."""
+        if self.task is not None:
+            task = eqx.combine(jax.tree.unflatten(self.task_def, task_leaves), self.task)
+            return task_loss(task, model, batch, key)
+        x = batch[self.input_key]
+        keys = jax.random.split(key, x.shape[0])
+        predicted = jax.vmap(lambda xi, ki: model(xi, key=ki))(x, keys)
+        total, aux = split_loss_output(self.loss(predicted, batch[self.target_key]))
+        metrics = {"loss": total}
+        for name, value in aux.items():
+            metrics[f"{self.aux_prefix}{name}"] = value
+        return total, metrics
+
+
+class TaskArrays:
+    """The array leaves of a task (a teacher model, class weights), compared by identity.
+
+    A `jax.jit` static argument must be hashable and is compiled into the program as constants; a task's arrays
+    are neither hashable nor meant to be constants. They enter the compiled step as arguments, the way
+    ``eqx.filter_jit`` treats them in `train_step`. Identity keeps two specs with different arrays apart.
+    """
+
+    __slots__ = ("leaves",)
+
+    def __init__(self, leaves: list[Any]) -> None:
+        # NumPy leaves become device arrays once here, not on every dispatch.
+        self.leaves = [jnp.asarray(leaf) for leaf in leaves]
+
+    def __hash__(self) -> int:
+        return len(self.leaves)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, TaskArrays)
+            and len(self.leaves) == len(other.leaves)
+            and all(a is b for a, b in zip(self.leaves, other.leaves))
+        )
+
+
+class LossSpec(eqx.Module):
+    """How a batch becomes a loss: a `Loss` on ``model(batch[input_key])`` vs ``batch[target_key]``, or a task.
+
+    Static (hashable) so it can be a `jax.jit` static argument. It holds the `StepLoss` the compiled step
+    specialises on (wrapped once by `static_arg`) and the task's arrays (`TaskArrays`), which the step receives
+    as arguments: a task may hold arrays, and a new task of the same structure compiles nothing new.
+    """
+
+    step_loss: Static = eqx.field(static=True)
+    task_arrays: TaskArrays = eqx.field(static=True)
+
+    def __init__(self, loss: Any, task: Any, input_key: str, target_key: str, aux_prefix: str) -> None:
+        arrays, rest = eqx.partition(task, eqx.is_array)
+        leaves, task_def = jax.tree.flatten(arrays)
+        self.step_loss = static_arg(StepLoss(loss, rest, task_def, input_key, target_key, aux_prefix))
+        self.task_arrays = TaskArrays(leaves)
+
+    def __call__(self, model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
+        """The loss and the metrics of `model` on `batch`."""
+        return self.step_loss.value(model, batch, key, self.task_arrays.leaves)
+
+
 def partition(model: Any) -> tuple[Any, Any, Any]:
     """Split a model into (params, consts, static): trained arrays, other arrays, everything else."""
     params, rest = eqx.partition(model, eqx.is_inexact_array)
@@ -110,14 +164,15 @@ def _one_step(
     step: jax.Array,
     base_key: jax.Array,
     static: Any,
-    spec: LossSpec,
+    spec: StepLoss,
+    task_leaves: list[jax.Array],
     optimizer: optax.GradientTransformation,
     ema_config: tuple[float, bool] | None,
 ) -> tuple[Any, Any, Any, dict[str, jax.Array]]:
     key = jax.random.fold_in(base_key, step)
 
     def loss_of(p: Any) -> tuple[jax.Array, dict[str, Any]]:
-        return spec(combine(p, consts, static), batch, key)
+        return spec(combine(p, consts, static), batch, key, task_leaves)
 
     grads, metrics = jax.grad(loss_of, has_aux=True)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -143,6 +198,45 @@ class Layout(eqx.Module):
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "spec", "optimizer", "n", "ema_config"), donate_argnums=(0,))
+def _train_chunk(
+    state: tuple[list[jax.Array], list[jax.Array], list[jax.Array]],
+    consts: list[jax.Array],
+    task_leaves: list[jax.Array],
+    batches: dict[str, jax.Array],
+    step: jax.Array,
+    base_key: jax.Array,
+    *,
+    layout: Static,
+    spec: Static,
+    optimizer: optax.GradientTransformation,
+    n: int,
+    ema_config: tuple[float, bool] | None = None,
+) -> tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]]:
+    lay: Layout = layout.value
+    loss_spec: StepLoss = spec.value
+    params = jax.tree.unflatten(lay.params, state[0])
+    opt_state = jax.tree.unflatten(lay.opt_state, state[1])
+    ema = jax.tree.unflatten(lay.ema, state[2]) if ema_config is not None else None
+    const_tree = jax.tree.unflatten(lay.consts, consts)
+    static = lay.static
+
+    def one(p: Any, o: Any, e: Any, batch: dict[str, jax.Array], s: jax.Array) -> tuple[Any, Any, Any, Any]:
+        return _one_step(p, o, e, const_tree, batch, s, base_key, static, loss_spec, task_leaves, optimizer, ema_config)
+
+    if n == 1:
+        params, opt_state, ema, metrics = one(params, opt_state, ema, batches, step)
+    else:
+
+        def body(carry: tuple[Any, Any, Any, jax.Array], batch: dict[str, jax.Array]) -> tuple[Any, Any]:
+            p, o, e, s = carry
+            p, o, e, m = one(p, o, e, batch, s)
+            return (p, o, e, s + 1), m
+
+        (params, opt_state, ema, _), metrics = jax.lax.scan(body, (params, opt_state, ema, step), batches)
+    new_state = (jax.tree.leaves(params), jax.tree.leaves(opt_state), jax.tree.leaves(ema) if ema is not None else [])
+    return new_state, metrics
+
+
 def train_chunk(
     state: tuple[list[jax.Array], list[jax.Array], list[jax.Array]],
     consts: list[jax.Array],
@@ -159,41 +253,54 @@ def train_chunk(
     """``n`` optimizer steps. With ``n == 1`` `batches` is one batch; else each leaf has a leading axis ``n``.
 
     `state` is ``(params, opt_state, ema)`` as flat leaf lists (``ema`` empty when `ema_config` is ``None``),
-    donated and returned updated; the EMA is updated after every step inside the same dispatch. Returns the new
-    state and the metrics (leading axis ``n`` when ``n > 1``).
+    donated and returned updated; the EMA is updated after every step inside the same dispatch. `spec` wraps a
+    `LossSpec`: the compiled step specialises on its `StepLoss` and receives the task's arrays as arguments.
+    Returns the new state and the metrics (leading axis ``n`` when ``n > 1``).
     """
-    lay: Layout = layout.value
-    loss_spec = spec.value
-    params = jax.tree.unflatten(lay.params, state[0])
-    opt_state = jax.tree.unflatten(lay.opt_state, state[1])
-    ema = jax.tree.unflatten(lay.ema, state[2]) if ema_config is not None else None
-    const_tree = jax.tree.unflatten(lay.consts, consts)
-    static = lay.static
+    loss_spec: LossSpec = spec.value
+    return _train_chunk(
+        state,
+        consts,
+        loss_spec.task_arrays.leaves,
+        batches,
+        step,
+        base_key,
+        layout=layout,
+        spec=loss_spec.step_loss,
+        optimizer=optimizer,
+        n=n,
+        ema_config=ema_config,
+    )
 
-    if n == 1:
-        params, opt_state, ema, metrics = _one_step(
-            params, opt_state, ema, const_tree, batches, step, base_key, static, loss_spec, optimizer, ema_config
-        )
-    else:
 
-        def body(carry: tuple[Any, Any, Any, jax.Array], batch: dict[str, jax.Array]) -> tuple[Any, Any]:
-            p, o, e, s = carry
-            p, o, e, m = _one_step(p, o, e, const_tree, batch, s, base_key, static, loss_spec, optimizer, ema_config)
-            return (p, o, e, s + 1), m
-
-        (params, opt_state, ema, _), metrics = jax.lax.scan(body, (params, opt_state, ema, step), batches)
-    new_state = (jax.tree.leaves(params), jax.tree.leaves(opt_state), jax.tree.leaves(ema) if ema is not None else [])
-    return new_state, metrics
+#: The compiled step's cache (``train_chunk._cache_size()`` counts the compiled variants).
+train_chunk._cache_size = _train_chunk._cache_size  # type: ignore[attr-defined]
 
 
 @functools.partial(jax.jit, static_argnames=("static", "spec"))
+def _eval_batch(
+    params: Any,
+    consts: Any,
+    task_leaves: list[jax.Array],
+    batch: dict[str, jax.Array],
+    base_key: jax.Array,
+    *,
+    static: Static,
+    spec: Static,
+) -> dict[str, jax.Array]:
+    model = eqx.nn.inference_mode(combine(params, consts, static.value))
+    _, metrics = spec.value(model, batch, base_key, task_leaves)
+    return metrics
+
+
 def eval_batch(
     params: Any, consts: Any, batch: dict[str, jax.Array], base_key: jax.Array, *, static: Static, spec: Static
 ) -> dict[str, jax.Array]:
     """Metrics of one batch in inference mode, without gradients."""
-    model = eqx.nn.inference_mode(combine(params, consts, static.value))
-    _, metrics = spec.value(model, batch, base_key)
-    return metrics
+    loss_spec: LossSpec = spec.value
+    return _eval_batch(
+        params, consts, loss_spec.task_arrays.leaves, batch, base_key, static=static, spec=loss_spec.step_loss
+    )
 
 
 class CompileCounter:
