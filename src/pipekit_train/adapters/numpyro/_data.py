@@ -1,0 +1,93 @@
+"""The checks every Bayesian stage runs before compiling: data against the model's parameters and sites."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pipekit import ConfigError, suggestion
+
+from ._registry import get_numpyro_model
+
+
+def full_data(dataset: Any) -> dict[str, np.ndarray]:
+    """The whole dataset as one batch (transforms applied), in record order."""
+    n = dataset.num_records()
+    return dict(next(iter(dataset.epoch_batches(n))))
+
+
+def check_data(model_op: Any, data: Mapping[str, Any], stage: str) -> None:
+    """One-line errors for data the model cannot use: unknown keys, missing observations, NaN or inf values."""
+    spec = get_numpyro_model(model_op.model)
+    where = f"stage {stage!r} ({model_op!r})"
+    for key in data:
+        if key not in spec.parameters:
+            raise ConfigError(
+                f"{where}: the dataset key {key!r} is not a parameter of model {spec.name!r}"
+                f"{suggestion(key, spec.parameters)}; the model takes: {', '.join(spec.parameters)}"
+            )
+        if key in model_op.kwargs:
+            raise ConfigError(f"{where}: {key!r} is given both by the dataset and by kwargs; keep one")
+    for name in spec.observed:
+        if name not in data:
+            raise ConfigError(
+                f"{where}: the observed site {name!r} has no data; the dataset has keys {sorted(data)}"
+                f"{suggestion(name, list(data))} (rename the key, e.g. with a Rename transform)"
+            )
+    given = set(data) | set(model_op.kwargs)
+    missing = [p for p in spec.required if p not in given]
+    if missing:
+        raise ConfigError(
+            f"{where}: model {spec.name!r} needs {', '.join(repr(m) for m in missing)}, which neither the dataset "
+            f"(keys {sorted(data)}) nor kwargs give"
+        )
+    for key, value in data.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind == "f":
+            bad = np.flatnonzero(~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)) if arr.ndim else []
+            if arr.ndim == 0 and not np.isfinite(arr):
+                bad = [0]
+            if len(bad):
+                raise ConfigError(
+                    f"{where}: the data {key!r} holds NaN or inf in {len(bad)} record(s), first at record "
+                    f"{int(bad[0])}; drop or impute them before sampling"
+                )
+
+
+def check_sites(model_op: Any, data: Mapping[str, Any], stage: str) -> dict[str, Any]:
+    """Trace the model once on `data`: every observed parameter feeds an observed site. Returns the trace."""
+    import jax
+    from numpyro import handlers
+
+    spec = get_numpyro_model(model_op.model)
+    where = f"stage {stage!r} ({model_op!r})"
+    try:
+        with handlers.block():
+            trace = handlers.trace(handlers.seed(spec.fn, jax.random.PRNGKey(0))).get_trace(
+                **model_op.model_kwargs(data)
+            )
+    except Exception as e:  # the model itself failed on this data
+        raise ConfigError(f"{where}: the model failed on the stage's data: {type(e).__name__}: {e}") from None
+    observed = [n for n, s in trace.items() if s["type"] == "sample" and s.get("is_observed")]
+    if not observed:
+        raise ConfigError(
+            f"{where}: the model has no observed site on this data (dataset keys {sorted(data)}); its likelihood "
+            "gets no data, so the posterior would be the prior"
+        )
+    for name in spec.observed:
+        site = trace.get(name)
+        if site is not None and site["type"] == "sample" and not site.get("is_observed"):
+            raise ConfigError(f"{where}: the site {name!r} has no data (it was sampled, not observed)")
+    discrete = [
+        n
+        for n, s in trace.items()
+        if s["type"] == "sample" and not s.get("is_observed") and s["fn"].support.is_discrete
+    ]
+    if discrete:
+        raise ConfigError(
+            f"{where}: the latent site(s) {discrete} are discrete; enumerate them out in the model "
+            "(gradient-based samplers and guides need continuous latents)"
+        )
+    return trace

@@ -1,0 +1,202 @@
+"""The ``numpyro-mcmc`` adapter: NumPyro's NUTS/HMC kernels stepped in chunks by the engine.
+
+The chunk body is NumPyro's own ``fori_collect`` body (sample, then write the post-processed draw at
+``(i - start) // thinning``), so one chunk of ``num_warmup + num_samples`` iterations gives bitwise the draws of
+``MCMC(..., chain_method="vectorized").run``; the sampler state (adaptation included, and each chain's PRNG key)
+and the draw buffer are the checkpoint, so a resumed run continues bitwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..._engine import AdapterResult, run_steps
+from ._ops import HMC, NUTS, NumpyroModel, Posterior
+from ._posterior import report
+from ._sampling import SamplerControls, SamplerSetup, check_digest, config_digest, engine_loop, prepare
+
+
+def init_strategy(kernel: Any, init_values: dict[str, Any] | None) -> Any:
+    import numpyro.infer as infer
+
+    if init_values is not None:
+        return infer.init_to_value(values={k: jnp.asarray(v) for k, v in init_values.items()})
+    return {
+        "uniform": infer.init_to_uniform,
+        "median": infer.init_to_median,
+        "sample": infer.init_to_sample,
+        "feasible": infer.init_to_feasible,
+        "mean": infer.init_to_mean,
+    }[kernel.init_strategy]
+
+
+def numpyro_kernel(model_fn: Any, kernel: Any, init_values: dict[str, Any] | None = None) -> Any:
+    """The NumPyro kernel object a `NUTS`/`HMC` operator describes."""
+    import numpyro.infer as infer
+
+    common = dict(
+        target_accept_prob=kernel.target_accept_prob,
+        dense_mass=kernel.dense_mass,
+        step_size=kernel.step_size,
+        init_strategy=init_strategy(kernel, init_values),
+    )
+    if isinstance(kernel, NUTS):
+        return infer.NUTS(model_fn, max_tree_depth=kernel.max_tree_depth, **common)
+    return infer.HMC(model_fn, num_steps=kernel.num_steps, trajectory_length=kernel.trajectory_length, **common)
+
+
+class MCMCBackend(SamplerControls):
+    """The `StepBackend` of ``numpyro-mcmc``: one engine step is one iteration of every chain."""
+
+    def __init__(self, loop: Any, setup: SamplerSetup) -> None:
+        self.loop = loop
+        self.setup = setup
+        k = setup.kernel
+        self.chains = k.num_chains
+        self.num_warmup = k.num_warmup
+        self.thinning = k.thinning
+        self.total = k.num_warmup + setup.num_samples
+        self.start_idx = k.num_warmup + setup.num_samples % k.thinning  # NumPyro's fori_collect
+        self.model_kwargs = setup.model_op.model_kwargs(setup.data)
+        self.kernel = numpyro_kernel(setup.model_op.fn, k, setup.init_values)
+        key = jax.random.PRNGKey(loop.seed)
+        if self.chains > 1:
+            key = jax.random.split(key, self.chains)
+        state = self.kernel.init(key, self.num_warmup, None, (), self.model_kwargs)
+        post = self.kernel.postprocess_fn((), self.model_kwargs)
+        if self.chains > 1:
+            post = jax.vmap(post)
+        self._post = post
+        self.state = state
+        self.collection = jax.tree.map(
+            lambda x: jnp.zeros((setup.kept, *jnp.shape(x)), jnp.result_type(x)), self._transform(state)
+        )
+        self.treedef = jax.tree.structure(state)
+        self.coll_def = jax.tree.structure(self.collection)
+        self.digest = config_digest(loop.task, setup.model_op)
+        self.step = 0
+        self._chunk = jax.jit(self._chunk_impl, static_argnums=3)
+
+    def _transform(self, state: Any) -> list[Any]:
+        return [self._post(state.z), state.diverging]
+
+    def _chunk_impl(self, state: Any, collection: Any, first: Any, n: int) -> Any:
+        model_kwargs = self.model_kwargs
+
+        def body(carry: Any, j: Any) -> Any:
+            state, collection = carry
+            i = first + j
+            state = self.kernel.sample(state, (), model_kwargs)
+            idx = (i - self.start_idx) // self.thinning
+
+            def update(c: Any, v: Any) -> Any:
+                return jax.lax.cond(idx >= 0, lambda c: c.at[idx].set(v), lambda c: c, c)
+
+            collection = jax.tree.map(update, collection, self._transform(state))
+            metrics = {
+                "loss": jnp.mean(state.potential_energy),
+                "accept_prob": jnp.mean(state.accept_prob),
+                "mean_accept_prob": jnp.mean(state.mean_accept_prob),
+                "step_size": jnp.mean(state.adapt_state.step_size),
+                "diverging": jnp.mean(state.diverging.astype(jnp.float32)),
+                "num_steps": jnp.mean(state.num_steps.astype(jnp.float32)),
+                "warmup": (i < self.num_warmup).astype(jnp.float32),
+            }
+            return (state, collection), metrics
+
+        (state, collection), metrics = jax.lax.scan(body, (state, collection), jnp.arange(n))
+        return state, collection, metrics
+
+    # StepBackend -------------------------------------------------------------------------------------------
+    def train(self, batches: list[Any], step: int) -> dict[str, Any]:
+        n = len(batches)
+        self.state, self.collection, metrics = self._chunk(self.state, self.collection, jnp.int32(step), n)
+        self.step = step + n
+        return metrics if n > 1 else {k: v[0] for k, v in metrics.items()}
+
+    def filled(self) -> int:
+        return max(0, min(self.setup.kept, (self.step - self.start_idx) // self.thinning))
+
+    def draws(self) -> dict[str, np.ndarray]:
+        """The draws kept so far, ``(chains, draws, ...)`` by site."""
+        z = jax.device_get(self.collection[0])
+        m = self.filled()
+        if self.chains > 1:
+            return {k: np.swapaxes(np.asarray(v), 0, 1)[:, :m] for k, v in z.items()}
+        return {k: np.asarray(v)[None, :m] for k, v in z.items()}
+
+    def divergences(self) -> int:
+        return int(np.asarray(jax.device_get(self.collection[1]))[: self.filled()].sum())
+
+    def bound_model(self) -> Any:
+        return self.setup.model_op.bind(Posterior(self.draws()))
+
+    def state_tree(self) -> dict[str, Any]:
+        leaves = jax.tree.leaves(self.state)
+        coll = jax.tree.leaves(self.collection)
+        return {
+            "sampler": {f"{i:03d}": x for i, x in enumerate(leaves)},
+            "draws": {f"{i:03d}": x for i, x in enumerate(coll)},
+            "config": self.digest,
+        }
+
+    def load_state_tree(self, tree: Any) -> None:
+        check_digest(tree["config"], self.digest, self.loop.name or "stage")
+        s = tree["sampler"]
+        self.state = jax.tree.unflatten(self.treedef, [jnp.asarray(s[k]) for k in sorted(s)])
+        d = tree["draws"]
+        self.collection = jax.tree.unflatten(self.coll_def, [jnp.asarray(d[k]) for k in sorted(d)])
+        i = np.asarray(self.state.i).reshape(-1)[0]
+        self.step = int(i)
+
+    def weights_tree(self) -> dict[str, Any]:
+        return {"draws": self.state_tree()["draws"]}
+
+    def load_weights_tree(self, tree: Any) -> None:
+        raise NotImplementedError("init_from is refused before a sampler stage starts")
+
+
+def run(loop: Any, incoming: Any, info: Any, hooks: Any = None) -> AdapterResult:
+    setup = prepare(loop, incoming, info.stage, (NUTS, HMC))
+    backend = MCMCBackend(loop, setup)
+    result = run_steps(engine_loop(loop, len(next(iter(setup.data.values())))), backend, info, hooks)
+    result.model = backend.bound_model()
+    if result.stop_reason is None:
+        result.metrics.update(report(backend.draws(), backend.divergences(), info.stage, info.stage_dir))
+    result.rng = [0, int(loop.seed)]
+    result.backend_info = {
+        **backend_info(),
+        "steps": result.step,
+        "steps_per_call": loop.steps_per_call,
+        "kernel": type(setup.kernel).__name__,
+        "num_chains": setup.kernel.num_chains,
+        "num_warmup": setup.kernel.num_warmup,
+        "num_samples": setup.num_samples,
+        "draws_per_chain": setup.kept,
+        "init": setup.init_source or setup.kernel.init_strategy,
+    }
+    return result
+
+
+def backend_info() -> dict[str, Any]:
+    import numpyro
+
+    return {
+        "backend": "numpyro-mcmc",
+        "numpyro": numpyro.__version__,
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+    }
+
+
+def preflight(loop: Any, incoming: Any, stage: str) -> Any:
+    setup = prepare(loop, incoming, stage, (NUTS, HMC))
+    return setup.model_op.bind(Posterior({}))
+
+
+def example_model(in_size: int, out_size: int) -> NumpyroModel:
+    return NumpyroModel(model="linear_regression")

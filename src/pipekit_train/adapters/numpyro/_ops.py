@@ -1,0 +1,433 @@
+"""The Bayesian operators: kernels (`NUTS`, `HMC`), ELBOs (`Trace_ELBO`, `TraceMeanField_ELBO`), and the model
+operators `NumpyroModel` (a posterior: draws) and `NumpyroGuide` (a variational posterior: guide parameters).
+
+Everything here is configuration; NumPyro is imported only inside methods that run something.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from pipekit import ConfigError, Operator, ShapeError, field, suggestion
+
+from ..._losses import Loss
+from ..._models import ModelOp
+from ._registry import get_numpyro_model
+
+__all__ = [
+    "HMC",
+    "NUTS",
+    "GuideParams",
+    "NumpyroGuide",
+    "NumpyroModel",
+    "Posterior",
+    "TraceMeanField_ELBO",
+    "Trace_ELBO",
+    "register_numpyro_guide",
+    "registered_guides",
+]
+
+InitStrategy = Literal["uniform", "median", "sample", "feasible", "mean"]
+
+
+# Kernels -------------------------------------------------------------------------------------------------
+class _Kernel(Operator, register=False):
+    """What every sampler kernel shares: how many iterations, chains, which draws are kept, where chains start.
+
+    One loop step is one iteration of every chain, so a stage's ``max_steps`` is ``num_warmup + num_samples``.
+    """
+
+    num_warmup: int = 500
+    num_samples: int | None = None
+    num_chains: int = 1
+    thinning: int = 1
+    target_accept_prob: float = 0.8
+    dense_mass: bool = False
+    step_size: float = 1.0
+    init_strategy: InitStrategy = "uniform"
+
+    def validate(self) -> None:
+        name = type(self).__name__
+        for key in ("num_warmup", "num_chains", "thinning"):
+            value = getattr(self, key)
+            low = 0 if key == "num_warmup" else 1
+            if value < low:
+                raise ConfigError(f"{name}.{key} must be an int >= {low}, got {value}")
+        if self.num_samples is not None and self.num_samples < 1:
+            raise ConfigError(f"{name}.num_samples must be an int >= 1 or null, got {self.num_samples}")
+        if not 0.0 < self.target_accept_prob < 1.0:
+            raise ConfigError(f"{name}.target_accept_prob must be in (0, 1), got {self.target_accept_prob}")
+        if not (math.isfinite(self.step_size) and self.step_size > 0):
+            raise ConfigError(f"{name}.step_size must be a float > 0, got {self.step_size}")
+
+    def samples_for(self, max_steps: int) -> int:
+        """`num_samples`, or ``max_steps - num_warmup`` when it is left null; a `ConfigError` when they disagree."""
+        name = type(self).__name__
+        total = self.num_warmup + (self.num_samples or 0)
+        if self.num_samples is None:
+            if max_steps <= self.num_warmup:
+                raise ConfigError(
+                    f"TrainingLoop.max_steps ({max_steps}) must be more than {name}.num_warmup ({self.num_warmup}): "
+                    "one loop step is one MCMC iteration, and the samples are max_steps - num_warmup"
+                )
+            return max_steps - self.num_warmup
+        if max_steps != total:
+            raise ConfigError(
+                f"TrainingLoop.max_steps is {max_steps} but {self!r} runs {total} iterations "
+                f"(num_warmup + num_samples); set max_steps: {total} (one loop step is one MCMC iteration of "
+                "every chain), or leave num_samples null to take max_steps - num_warmup"
+            )
+        return self.num_samples
+
+    def kept(self, max_steps: int) -> int:
+        """How many draws per chain are kept: ``num_samples // thinning``."""
+        kept = self.samples_for(max_steps) // self.thinning
+        if kept < 1:
+            raise ConfigError(f"{self!r}: thinning {self.thinning} keeps no draw of {self.samples_for(max_steps)}")
+        return kept
+
+
+class NUTS(_Kernel):
+    """The No-U-Turn sampler with Stan's windowed adaptation of step size and (diagonal or dense) mass matrix.
+
+    Args:
+        num_warmup: Adaptation iterations (their draws are discarded).
+        num_samples: Iterations after warm-up; ``None`` takes ``max_steps - num_warmup``.
+        num_chains: Chains, run vectorized on one device.
+        thinning: Keep every ``thinning``-th draw.
+        target_accept_prob: The acceptance probability the step size adapts to.
+        max_tree_depth: The trajectory doubles at most this many times.
+        dense_mass: Adapt a dense mass matrix instead of a diagonal one.
+        step_size: The initial step size.
+        init_strategy: Where chains start (NumPyro's ``init_to_*``); a previous SVI stage's median overrides it.
+
+    Example:
+        >>> NUTS(num_warmup=200, num_samples=300, num_chains=2)
+        NUTS(num_warmup=200, num_samples=300, num_chains=2)
+    """
+
+    max_tree_depth: int = 10
+
+    def validate(self) -> None:
+        super().validate()
+        if not 1 <= self.max_tree_depth <= 20:
+            raise ConfigError(f"NUTS.max_tree_depth must be in [1, 20], got {self.max_tree_depth}")
+
+
+class HMC(_Kernel):
+    """Hamiltonian Monte Carlo with a fixed trajectory length (or a fixed number of leapfrog steps).
+
+    Args:
+        num_steps: Leapfrog steps per iteration; ``None`` uses `trajectory_length` / step size.
+        trajectory_length: The integration time when `num_steps` is null.
+        (the other fields as for `NUTS`)
+    """
+
+    num_steps: int | None = None
+    trajectory_length: float = 2.0 * math.pi
+
+    def validate(self) -> None:
+        super().validate()
+        if self.num_steps is not None and self.num_steps < 1:
+            raise ConfigError(f"HMC.num_steps must be an int >= 1 or null, got {self.num_steps}")
+
+
+# ELBOs ---------------------------------------------------------------------------------------------------
+class _ELBO(Loss, register=False):
+    """The negative ELBO as the SVI stage's loss; `num_particles` Monte-Carlo samples per step.
+
+    It is not called on ``(predicted, target)``: the ``numpyro-svi`` backend hands it to NumPyro's `SVI`.
+    """
+
+    num_particles: int = 1
+    aux_prefix: ClassVar[str] = ""
+
+    def validate(self) -> None:
+        if self.num_particles < 1:
+            raise ConfigError(f"{type(self).__name__}.num_particles must be an int >= 1, got {self.num_particles}")
+
+    def __call__(self, predicted: Any, target: Any) -> Any:
+        raise ConfigError(
+            f"{self!r} is the loss of a Bayesian stage: use it with backend: numpyro-svi, not on predictions"
+        )
+
+    def numpyro(self) -> Any:
+        """The NumPyro ELBO object."""
+        import numpyro.infer
+
+        return getattr(numpyro.infer, type(self).__name__)(num_particles=self.num_particles)
+
+
+class Trace_ELBO(_ELBO):
+    """NumPyro's ``Trace_ELBO``: the ELBO estimated from sampled guide traces.
+
+    Example:
+        >>> Trace_ELBO(num_particles=4)
+        Trace_ELBO(num_particles=4)
+    """
+
+
+class TraceMeanField_ELBO(_ELBO):
+    """NumPyro's ``TraceMeanField_ELBO``: analytic KL terms where the guide and model sites allow it."""
+
+
+# Guides --------------------------------------------------------------------------------------------------
+_AUTO_GUIDES = ("AutoNormal", "AutoDiagonalNormal", "AutoMultivariateNormal", "AutoLaplaceApproximation", "AutoDelta")
+_GUIDES: dict[str, Callable[..., Any]] = {}
+
+
+def register_numpyro_guide(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a hand-written guide: a function ``make(model_fn) -> guide_fn`` (``NumpyroGuide(guide=name)``)."""
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if name in _AUTO_GUIDES:
+            raise ConfigError(f"register_numpyro_guide: {name!r} is a built-in autoguide name")
+        _GUIDES[name] = fn
+        return fn
+
+    return decorator
+
+
+def registered_guides() -> list[str]:
+    """The names `NumpyroGuide.guide` accepts."""
+    return [*_AUTO_GUIDES, *sorted(_GUIDES)]
+
+
+# Posterior containers (the bound "module" of the model operators) -----------------------------------------
+class Posterior:
+    """Posterior draws by site, each of shape ``(chains, draws, *site_shape)``, as host arrays."""
+
+    def __init__(self, draws: Mapping[str, Any]) -> None:
+        self.draws = {k: np.asarray(v) for k, v in sorted(draws.items())}
+
+    def flat(self) -> dict[str, np.ndarray]:
+        """Draws with the chains merged: ``(chains * draws, *site_shape)``."""
+        return {k: v.reshape((-1, *v.shape[2:])) for k, v in self.draws.items()}
+
+    def __repr__(self) -> str:
+        return f"Posterior({ {k: v.shape for k, v in self.draws.items()} })"
+
+
+class GuideParams:
+    """A guide's fitted parameters (constrained values, as ``SVI.get_params`` returns them), as host arrays."""
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        self.params = {k: np.asarray(v) for k, v in sorted(params.items())}
+
+    def __repr__(self) -> str:
+        return f"GuideParams({ {k: v.shape for k, v in self.params.items()} })"
+
+
+def _as_kwargs(x: Any) -> dict[str, Any]:
+    return dict(x) if isinstance(x, Mapping) else {"x": x}
+
+
+# Model operators -----------------------------------------------------------------------------------------
+class _NumpyroModelBase(ModelOp, register=False):
+    model: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        where = f"{type(self).__name__}.model"
+        spec = get_numpyro_model(self.model, where)
+        params = list(inspect.signature(spec.fn).parameters.values())
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return
+        for name in self.kwargs:
+            if name not in spec.parameters:
+                raise ConfigError(
+                    f"{type(self).__name__}.kwargs: model {self.model!r} has no parameter {name!r}"
+                    f"{suggestion(name, spec.parameters)}; it takes: {', '.join(spec.parameters)}"
+                )
+            if name in spec.observed:
+                raise ConfigError(
+                    f"{type(self).__name__}.kwargs: {name!r} is an observed site of {self.model!r}; observations "
+                    "come from the stage's dataset, not from kwargs"
+                )
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The registered NumPyro model function."""
+        return get_numpyro_model(self.model).fn
+
+    def model_kwargs(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The model's keyword arguments: the operator's `kwargs` and the data."""
+        return {**self.kwargs, **data}
+
+
+class NumpyroModel(_NumpyroModelBase):
+    """A NumPyro model sampled by MCMC; bound to its posterior draws once a stage has run.
+
+    Args:
+        model: A name registered with `register_numpyro_model` (built-in: ``eight_schools``, ``conjugate_normal``,
+            ``linear_regression``, ``logistic_regression``).
+        kwargs: The model's non-data arguments (its data comes from the stage's dataset, key by parameter name).
+
+    The trained model is the posterior: ``weights()`` are the draws (``draws/<site>``, ``(chains, draws, ...)``),
+    what the model registry stores; call the bound operator on new inputs for the posterior-predictive mean, or
+    `predictive` for the draws.
+
+    Example:
+        >>> NumpyroModel(model="eight_schools")
+        NumpyroModel(model='eight_schools')
+    """
+
+    backend: ClassVar[str] = "numpyro-mcmc"
+
+    @classmethod
+    def example(cls) -> NumpyroModel:
+        return cls(model="eight_schools")
+
+    def build(self, key: Any) -> Posterior:
+        """An empty posterior (no draws yet): a sampler fills it."""
+        return Posterior({})
+
+    def check_bind(self, module: Any) -> None:
+        if not isinstance(module, Posterior):
+            raise ShapeError(f"{self!r} binds a Posterior of draws, got {type(module).__name__}")
+
+    def weights(self) -> dict[str, np.ndarray]:
+        post = self._bound("weights")
+        return {f"draws/{k}": v for k, v in post.draws.items()}
+
+    def with_weights(self, arrays: Mapping[str, np.ndarray]) -> Any:
+        bad = [k for k in arrays if not k.startswith("draws/")]
+        if bad:
+            raise ShapeError(f"{self!r}.with_weights: expected 'draws/<site>' arrays, got {bad}")
+        return self.bind(Posterior({k[len("draws/") :]: v for k, v in arrays.items()}), check=False)
+
+    @property
+    def posterior(self) -> Posterior:
+        return self._bound("posterior")
+
+    def predictive(self, data: Any, seed: int = 0) -> dict[str, np.ndarray]:
+        """Posterior-predictive draws of every site for inputs `data` (a mapping of model arguments, or ``x``)."""
+        import jax
+        from numpyro.infer import Predictive
+
+        samples = self.posterior.flat()
+        pred = Predictive(self.fn, posterior_samples=samples, batch_ndims=1)
+        out = pred(jax.random.PRNGKey(seed), **self.model_kwargs(_as_kwargs(data)))
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    def __call__(self, x: Any) -> Any:
+        """The posterior-predictive mean of the observed site(s) for inputs `x`."""
+        return _predictive_mean(self, self.predictive(x))
+
+
+class NumpyroGuide(_NumpyroModelBase):
+    """A NumPyro model fitted by SVI: the guide (variational family) and, once trained, its parameters.
+
+    Args:
+        model: A registered NumPyro model name (see `NumpyroModel`).
+        kwargs: The model's non-data arguments.
+        guide: An autoguide (``AutoNormal``, ``AutoDiagonalNormal``, ``AutoMultivariateNormal``,
+            ``AutoLaplaceApproximation``, ``AutoDelta``) or a name registered with `register_numpyro_guide`.
+        guide_kwargs: Keyword arguments of the autoguide (``init_scale``, ...).
+
+    Example:
+        >>> NumpyroGuide(model="logistic_regression", guide="AutoNormal")
+        NumpyroGuide(model='logistic_regression', guide='AutoNormal')
+    """
+
+    backend: ClassVar[str] = "numpyro-svi"
+
+    guide: str = "AutoNormal"
+    guide_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def example(cls) -> NumpyroGuide:
+        return cls(model="conjugate_normal", guide="AutoNormal")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.guide not in registered_guides():
+            raise ConfigError(
+                f"NumpyroGuide.guide {self.guide!r} is not an autoguide or a registered guide"
+                f"{suggestion(self.guide, registered_guides())}; choose one of {', '.join(registered_guides())}"
+            )
+
+    def make_guide(self, model_fn: Callable[..., Any] | None = None) -> Any:
+        """The NumPyro guide for `model_fn` (the registered model by default)."""
+        model_fn = model_fn or self.fn
+        if self.guide in _GUIDES:
+            return _GUIDES[self.guide](model_fn, **self.guide_kwargs)
+        from numpyro.infer import autoguide
+
+        return getattr(autoguide, self.guide)(model_fn, **self.guide_kwargs)
+
+    def build(self, key: Any) -> GuideParams:
+        """No parameters yet: SVI initialises them from the data."""
+        return GuideParams({})
+
+    def check_bind(self, module: Any) -> None:
+        if not isinstance(module, GuideParams):
+            raise ShapeError(f"{self!r} binds GuideParams, got {type(module).__name__}")
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {f"params/{k}": v for k, v in self._bound("weights").params.items()}
+
+    def with_weights(self, arrays: Mapping[str, np.ndarray]) -> Any:
+        bad = [k for k in arrays if not k.startswith("params/")]
+        if bad:
+            raise ShapeError(f"{self!r}.with_weights: expected 'params/<name>' arrays, got {bad}")
+        return self.bind(GuideParams({k[len("params/") :]: v for k, v in arrays.items()}), check=False)
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        return self._bound("params").params
+
+    def _ready_guide(self, data: Mapping[str, Any]) -> Any:
+        """The guide, run once on `data` so an autoguide knows the model's sites."""
+        import jax
+        from numpyro import handlers
+
+        guide = self.make_guide()
+        with handlers.block(), handlers.seed(rng_seed=jax.random.PRNGKey(0)):
+            handlers.substitute(guide, data=self.params)(**self.model_kwargs(data))
+        return guide
+
+    def median(self, data: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The guide's median of every latent site (constrained values), the model run on `data`."""
+        guide = self._ready_guide(data)
+        if hasattr(guide, "median"):
+            out = guide.median(self.params)
+        else:  # a hand-written guide: one draw with its noise switched off is not defined; use its sample mean
+            samples = self.sample_posterior(data, num_samples=200)
+            out = {k: v.mean(0) for k, v in samples.items()}
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    def sample_posterior(self, data: Mapping[str, Any], num_samples: int = 1000, seed: int = 0) -> dict[str, Any]:
+        """Draws of every latent site from the fitted guide."""
+        import jax
+        from numpyro.infer import Predictive
+
+        guide = self.make_guide()
+        pred = Predictive(guide, params=self.params, num_samples=num_samples)
+        out = pred(jax.random.PRNGKey(seed), **self.model_kwargs(data))
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    def predictive(self, data: Any, num_samples: int = 500, seed: int = 0) -> dict[str, np.ndarray]:
+        """Posterior-predictive draws under the fitted guide for inputs `data`."""
+        import jax
+        from numpyro.infer import Predictive
+
+        pred = Predictive(self.fn, guide=self.make_guide(), params=self.params, num_samples=num_samples)
+        out = pred(jax.random.PRNGKey(seed), **self.model_kwargs(_as_kwargs(data)))
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    def __call__(self, x: Any) -> Any:
+        """The posterior-predictive mean of the observed site(s) for inputs `x`."""
+        return _predictive_mean(self, self.predictive(x))
+
+
+def _predictive_mean(op: _NumpyroModelBase, samples: Mapping[str, np.ndarray]) -> Any:
+    spec = get_numpyro_model(op.model)
+    sites = [s for s in spec.observed if s in samples] or list(samples)
+    means = {s: samples[s].mean(axis=0) for s in sites}
+    return means[sites[0]] if len(sites) == 1 else means

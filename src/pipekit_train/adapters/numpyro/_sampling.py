@@ -1,0 +1,123 @@
+"""What every sampler stage (``numpyro-mcmc``, ``blackjax``) shares: the checks before sampling, the initial point
+handed over by a previous stage, the `StepBackend` plumbing and the end-of-stage posterior report."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipekit import ConfigError, PipekitError
+
+from ._data import check_data, check_sites, full_data
+from ._ops import NumpyroGuide, _Kernel, _NumpyroModelBase
+
+
+@dataclass
+class SamplerSetup:
+    """A checked sampler stage: the model operator, the kernel, the data, and an initial point (or ``None``)."""
+
+    model_op: Any
+    kernel: _Kernel
+    data: dict[str, np.ndarray]
+    num_samples: int
+    kept: int
+    init_values: dict[str, np.ndarray] | None
+    init_source: str | None
+
+
+def prepare(loop: Any, incoming: Any, stage: str, kernels: tuple[type, ...]) -> SamplerSetup:
+    """Every check a sampler stage can make before compiling; one-line `ConfigError`s."""
+    model_op = loop.model_op
+    kernel = loop.task
+    names = "/".join(k.__name__ for k in kernels)
+    if not isinstance(kernel, kernels):
+        raise ConfigError(
+            f"stage {stage!r} (backend {loop.backend!r}) needs its kernel as `task` ({names}, e.g. "
+            f"task: {{type: {kernels[0].__name__}, num_warmup: 500, num_samples: 1000}}), got {kernel!r}"
+        )
+    if loop.loss is not None:
+        raise ConfigError(f"stage {stage!r}: a sampler has no loss; remove loss: {loop.loss!r} (the kernel is `task`)")
+    if loop.val_dataset is not None or loop.test_dataset is not None:
+        raise ConfigError(
+            f"stage {stage!r}: a sampler stage does not evaluate val/test datasets; evaluate the posterior after "
+            "the run (load_model(uri).predictive(...))"
+        )
+    if loop.init_from:
+        raise ConfigError(f"stage {stage!r}: init_from warm-starts optimizers; a sampler starts from its init_strategy")
+    if loop.transfer is not None:
+        raise ConfigError(f"stage {stage!r}: a sampler stage takes no `transfer`; it starts from the whole model")
+    num_samples = kernel.samples_for(loop.max_steps)
+    kept = kernel.kept(loop.max_steps)
+    data = full_data(loop.dataset)
+    check_data(model_op, data, stage)
+    check_sites(model_op, data, stage)
+    init_values, source = _initial_point(model_op, incoming, data, stage, loop.backend)
+    return SamplerSetup(model_op, kernel, data, num_samples, kept, init_values, source)
+
+
+def _initial_point(
+    model_op: Any, incoming: Any, data: dict[str, Any], stage: str, backend: str
+) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    previous = getattr(incoming, "model", None)
+    if previous is None:
+        return None, None
+    if not isinstance(previous, _NumpyroModelBase) or previous.model != model_op.model:
+        raise ConfigError(
+            f"stage {stage!r} (backend {backend!r}) samples model {model_op.model!r} but the previous stage produced "
+            f"{previous!r}; a sampler can only start from a guide or posterior of the same NumPyro model"
+        )
+    if previous.module is None:
+        return None, None
+    if isinstance(previous, NumpyroGuide):
+        if not previous.params:  # pre-flight: the previous stage has not trained yet
+            return None, "median of the previous stage's guide"
+        return previous.median(data), f"median of {previous.guide} ({getattr(incoming, 'artifact_id', None)})"
+    draws = previous.posterior.flat()
+    if not draws:
+        return None, None
+    return {k: np.median(v, axis=0) for k, v in draws.items()}, "posterior median of the previous stage"
+
+
+def config_digest(*parts: Any) -> np.ndarray:
+    """A checkpoint leaf that pins the sampler configuration (``task`` is not in the core's fingerprint)."""
+    import pipekit
+
+    text = "\n".join(pipekit.dumps(p, strict=False) if p is not None else "null" for p in parts)
+    return np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.uint8).copy()
+
+
+def check_digest(saved: Any, expected: np.ndarray, stage: str) -> None:
+    from ...checkpoint import CheckpointMismatchError
+
+    if not np.array_equal(np.asarray(saved), expected):
+        raise CheckpointMismatchError(
+            f"refusing to resume stage {stage!r}: the sampler kernel (task) changed since the checkpoint was written; "
+            "resume with the original kernel or start a new run"
+        )
+
+
+class SamplerControls:
+    """The `StepBackend` methods that have no meaning for a sampler."""
+
+    def get_lr_scale(self) -> float:
+        return 1.0
+
+    def set_lr_scale(self, value: float) -> None:
+        raise PipekitError("a sampler has no learning rate to scale (ReduceLROnPlateau does not apply)")
+
+    def learning_rate(self, step: int) -> float:
+        return 0.0
+
+    def evaluate(self, batch: Any) -> dict[str, Any]:
+        raise PipekitError("a sampler stage does not evaluate batches")
+
+    def set_model(self, model_op: Any) -> None:
+        raise PipekitError("a sampler's posterior is its draws; it cannot be replaced by a callback")
+
+
+def engine_loop(loop: Any, n: int) -> Any:
+    """The loop the engine drives: batches are not used by a sampler, so a batch_size above the data is capped."""
+    return loop if loop.batch_size <= n else loop.replace(batch_size=n)

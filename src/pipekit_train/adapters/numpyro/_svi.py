@@ -1,0 +1,256 @@
+"""The ``numpyro-svi`` adapter: NumPyro's `SVI` with the project's optax recipe, stepped by the engine.
+
+Mini-batches come from the engine (so checkpoints hold the data position); the observed sites' log-likelihood is
+scaled by ``num_records / batch_size`` (priors are not), so each step's loss estimates the whole data's negative
+ELBO. The logged ``loss`` is that estimate divided by the number of records. The SVI state (unconstrained
+parameters, optax state, step count, PRNG key) is the checkpoint, so a resumed run continues bitwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipekit import ConfigError, PipekitError
+
+from ..._engine import AdapterResult, run_steps
+from ..optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
+from ._data import check_data, check_sites, full_data
+from ._ops import _ELBO, GuideParams, NumpyroGuide
+
+SCALE = "_pipekit_obs_scale"
+
+
+def _scaled(fn: Any) -> Any:
+    """`fn` with its observed sites' log-likelihood multiplied by the keyword argument `SCALE`."""
+    from numpyro.primitives import Messenger
+
+    class ScaleObserved(Messenger):
+        def __init__(self, scale: Any) -> None:
+            self.scale = scale
+            super().__init__()
+
+        def process_message(self, msg: dict[str, Any]) -> None:
+            if msg["type"] == "sample" and msg.get("is_observed"):
+                msg["scale"] = self.scale if msg.get("scale") is None else msg["scale"] * self.scale
+
+    def model(**kwargs: Any) -> Any:
+        scale = kwargs.pop(SCALE, 1.0)
+        with ScaleObserved(scale):
+            return fn(**kwargs)
+
+    return model
+
+
+def _guide_for(op: NumpyroGuide, model: Any) -> Any:
+    guide = op.make_guide(model)
+    if op.guide.startswith("Auto"):
+        return guide
+
+    def wrapped(**kwargs: Any) -> Any:  # a hand-written guide never sees the scale argument
+        kwargs.pop(SCALE, None)
+        return guide(**kwargs)
+
+    return wrapped
+
+
+def _check(loop: Any, incoming: Any, stage: str) -> tuple[NumpyroGuide, dict[str, np.ndarray], Any]:
+    op = loop.model_op
+    if not isinstance(loop.loss, _ELBO):
+        raise ConfigError(
+            f"stage {stage!r} (backend 'numpyro-svi') needs an ELBO as its loss (loss: {{type: Trace_ELBO}} or "
+            f"TraceMeanField_ELBO), got {loop.loss!r}"
+        )
+    if loop.task is not None:
+        raise ConfigError(f"stage {stage!r}: numpyro-svi takes no task; the guide is NumpyroGuide.guide")
+    if loop.transfer is not None:
+        raise ConfigError(f"stage {stage!r}: numpyro-svi takes no `transfer`")
+    data = full_data(loop.dataset)
+    check_data(op, data, stage)
+    check_sites(op, data, stage)
+    for role, ds in (("val_dataset", loop.val_dataset), ("test_dataset", loop.test_dataset)):
+        if ds is not None:
+            check_data(op, full_data(ds), f"{stage}.{role}")
+    init = None
+    previous = getattr(incoming, "model", None)
+    if previous is not None:
+        if not (isinstance(previous, NumpyroGuide) and previous.replace() == op.replace()):
+            raise ConfigError(
+                f"stage {stage!r} (backend 'numpyro-svi') fits {op!r} but the previous stage produced {previous!r}; "
+                "an SVI stage continues only the same model and guide"
+            )
+        init = previous.params if previous.module is not None else None
+    _check_guide(op, data, stage, init)
+    return op, data, init
+
+
+def _check_guide(op: NumpyroGuide, data: dict[str, Any], stage: str, init: Any) -> None:
+    """Initialise the guide once on a few records: a guide that does not fit the model is one line, now."""
+    from numpyro import handlers
+
+    model = _scaled(op.fn)
+    guide = _guide_for(op, model)
+    small = {k: v[: min(len(v), 4)] for k, v in data.items()}
+    kwargs = op.model_kwargs(small)
+    try:
+        with handlers.block():
+            seeded = handlers.seed(guide, jax.random.PRNGKey(0))
+            g_trace = handlers.trace(seeded).get_trace(**kwargs)
+            m_trace = handlers.trace(handlers.replay(handlers.seed(model, jax.random.PRNGKey(0)), g_trace)).get_trace(
+                **kwargs
+            )
+    except Exception as e:
+        raise ConfigError(
+            f"stage {stage!r}: guide {op.guide!r} does not fit model {op.model!r}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
+    latent = {n for n, s in m_trace.items() if s["type"] == "sample" and not s.get("is_observed")}
+    guided = {n for n, s in g_trace.items() if s["type"] == "sample" and not s.get("infer", {}).get("is_auxiliary")}
+    missing, extra = sorted(latent - guided), sorted(guided - latent - {n for n in m_trace})
+    if missing or extra:
+        raise ConfigError(
+            f"stage {stage!r}: guide {op.guide!r} does not fit model {op.model!r}: "
+            + (f"it has no sample site for the latent(s) {missing}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"it samples {extra}, which the model does not have" if extra else "")
+        )
+
+
+class SVIBackend:
+    """The `StepBackend` of ``numpyro-svi``: holds the SVI state between steps."""
+
+    def __init__(self, loop: Any, op: NumpyroGuide, data: dict[str, np.ndarray], init: Any) -> None:
+        from numpyro.infer import SVI
+        from numpyro.optim import optax_to_numpyro
+
+        self.loop = loop
+        self.op = op
+        self.n = len(next(iter(data.values())))
+        model = _scaled(op.fn)
+        self.guide = _guide_for(op, model)
+        self.optimizer = build_optimizer(
+            loop.optimizer_config, max_steps=loop.max_steps, grad_clip_norm=loop.grad_clip_norm, accum=loop.accum
+        )
+        self.svi = SVI(model, self.guide, optax_to_numpyro(self.optimizer), loss=loop.loss.numpyro())
+        first = {k: v[: min(self.n, loop.batch_size)] for k, v in data.items()}
+        init_params = {k: jnp.asarray(v) for k, v in init.items()} if init is not None else None
+        self.state = self.svi.init(
+            jax.random.PRNGKey(loop.seed), init_params=init_params, **op.model_kwargs(first), **{SCALE: 1.0}
+        )
+        self.treedef = jax.tree.structure(self.state)
+        self._chunk = jax.jit(self._chunk_impl)
+        self._step = jax.jit(self._step_impl)
+        self._eval = jax.jit(self._eval_impl)
+
+    def _step_impl(self, state: Any, batch: Any, scale: Any) -> Any:
+        state, loss = self.svi.update(state, **self.op.model_kwargs(batch), **{SCALE: scale})
+        return state, {"loss": loss / self.n}
+
+    def _chunk_impl(self, state: Any, batches: Any, scale: Any) -> Any:
+        return jax.lax.scan(lambda s, b: self._step_impl(s, b, scale), state, batches)
+
+    def _eval_impl(self, state: Any, batch: Any, scale: Any) -> Any:
+        return {"loss": self.svi.evaluate(state, **self.op.model_kwargs(batch), **{SCALE: scale}) / self.n}
+
+    # StepBackend -------------------------------------------------------------------------------------------
+    def train(self, batches: list[dict[str, np.ndarray]], step: int) -> dict[str, Any]:
+        sizes = {len(next(iter(b.values()))) for b in batches}
+        if len(batches) == 1 or len(sizes) > 1:
+            out = []
+            for b in batches:
+                scale = np.float32(self.n / len(next(iter(b.values()))))
+                self.state, m = self._step(self.state, b, scale)
+                out.append(m)
+            return out[0] if len(out) == 1 else {k: jnp.stack([m[k] for m in out]) for k in out[0]}
+        stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+        self.state, metrics = self._chunk(self.state, stacked, np.float32(self.n / sizes.pop()))
+        return metrics
+
+    def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        return self._eval(self.state, batch, np.float32(self.n / len(next(iter(batch.values())))))
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v) for k, v in jax.device_get(self.svi.get_params(self.state)).items()}
+
+    def bound_model(self) -> Any:
+        return self.op.bind(GuideParams(self.params()))
+
+    def set_model(self, model_op: Any) -> None:
+        raise PipekitError("numpyro-svi: replacing the guide's parameters from a callback is not supported")
+
+    def get_lr_scale(self) -> float:
+        return get_lr_scale(self.state.optim_state)
+
+    def set_lr_scale(self, value: float) -> None:
+        self.state = self.state._replace(optim_state=set_lr_scale(self.state.optim_state, value))
+
+    def learning_rate(self, step: int) -> float:
+        return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
+
+    def state_tree(self) -> dict[str, Any]:
+        i, (params, opt) = self.state.optim_state
+        rest = jax.tree.leaves((opt, self.state.mutable_state))
+        return {
+            "params": dict(params),
+            "opt": {f"{j:03d}": x for j, x in enumerate(rest)},
+            "step": jnp.asarray(i),
+            "rng": self.state.rng_key,
+        }
+
+    def load_state_tree(self, tree: dict[str, Any]) -> None:
+        _, (params, opt) = self.state.optim_state
+        rest_def = jax.tree.structure((opt, self.state.mutable_state))
+        o = tree["opt"]
+        opt, mutable = jax.tree.unflatten(rest_def, [jnp.asarray(o[k]) for k in sorted(o)])
+        params = {k: jnp.asarray(tree["params"][k]) for k in params}
+        i = jnp.asarray(tree["step"], dtype=jnp.result_type(self.state.optim_state[0]))
+        self.state = self.state._replace(
+            optim_state=(i, (params, opt)), mutable_state=mutable, rng_key=jnp.asarray(tree["rng"])
+        )
+
+    def weights_tree(self) -> dict[str, Any]:
+        return {"params": self.state_tree()["params"]}
+
+    def load_weights_tree(self, tree: dict[str, Any]) -> None:
+        i, (params, opt) = self.state.optim_state
+        params = {k: jnp.asarray(tree["params"][k]) for k in params}
+        self.state = self.state._replace(optim_state=(i, (params, opt)))
+
+
+def run(loop: Any, incoming: Any, info: Any, hooks: Any = None) -> AdapterResult:
+    op, data, init = _check(loop, incoming, info.stage)
+    backend = SVIBackend(loop, op, data, init)
+    result = run_steps(loop, backend, info, hooks)
+    result.model = backend.bound_model()
+    result.opt_state = backend.state
+    result.rng = [0, int(loop.seed)]
+    result.backend_info = {
+        **backend_info(),
+        "steps": result.step,
+        "steps_per_call": loop.steps_per_call,
+        "guide": op.guide,
+        "elbo": type(loop.loss).__name__,
+        "num_particles": loop.loss.num_particles,
+        "num_params": int(sum(np.size(v) for v in backend.params().values())),
+        "likelihood_scale": backend.n / min(loop.batch_size, backend.n),
+    }
+    return result
+
+
+def backend_info() -> dict[str, Any]:
+    import numpyro
+
+    return {
+        "backend": "numpyro-svi",
+        "numpyro": numpyro.__version__,
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+    }
+
+
+def preflight(loop: Any, incoming: Any, stage: str) -> Any:
+    op, _, init = _check(loop, incoming, stage)
+    return op.bind(GuideParams(init or {}))

@@ -1,0 +1,130 @@
+"""``numpyro-svi``: the analytic posterior, bad input before anything compiles, and the SVI → NUTS hand-off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pipekit
+from pipekit import ConfigError
+from pipekit_train import ArraySource, TrainingDataset, TrainingLoop, run_settings
+from pipekit_train.adapters.numpyro import NUTS, NumpyroGuide, NumpyroModel, Trace_ELBO
+
+from .conftest import POST_MEAN, POST_SD, Y
+
+
+def _svi(**changes):
+    fields = dict(
+        model_op=NumpyroGuide(model="conjugate_normal", guide="AutoNormal"),
+        dataset=TrainingDataset(source=ArraySource(arrays={"y": Y})),
+        loss=Trace_ELBO(num_particles=16),
+        optimizer_config={"name": "adam", "lr": 0.05, "schedule": "exponential", "decay_rate": 0.01},
+        backend="numpyro-svi",
+        batch_size=len(Y),
+        max_steps=1500,
+        steps_per_call=100,
+        log_every_n_steps=500,
+        progress=False,
+        name="svi",
+    )
+    fields.update(changes)
+    return TrainingLoop(**fields)
+
+
+def test_svi_autonormal_mean_and_sd_within_2_percent_of_the_analytic_posterior(tmp_path):
+    with run_settings(run_dir=str(tmp_path / "run"), store=False):
+        model, artifact = _svi().run()
+    loc, scale = float(model.params["mu_auto_loc"]), float(model.params["mu_auto_scale"])
+    assert abs(loc / POST_MEAN - 1) < 0.02, (loc, POST_MEAN)
+    assert abs(scale / POST_SD - 1) < 0.02, (scale, POST_SD)
+    assert artifact.backend_info["guide"] == "AutoNormal"
+    assert np.isfinite(artifact.final_metrics["train/loss"])
+
+
+def test_sequential_svi_then_nuts_starts_nuts_at_the_guide_median(tmp_path):
+    nuts = TrainingLoop(
+        model_op=NumpyroModel(model="conjugate_normal"),
+        dataset=TrainingDataset(source=ArraySource(arrays={"y": Y})),
+        task=NUTS(num_warmup=50, num_samples=50),
+        backend="numpyro-mcmc",
+        batch_size=10,
+        max_steps=100,
+        steps_per_call=100,
+        log_every_n_steps=100,
+        progress=False,
+        name="nuts",
+    )
+    with run_settings(run_dir=str(tmp_path / "run"), store=False):
+        result = pipekit.Sequential([_svi(max_steps=300), nuts]).run()
+    model, artifact = result
+    assert artifact.backend_info["init"].startswith("median of AutoNormal")
+    assert artifact.parent_ids  # the lineage names the SVI stage
+    assert abs(model.posterior.draws["mu"].mean() - POST_MEAN) < 0.1
+
+
+# Bad input: one line, before sampling ------------------------------------------------------------------------
+def _preflight(loop):
+    return loop.adapter().preflight(loop, None, "s")
+
+
+def test_an_unregistered_model_name_gets_a_did_you_mean():
+    with pytest.raises(ConfigError, match=r"'eight_school' is not a registered NumPyro model \(did you mean"):
+        NumpyroModel(model="eight_school")
+
+
+def test_an_observed_site_without_data_is_refused():
+    loop = _svi(dataset=TrainingDataset(source=ArraySource(arrays={"obs": Y})))
+    with pytest.raises(ConfigError, match="not a parameter of model|has no data"):
+        _preflight(loop)
+    mcmc = TrainingLoop(
+        model_op=NumpyroModel(model="eight_schools"),
+        dataset=TrainingDataset(source=ArraySource(arrays={"sigma": np.ones(8, np.float32)})),
+        task=NUTS(num_warmup=5, num_samples=5),
+        backend="numpyro-mcmc",
+        batch_size=4,
+        max_steps=10,
+    )
+    with pytest.raises(ConfigError, match="the observed site 'y' has no data"):
+        _preflight(mcmc)
+
+
+def test_nan_in_the_data_is_refused():
+    bad = Y.copy()
+    bad[7] = np.nan
+    with pytest.raises(ConfigError, match="'y' holds NaN or inf in 1 record.*first at record 7"):
+        _preflight(_svi(dataset=TrainingDataset(source=ArraySource(arrays={"y": bad}))))
+
+
+def test_a_guide_that_does_not_fit_the_model_is_refused():
+    from pipekit_train.adapters.numpyro import register_numpyro_guide
+
+    @register_numpyro_guide("test_wrong_guide")
+    def make(model):
+        def guide(**kwargs):
+            import numpyro
+            import numpyro.distributions as dist
+
+            numpyro.sample("sigma", dist.Normal(0.0, 1.0))  # the model has `mu`, not `sigma`
+
+        return guide
+
+    with pytest.raises(ConfigError, match="guide 'test_wrong_guide' does not fit model 'conjugate_normal'"):
+        _preflight(_svi(model_op=NumpyroGuide(model="conjugate_normal", guide="test_wrong_guide")))
+
+
+def test_max_steps_must_match_the_kernel():
+    loop = TrainingLoop(
+        model_op=NumpyroModel(model="conjugate_normal"),
+        dataset=TrainingDataset(source=ArraySource(arrays={"y": Y})),
+        task=NUTS(num_warmup=50, num_samples=50),
+        backend="numpyro-mcmc",
+        batch_size=10,
+        max_steps=1000,
+    )
+    with pytest.raises(ConfigError, match="set max_steps: 100"):
+        _preflight(loop)
+
+
+def test_operators_round_trip_through_yaml():
+    for op in (NUTS(num_warmup=10, num_chains=2), Trace_ELBO(num_particles=3), NumpyroGuide(model="eight_schools")):
+        assert pipekit.loads(pipekit.dumps(op)) == op
