@@ -7,7 +7,7 @@ from types import ModuleType
 from typing import Any, Literal, NamedTuple
 
 import pipekit
-from pipekit import CarryState, ConfigError, Operator, StatefulOperator, field
+from pipekit import CarryState, ConfigError, StatefulOperator, field
 
 from ._backends import check_backend_name, get_backend
 from ._losses import Loss
