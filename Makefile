@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRAS := dev,examples,tensorboard,mlflow
+EXTRAS := dev,examples,tensorboard,mlflow,keras,numpyro,blackjax
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench install clean
@@ -31,7 +31,6 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -c requirements.lock "keras>=3.10"
 	JAX_PLATFORMS=cpu $(PY) benchmarks/run.py
 
 clean:

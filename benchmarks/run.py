@@ -363,6 +363,26 @@ class KerasFit:
         return run_difference(self.run, self.size.short, self.size.long)
 
 
+class KerasBackendRuns(PipekitRuns):
+    """`TrainingLoop(backend="keras")`: the same MLP as a `KerasModel`, trained by pipekit's own jitted step."""
+
+    def loop(self, steps: int) -> TrainingLoop:
+        from pipekit_train.adapters.keras import KerasModel
+
+        s = self.size
+        kwargs = {"in_size": IN_SIZE, "out_size": 1, "width_size": s.width, "depth": s.depth}
+        return super().loop(steps).replace(backend="keras", model_op=KerasModel(factory="mlp", kwargs=kwargs))
+
+    def run(self, steps: int) -> None:
+        self.count += 1
+        run_dir = os.path.join(self.root, f"run{self.count:05d}")
+        with run_settings(store=False, run_dir=run_dir):
+            model, _artifact = self.loop(steps).run()
+        jax.block_until_ready(list(model.module.trainable))
+        shutil.rmtree(self.last_run_dir, ignore_errors=True)
+        self.last_run_dir = run_dir
+
+
 # Data path ---------------------------------------------------------------------------------------------------------
 class DataPath:
     """Batches per second: `TrainingDataset.iterator` vs numpy slicing of a per-epoch permutation."""
@@ -436,6 +456,7 @@ TARGETS = {
     "1 vs hand jit": {"small": 0.90, "medium": 0.90, "compute-bound": 0.97},
     "2 vs seed filter_jit": 3.0,
     "3 vs Keras fit": 2.0,
+    "3b keras backend vs Keras fit": 1.0,
     "4 steps_per_call=10 vs lax.scan": 0.90,
     "5 checkpoint every 50 vs none": 0.95,
     "6 data path vs numpy": 0.90,
@@ -495,6 +516,10 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
             c.error = keras_ok
         keras_c.append(c)
     contenders += keras_c
+    kb = KerasBackendRuns(x, y, size, os.path.join(root, size.name, "keras-backend"))
+    c_kb = Contender("pipekit keras backend", kb.measure, kb.setup)
+    c_kb.error = keras_ok
+    contenders.append(c_kb)
     cb, ck_error = checkpoint_callback()
     plain = PipekitRuns(x, y, size, os.path.join(root, size.name, "plain"))
     with_ck = PipekitRuns(x, y, size, os.path.join(root, size.name, "ckpt"), callbacks=(cb,) if cb else ())
@@ -525,6 +550,7 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
         row("2 vs seed filter_jit", size.name, c_seed, c_pk),
     ]
     rows += [row("3 vs Keras fit", size.name, c, c_pk) for c in keras_c]
+    rows.append(row("3b keras backend vs Keras fit", size.name, keras_c[0], c_kb))
     rows.append(row("4 steps_per_call=10 vs lax.scan", size.name, c_scan, c_pk10))
     rows.append(row("5 checkpoint every 50 vs none", size.name, c_plain, c_ck, ck_note))
     return rows

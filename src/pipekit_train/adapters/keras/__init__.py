@@ -1,0 +1,81 @@
+"""The Keras backend: Keras 3 on its JAX backend, trained by our own `jax.jit` step over Keras' stateless API.
+
+`TrainingLoop(backend="keras")` finds this package through the ``pipekit_train.backends`` entry point. Importing
+it is cheap (it registers the ``KerasModel`` operator type); Keras is imported when a model is built or a stage
+runs, with ``KERAS_BACKEND`` set to ``jax`` if it is unset (another value is refused). The contract functions
+(`preflight`, `run`, `backend_info`, `example_model`) are described in the repository's ``adapters/README.md``;
+``docs/backends.md`` says what this backend supports.
+
+Also public: `to_keras_loss` (a pipekit loss for ``model.compile``), `build_keras_optimizer` and
+`PipekitSchedule` (an ``optimizer_config`` for Keras), and `register_converter` / `convert_model` (moving
+models between backends; ``mlp`` Equinox ⇄ Keras is built in).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..._lazy import attach as _attach
+from ._convert import convert_model as convert_model
+from ._convert import register_converter as register_converter
+from ._convert import registered_converters as registered_converters
+from ._model import KerasModel as KerasModel
+from ._model import KerasState as KerasState
+from ._model import register_keras_model as register_keras_model
+from ._model import registered_keras_models as registered_keras_models
+
+#: The packages this backend needs (checked when a stage first uses it), and the extra that installs them.
+REQUIRES = ("keras",)
+EXTRA = "keras"
+
+if TYPE_CHECKING:
+    from ._env import import_keras as import_keras
+    from ._losses import PipekitKerasLoss as PipekitKerasLoss
+    from ._losses import to_keras_loss as to_keras_loss
+    from ._optimizers import PipekitSchedule as PipekitSchedule
+    from ._optimizers import build_keras_optimizer as build_keras_optimizer
+    from ._tree import apply_transfer as apply_transfer
+
+__getattr__, __dir__, _lazy_all = _attach(__name__, __file__, globals())
+__all__ = [
+    "EXTRA",
+    "REQUIRES",
+    "KerasModel",
+    "KerasState",
+    "backend_info",
+    "convert_model",
+    "example_model",
+    "preflight",
+    "register_converter",
+    "register_keras_model",
+    "registered_converters",
+    "registered_keras_models",
+    "run",
+    *_lazy_all,
+]
+
+
+def preflight(loop: Any, incoming: Any, stage: str) -> Any:
+    """Check `loop` before anything compiles; return the bound model the stage would start from."""
+    from ._adapter import preflight as impl
+
+    return impl(loop, incoming, stage)
+
+
+def run(loop: Any, incoming: Any, info: Any, hooks: Any) -> Any:
+    """Train one stage; see ``adapters/README.md``."""
+    from ._adapter import run as impl
+
+    return impl(loop, incoming, info, hooks)
+
+
+def backend_info() -> dict[str, Any]:
+    """The Keras and JAX versions and devices recorded in every artifact of this backend."""
+    from ._adapter import backend_info as impl
+
+    return impl()
+
+
+def example_model(in_size: int, out_size: int) -> KerasModel:
+    """A small model of ``in_size -> out_size`` for the conformance checks."""
+    return KerasModel(factory="mlp", kwargs={"in_size": in_size, "out_size": out_size, "width_size": 8, "depth": 1})

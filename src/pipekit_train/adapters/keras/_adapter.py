@@ -1,0 +1,219 @@
+"""The Keras adapter's contract functions: `preflight`, `run`, `backend_info`, and its `StepBackend`.
+
+`run` builds (or takes over) the model's state as arrays, and hands a `KerasBackend` to `run_steps`: the
+backend-neutral `Engine` decides when to log, validate, checkpoint and stop, exactly as for Equinox.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipekit import ConfigError, ShapeError, suggestion
+
+from ..._engine import AdapterResult, run_steps
+from ..optax import learning_rate_at
+from ._convert import find_converter, refuse_foreign
+from ._env import import_keras
+from ._model import KerasModel, KerasState
+from ._steps import program
+from ._tree import apply_transfer
+
+if TYPE_CHECKING:
+    from ..._loop import RunInfo, TrainerCarryState, TrainingLoop
+
+keras = import_keras()
+
+
+def _copy(arrays: Any) -> list[jax.Array]:
+    """Fresh device copies: the step donates its state, and must never delete arrays someone else holds."""
+    return [jnp.array(a, copy=True) for a in arrays]
+
+
+class KerasBackend:
+    """The `StepBackend` of the Keras adapter: the model's variables, the optimizer's and the EMA, as arrays."""
+
+    def __init__(self, loop: TrainingLoop, state: KerasState, base_key: jax.Array) -> None:
+        from ...callbacks._controls import EMA
+
+        self.loop = loop
+        self.model_op = loop.model_op
+        ema = next((cb for cb in loop.callbacks if isinstance(cb, EMA)), None)
+        self.ema_callback = ema
+        self.program = program(loop, state.model, (ema.decay, ema.warmup) if ema is not None else None)
+        self.model = state.model
+        trainable = _copy(state.trainable)
+        self.state = (
+            trainable,
+            _copy(state.non_trainable),
+            self.program.initial_opt_vars(),
+            _copy(trainable) if ema is not None else [],
+        )
+        self.base_key = base_key
+
+    # StepBackend -------------------------------------------------------------------------------------------
+    def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Any:
+        n = len(batches)
+        batch = batches[0] if n == 1 else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+        self.state, metrics = self.program.train(self.state, batch, np.int32(step), self.base_key, n)
+        return metrics
+
+    def _trainable(self, use_ema: bool) -> list[jax.Array]:
+        return self.state[3] if (use_ema and self.ema_callback is not None) else self.state[0]
+
+    def evaluate(self, batch: dict[str, np.ndarray]) -> Any:
+        use_ema = self.ema_callback is not None and self.ema_callback.evaluate_with_ema
+        return self.program.evaluate(self._trainable(use_ema), self.state[1], batch)
+
+    def bound_model(self) -> KerasModel:
+        use_ema = self.ema_callback is not None and self.ema_callback.return_ema
+        state = KerasState(self.model, _copy(self._trainable(use_ema)), _copy(self.state[1]))
+        return self.model_op.bind(state, check=False)  # type: ignore[return-value]
+
+    def set_model(self, model_op: Any) -> None:
+        module = model_op.module
+        if not isinstance(module, KerasState):
+            raise ShapeError(f"set_model: expected a bound KerasModel, got {model_op!r}")
+        self._load(module.trainable, module.non_trainable)
+
+    def _load(self, trainable: Any, non_trainable: Any, opt_vars: Any = None, ema: Any = None) -> None:
+        old = self.state
+        for what, new, cur in (("trainable", trainable, old[0]), ("non_trainable", non_trainable, old[1])):
+            if len(new) != len(cur) or any(np.shape(a) != np.shape(b) for a, b in zip(new, cur)):
+                raise ShapeError(f"the new {what} arrays have other shapes than the ones being trained")
+        t = _copy(trainable)
+        e = _copy(ema if ema is not None else t) if self.ema_callback is not None else []
+        self.state = (t, _copy(non_trainable), _copy(opt_vars) if opt_vars is not None else old[2], e)
+
+    def get_lr_scale(self) -> float:
+        return float(self.state[2][self.program.scale_index])
+
+    def set_lr_scale(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"set_lr_scale: value must be a finite float >= 0, got {value!r}")
+        opt_vars = list(self.state[2])
+        opt_vars[self.program.scale_index] = jnp.asarray(value, jnp.float32)
+        self.state = (self.state[0], self.state[1], opt_vars, self.state[3])
+
+    def learning_rate(self, step: int) -> float:
+        return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
+
+    # Checkpointing -----------------------------------------------------------------------------------------
+    def state_tree(self) -> dict[str, Any]:
+        """The arrays a checkpoint holds: the model's trainable and non-trainable variables, the optimizer's."""
+        trainable, non_trainable, opt_vars, ema = self.state
+        tree = {"trainable": list(trainable), "non_trainable": list(non_trainable), "optimizer": list(opt_vars)}
+        if self.ema_callback is not None:
+            tree["ema"] = list(ema)
+        return tree
+
+    def load_state_tree(self, tree: Mapping[str, Any]) -> None:
+        self._load(tree["trainable"], tree["non_trainable"], tree["optimizer"], tree.get("ema"))
+
+    def weights_tree(self) -> dict[str, Any]:
+        """The model's variables: what a warm start (`init_from`) copies."""
+        return {"trainable": list(self.state[0]), "non_trainable": list(self.state[1])}
+
+    def load_weights_tree(self, tree: Mapping[str, Any]) -> None:
+        self._load(tree["trainable"], tree["non_trainable"])
+
+
+# The stage ---------------------------------------------------------------------------------------------------
+def initial_state(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
+    """The `KerasState` a stage starts from: fresh, carried over whole, converted, or assembled by `transfer`."""
+    if incoming is None or incoming.model is None:
+        return loop.model_op.build(init_key)
+    previous: Any = incoming.model
+    if getattr(previous, "backend", None) != "keras":
+        converter = find_converter(previous, "keras")
+        if converter is None:
+            raise refuse_foreign(previous, "keras", stage)
+        from ._convert import convert_model
+
+        previous = convert_model(previous, "keras")
+    if loop.transfer is not None:
+        return apply_transfer(loop.transfer, previous.module, loop.model_op.build(init_key))
+    if previous == loop.model_op:
+        return previous.module
+    raise ConfigError(
+        f"stage {stage!r} trains {loop.model_op!r} but the previous stage produced {previous!r}; "
+        "say which weights to carry over with `transfer:` (for example "
+        "`transfer: {type: Transfer, paths: {encoder: encoder}}`, or `transfer: {type: Transfer}` to start fresh)"
+    )
+
+
+def check_before_compile(loop: TrainingLoop) -> None:
+    """Refuse what this backend cannot do, and data/model/loss mismatches, before anything is compiled."""
+    if loop.task is not None:
+        raise ConfigError(
+            "backend 'keras' cannot honour TrainingLoop.task (tasks are Equinox-native); give a `loss` instead"
+        )
+    if not isinstance(loop.model_op, KerasModel):
+        raise ConfigError(f"backend 'keras' trains KerasModel operators, got {loop.model_op!r}")
+    spec = loop.dataset.element_spec()
+    for role, key in (("input_key", loop.input_key), ("target_key", loop.target_key)):
+        if key not in spec:
+            raise ConfigError(
+                f"TrainingLoop.{role} is {key!r} but the dataset's batches have keys {sorted(spec)}"
+                f"{suggestion(key, spec)}"
+            )
+    from ._optimizers import build_keras_optimizer
+
+    build_keras_optimizer(  # refuses keys Keras cannot honour, before anything is built
+        loop.optimizer_config, max_steps=loop.max_steps, grad_clip_norm=loop.grad_clip_norm, accum=loop.accum
+    )
+    shape, dtype = spec[loop.input_key]
+    out = loop.model_op.check_input(tuple(shape), dtype)
+    target_shape, target_dtype = spec[loop.target_key]
+    batch = loop.batch_size
+    predicted = jax.tree.map(lambda o: jax.ShapeDtypeStruct((batch, *o.shape), o.dtype), out)
+    target = jax.ShapeDtypeStruct((batch, *target_shape), target_dtype)
+    try:
+        jax.eval_shape(lambda p, t: loop.loss(p, t), predicted, target)  # type: ignore[misc]
+    except Exception as e:
+        shown = getattr(predicted, "shape", predicted)
+        raise ShapeError(
+            f"loss {loop.loss!r} cannot compare the model's predictions of shape {shown} with targets "
+            f"{loop.target_key!r} of shape {target.shape} ({target.dtype}): {str(e).splitlines()[0]}"
+        ) from None
+
+
+def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, hooks: Any = None) -> AdapterResult:
+    """Train one stage and return the trained model, its final metrics and what the artifact needs."""
+    check_before_compile(loop)
+    root = jax.random.key(loop.seed)
+    init_key, step_key = jax.random.split(root)
+    state = initial_state(loop, incoming, init_key, info.stage)
+    backend = KerasBackend(loop, state, step_key)
+    result = run_steps(loop, backend, info, hooks)
+    result.opt_state = list(backend.state[2])
+    result.rng = np.asarray(jax.random.key_data(root)).tolist()
+    result.backend_info = {
+        **backend_info(),
+        "num_params": int(sum(int(np.size(a)) for a in backend.state[0])),
+        "steps": result.step,
+        "steps_per_call": loop.steps_per_call,
+    }
+    return result
+
+
+def backend_info() -> dict[str, Any]:
+    return {
+        "backend": "keras",
+        "keras": keras.__version__,
+        "keras_backend": keras.backend.backend(),
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+    }
+
+
+def preflight(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> Any:
+    """Check shapes and the hand-off from `incoming` without compiling; the bound model the stage starts from."""
+    check_before_compile(loop)
+    init_key = jax.random.split(jax.random.key(loop.seed))[0]
+    return loop.model_op.bind(initial_state(loop, incoming, init_key, stage), check=False)

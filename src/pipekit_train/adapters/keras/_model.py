@@ -1,0 +1,208 @@
+"""`KerasModel`: a Keras 3 model built by a registered factory, `register_keras_model`, and `KerasState`.
+
+Cheap to import (Keras is imported inside the methods that need it): this module is loaded whenever a pipeline
+file is read, to make the ``KerasModel`` type known. The built-in factories are registered on first lookup.
+
+A bound `KerasModel` holds a `KerasState`: the model's variables as arrays next to the Keras model that gives them
+meaning. That Keras model is one per architecture and process and is never mutated; the arrays are the weights.
+This is how Keras' stateless API (``model.stateless_call``) wants state, so predictions, training and
+checkpoints all read the same arrays. `KerasModel.to_keras` gives an ordinary, stateful ``keras.Model`` holding a
+copy of them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from pipekit import ConfigError, field, suggestion
+
+from ..._models import ModelOp
+
+__all__ = ["KerasModel", "KerasState", "register_keras_model", "registered_keras_models"]
+
+_MODELS: dict[str, Callable[..., Any]] = {}
+
+
+def _builtins() -> dict[str, Callable[..., Any]]:
+    from . import _factories  # noqa: F401  (registers mlp, cnn, autoencoder, classifier; imports no Keras)
+
+    return _MODELS
+
+
+def register_keras_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a factory ``fn(**kwargs) -> keras.Model`` under `name`, for ``KerasModel(factory=name)``.
+
+    The factory returns a *built* model (give it a ``keras.Input`` or call ``model.build(shape)``). It runs with
+    Python's, NumPy's and Keras' global seeds set from the stage's seed, so initialisers without an explicit seed
+    are reproducible; the global random state is restored afterwards.
+
+    Example:
+        >>> @register_keras_model("doc_linear")
+        ... def doc_linear(in_size: int, out_size: int = 1):
+        ...     import keras
+        ...     return keras.Sequential([keras.Input((in_size,)), keras.layers.Dense(out_size)])
+        >>> KerasModel(factory="doc_linear", kwargs={"in_size": 3})
+        KerasModel(factory='doc_linear', kwargs={'in_size': 3})
+    """
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(fn):
+            raise ConfigError(f"register_keras_model({name!r}): expected a function, got {fn!r}")
+        old = _MODELS.get(name)
+        if old is not None and old is not fn and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ConfigError(
+                f"Keras model factory {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
+                "choose another name"
+            )
+        _MODELS[name] = fn
+        return fn
+
+    return decorator
+
+
+def registered_keras_models() -> list[str]:
+    """The names `KerasModel.factory` accepts, sorted."""
+    return sorted(_builtins())
+
+
+class KerasState:
+    """A Keras model's variables as arrays: what a bound `KerasModel` holds.
+
+    Attributes:
+        model: The Keras model that gives the arrays meaning (shared per architecture, never mutated).
+        trainable: Values of ``model.trainable_variables``, in that order.
+        non_trainable: Values of ``model.non_trainable_variables`` (statistics, seed-generator states).
+    """
+
+    __slots__ = ("model", "non_trainable", "trainable")
+
+    def __init__(self, model: Any, trainable: Any, non_trainable: Any) -> None:
+        self.model = model
+        self.trainable = tuple(trainable)
+        self.non_trainable = tuple(non_trainable)
+
+    def __call__(self, x: Any, training: bool = False) -> Any:
+        """``model.stateless_call`` with these arrays, compiled once per architecture."""
+        from . import _tree
+
+        return _tree.predict(self, x, training)
+
+    def __repr__(self) -> str:
+        return (
+            f"KerasState({type(self.model).__name__}, {len(self.trainable)} trainable, "
+            f"{len(self.non_trainable)} non-trainable arrays)"
+        )
+
+
+class KerasModel(ModelOp):
+    """A Keras 3 model (JAX backend) built by a registered factory: ``factory(**kwargs)``.
+
+    Built-in factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier``, with the Equinox backend's kwargs and
+    structure (``encoder``, ``decoder``, ``head``), so ``Transfer(paths={"encoder": "encoder"})`` works between
+    Keras stages. Register more with `register_keras_model`.
+
+    Args:
+        factory: a name registered with `register_keras_model`.
+        kwargs: keyword arguments for the factory, checked against its signature on construction.
+
+    Example:
+        >>> import numpy as np
+        >>> op = KerasModel(factory="mlp", kwargs={"in_size": 4, "out_size": 2})
+        >>> op.bind(op.build(0))(np.zeros((3, 4), np.float32)).shape
+        (3, 2)
+    """
+
+    backend = "keras"
+
+    factory: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def example(cls) -> KerasModel:
+        return cls(factory="mlp", kwargs={"in_size": 4, "out_size": 2, "width_size": 8})
+
+    def validate(self) -> None:
+        fn = _builtins().get(self.factory)
+        if fn is None:
+            names = registered_keras_models()
+            raise ConfigError(
+                f"KerasModel.factory {self.factory!r} is not a registered Keras model factory"
+                f"{suggestion(self.factory, names)}; registered: {', '.join(names)}"
+            )
+        params = list(inspect.signature(fn).parameters.values())
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return
+        accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for name in self.kwargs:
+            if name not in accepted:
+                raise ConfigError(
+                    f"KerasModel.kwargs: factory {self.factory!r} has no parameter {name!r}"
+                    f"{suggestion(name, accepted)}; it accepts: {', '.join(accepted)}"
+                )
+        required = [p.name for p in params if p.name in accepted and p.default is p.empty]
+        missing = [n for n in required if n not in self.kwargs]
+        if missing:
+            raise ConfigError(
+                f"KerasModel.kwargs: factory {self.factory!r} needs {', '.join(repr(m) for m in missing)}; "
+                f"required: {', '.join(required)}; it accepts: {', '.join(accepted)}"
+            )
+        if "activation" in self.kwargs and self.factory in ("mlp", "cnn", "autoencoder", "classifier"):
+            from ._factories import check_activation
+
+            check_activation(self.kwargs["activation"])
+
+    # Building ------------------------------------------------------------------------------------------------
+    def build(self, key: Any) -> KerasState:
+        """Freshly initialised weights for `key` (an int seed or a JAX key): the same key gives the same arrays."""
+        from . import _tree
+
+        return _tree.build_state(self, key)
+
+    def new_keras_model(self) -> Any:
+        """A fresh ``keras.Model`` from the factory (its own, unseeded initial weights)."""
+        from . import _tree
+
+        return _tree.call_factory(self, None)
+
+    def to_keras(self) -> Any:
+        """An ordinary ``keras.Model`` holding a copy of the bound weights (for ``predict``, ``save``, ``fit``...)."""
+        from . import _tree
+
+        return _tree.to_keras(self, self._bound("to_keras"))
+
+    def bind(self, module: Any, *, check: bool = True) -> ModelOp:
+        """Bound to a `KerasState`, or to a built ``keras.Model`` of this architecture (its values are copied)."""
+        if not isinstance(module, KerasState):
+            from . import _tree
+
+            module = _tree.state_of(self, module)
+        return super().bind(module, check=check)
+
+    # The ModelOp protocol ------------------------------------------------------------------------------------
+    def check_bind(self, module: Any) -> None:
+        from . import _tree
+
+        _tree.check_fits(self, module)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        from . import _tree
+
+        return _tree.weights(self._bound("weights"))
+
+    def with_weights(self, arrays: Mapping[str, np.ndarray]) -> KerasModel:
+        from . import _tree
+
+        return self.bind(_tree.fill(self, arrays), check=False)  # type: ignore[return-value]
+
+    def check_input(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        from . import _tree
+
+        return _tree.check_input(self, shape, dtype)
+
+    def __call__(self, x: Any) -> Any:
+        """Predictions (inference mode) for a batch `x`."""
+        return self._bound("__call__")(x)
