@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from ._backends import BackendError as BackendError
     from ._backends import available_backends as available_backends
     from ._backends import register_backend as register_backend
+    from ._convert import convert_model as convert_model
+    from ._convert import register_converter as register_converter
     from ._engine import NonFiniteLossError as NonFiniteLossError
     from ._engine import NonFiniteWeightsError as NonFiniteWeightsError
     from ._jsonio import DamagedFileError as DamagedFileError

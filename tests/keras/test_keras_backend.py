@@ -476,3 +476,19 @@ def test_sigterm_then_resume_is_bitwise_with_dropout_and_adamw(tmp_path):
     with run_settings(run_dir=str(tmp_path / "part"), store=False, resume="auto"):
         resumed, _ = loop.run()
     assert resumed.weights_hash() == full.weights_hash()
+
+
+def test_a_keras_mlp_hands_off_to_an_equinox_stage_through_the_converter(tmp_path):
+    import pipekit
+    from pipekit_train import MSE, ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
+    from pipekit_train.adapters.keras import KerasModel
+
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    data = TrainingDataset(source=ArraySource(arrays={"x": x, "y": x[:, :1]}))
+    kwargs = {"in_size": 4, "out_size": 1, "width_size": 8, "depth": 1}
+    common = dict(dataset=data, loss=MSE(), max_steps=3, batch_size=8, progress=False)
+    first = TrainingLoop(model_op=KerasModel(factory="mlp", kwargs=kwargs), backend="keras", name="k", **common)
+    second = TrainingLoop(model_op=EquinoxModel(factory="mlp", kwargs=kwargs), name="e", **common)
+    with run_settings(run_dir=str(tmp_path / "r"), store=False):
+        model, _ = pipekit.Sequential([first, second]).run()
+    assert model.backend == "equinox" and model.module is not None

@@ -199,16 +199,16 @@ def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, init_
     if incoming is None or incoming.model is None:
         return loop.model_op.build(init_key)
     previous = incoming.model
+    if getattr(previous, "backend", None) != "equinox":  # another backend's model: only through a converter
+        from ..._convert import convert_model, find_converter, refuse_foreign
+
+        if find_converter(previous, "equinox") is None:
+            raise refuse_foreign(previous, "equinox", stage)
+        previous = convert_model(previous, "equinox")
     if loop.transfer is not None:
         return apply_transfer(loop.transfer, previous.module, loop.model_op.build(init_key))
     if previous == loop.model_op:
         return previous.module
-    if getattr(previous, "backend", None) != "equinox":
-        raise ConfigError(
-            f"stage {stage!r} (backend 'equinox') cannot start from the previous stage's {previous!r}, a model of "
-            f"backend {getattr(previous, 'backend', '?')!r}; weights move between backends only through a "
-            "registered converter"
-        )
     raise ConfigError(
         f"stage {stage!r} trains {loop.model_op!r} but the previous stage produced {previous!r}; "
         "say which weights to carry over with `transfer:` (for example "

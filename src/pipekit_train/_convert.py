@@ -1,0 +1,80 @@
+"""Moving a trained model between backends: `register_converter`, `find_converter`, `convert_model`.
+
+A stage of one backend refuses the model of another unless a converter is registered for the pair (and the source
+model's factory). Backends register their converters when their package is imported (the Keras package ships
+``mlp`` Equinox ⇄ Keras). A converter takes a bound model operator and returns a bound one of the other backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pipekit import ConfigError
+
+__all__ = ["convert_model", "find_converter", "refuse_foreign", "register_converter", "registered_converters"]
+
+Converter = Callable[[Any], Any]
+_CONVERTERS: dict[tuple[str, str, str | None], Converter] = {}
+
+
+def register_converter(
+    src_backend: str, dst_backend: str, factory: str | None = None
+) -> Callable[[Converter], Converter]:
+    """Register ``fn(bound_model_op) -> bound model op of dst_backend``, for models of `factory` (``None``: any).
+
+    Example:
+        >>> @register_converter("doc-src", "keras", "mlp")
+        ... def doc_convert(op):
+        ...     raise NotImplementedError
+        >>> ("doc-src", "keras", "mlp") in registered_converters()
+        True
+    """
+
+    def decorator(fn: Converter) -> Converter:
+        _CONVERTERS[(src_backend, dst_backend, factory)] = fn
+        return fn
+
+    return decorator
+
+
+def registered_converters() -> list[tuple[str, str, str | None]]:
+    """``(src_backend, dst_backend, factory)`` of every registered converter."""
+    return sorted(_CONVERTERS, key=lambda k: (k[0], k[1], k[2] or ""))
+
+
+def find_converter(model: Any, dst_backend: str) -> Converter | None:
+    """The converter for a bound model op into `dst_backend` (by its factory first, then any), or ``None``."""
+    src = getattr(model, "backend", "")
+    factory = getattr(model, "factory", None)
+    return _CONVERTERS.get((src, dst_backend, factory)) or _CONVERTERS.get((src, dst_backend, None))
+
+
+def convert_model(model: Any, dst_backend: str) -> Any:
+    """`model` (a bound model op) as a bound model op of `dst_backend`, through a registered converter."""
+    src = getattr(model, "backend", "")
+    if src == dst_backend:
+        return model
+    fn = find_converter(model, dst_backend)
+    if fn is None:
+        pairs = ", ".join(f"{s} -> {d} ({f or 'any'})" for s, d, f in registered_converters()) or "none"
+        raise ConfigError(
+            f"no converter moves {model!r} (backend {src!r}) to backend {dst_backend!r}; registered: {pairs}. "
+            "Register one with pipekit_train.register_converter(src_backend, dst_backend, factory)"
+        )
+    model._bound(f"conversion to {dst_backend}")
+    out = fn(model)
+    if getattr(out, "backend", None) != dst_backend or out.module is None:
+        raise ConfigError(f"the converter {fn.__qualname__} returned {out!r}, not a bound model of {dst_backend!r}")
+    return out
+
+
+def refuse_foreign(model: Any, backend: str, stage: str) -> ConfigError:
+    """The error for a stage of `backend` handed a model of another backend that no converter moves."""
+    return ConfigError(
+        f"stage {stage!r} (backend {backend!r}) cannot start from the previous stage's {model!r}, a model of "
+        f"backend {getattr(model, 'backend', '?')!r}; weights move between backends only through a registered "
+        f"converter (pipekit_train.register_converter({getattr(model, 'backend', '?')!r}, "
+        f"{backend!r}, factory)); registered: "
+        + (", ".join(f"{s} -> {d} ({f or 'any'})" for s, d, f in registered_converters()) or "none")
+    )
