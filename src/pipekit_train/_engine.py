@@ -269,9 +269,10 @@ class Engine:
 
     def next_chunk(self) -> int:
         """How many steps the next dispatch runs: up to `steps_per_call`, never past a boundary."""
-        remaining = self.loop.max_steps - self.step
+        remaining: int = self.loop.max_steps - self.step
+        per_call: int = self.loop.steps_per_call
         stop = min(self.step + remaining, *(((self.step // e) + 1) * e for e in self._boundaries()))
-        return max(1, min(stop - self.step, self.loop.steps_per_call))
+        return max(1, min(stop - self.step, per_call))
 
     # The run -----------------------------------------------------------------------------------------------
     def run(self) -> AdapterResult:
@@ -302,8 +303,9 @@ class Engine:
                 self._after_chunk(first, n, metrics)
                 if self.hooks is not None and ctx.stop_reason is None:
                     self.hooks.after_chunk(self, data_state)
-                if self.hooks is not None and self.hooks.stop_requested():
-                    ctx.request_stop(self.hooks.stop_requested())
+                signal_name = self.hooks.stop_requested() if self.hooks is not None else None
+                if signal_name:
+                    ctx.request_stop(signal_name)
                 progress.update(self.step, self.last_train.get("loss"))
             self._flush_window()
             if ctx.stop_reason is not None:
@@ -419,7 +421,7 @@ class Engine:
         carries the pending values so a resumed run writes the same train records as an uninterrupted one.
         """
         values = _on_host(self.window)
-        pending = [[s, {k: float(v) for k, v in m.items()}] for (s, _), m in zip(self.window, values)]
+        pending: list[list[Any]] = [[s, {k: float(v) for k, v in m.items()}] for (s, _), m in zip(self.window, values)]
         for step, metrics in pending:
             self._check_finite(step, metrics["loss"])
         return EngineSnapshot(

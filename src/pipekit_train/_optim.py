@@ -132,10 +132,10 @@ def check_schedule(cfg: Mapping[str, Any], max_steps: int) -> tuple[int, int | N
     ``decay_steps`` defaults to `max_steps`; ``onecycle``'s warm-up defaults to 30% of it.
     """
     kind = cfg["schedule"]
-    decay_steps = cfg.get("decay_steps") or max_steps
+    decay_steps: int = cfg.get("decay_steps") or max_steps
     given = cfg.get("decay_steps")
     source = f"decay_steps={decay_steps}" if given else f"decay_steps defaults to max_steps={max_steps}"
-    warmup = cfg.get("warmup_steps")
+    warmup: int | None = cfg.get("warmup_steps")
     if kind == "onecycle":
         warmup = round(0.3 * decay_steps) if warmup is None else warmup
         if not 0 < warmup < decay_steps:
@@ -143,7 +143,7 @@ def check_schedule(cfg: Mapping[str, Any], max_steps: int) -> tuple[int, int | N
                 f"optimizer_config.warmup_steps must be in (0, {decay_steps}) for schedule 'onecycle' ({source}), "
                 f"got {warmup}"
             )
-    elif kind == "warmup_cosine" and warmup >= decay_steps:
+    elif kind == "warmup_cosine" and (warmup or 0) >= decay_steps:
         raise ConfigError(
             f"optimizer_config.warmup_steps must be < {decay_steps} for schedule 'warmup_cosine' ({source}), "
             f"got {warmup}; lower warmup_steps or raise max_steps"

@@ -81,7 +81,8 @@ def _check_positive_int(name: str, value: Any) -> int:
 class LrScaleState(NamedTuple):
     """State of `scale_by_scheduled_lr`: the step count and the run-time factor (float32 scalars)."""
 
-    count: jax.Array
+    # `count` shadows `tuple.count`, as in optax's own states; the field names are checkpoint keys: keep them.
+    count: jax.Array  # type: ignore[assignment]
     scale: jax.Array
 
 

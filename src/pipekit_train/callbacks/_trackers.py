@@ -85,7 +85,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
 def pipeline_params(loop: Any) -> dict[str, str]:
     """The loop's configuration as flat MLflow parameters: from its YAML when it has one, else its fields."""
     try:
-        plain = yaml.safe_load(pipekit.dumps(loop, strict=False))
+        plain = yaml.safe_load(pipekit.dumps(loop))
         plain.pop("pipekit", None)
     except (ConfigError, AttributeError, TypeError):
         plain = loop.non_default_fields() if isinstance(loop, Operator) else {}

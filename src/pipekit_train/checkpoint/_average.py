@@ -85,7 +85,8 @@ def average_checkpoints(
         for i, leaf in enumerate(leaves):
             if _is_inexact(leaf.dtype):
                 acc = np.asarray(leaf).astype(np.complex128 if np.iscomplexobj(leaf) else np.float64)
-                sums[i] = acc if sums[i] is None else sums[i] + acc
+                so_far = sums[i]
+                sums[i] = acc if so_far is None else so_far + acc
         newest = leaves
     out = []
     for total, leaf in zip(sums, newest):
@@ -99,10 +100,11 @@ def average_checkpoints(
 
 def _is_inexact(dtype: Any) -> bool:
     import jax
+    import jax.numpy as jnp
 
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
         return False
-    return bool(jax.dtypes.issubdtype(dtype, np.inexact))
+    return bool(jnp.issubdtype(dtype, np.inexact))
 
 
 def write_average(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -410,7 +411,7 @@ class Checkpointer:
             self._entries = {e.step: e for e in retained}
         for doomed in sorted(e.step for e in entries if e.step not in kept):
             try:
-                _with_io_retry(lambda d=doomed: _delete_step(self.directory / str(d)))
+                _with_io_retry(functools.partial(_delete_step, self.directory / str(doomed)))
             except OSError as e:
                 logger.warning("could not delete checkpoint step %s in %s: %s", doomed, self.directory, e)
 

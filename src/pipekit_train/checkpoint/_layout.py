@@ -57,7 +57,7 @@ def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
         name = _path_name(path)
         rec: dict[str, Any] = {}
         if isinstance(leaf, jax.Array):
-            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
                 rec["prng_impl"] = str(jax.random.key_impl(leaf))
                 leaf = jax.random.key_data(leaf)
             if not leaf.is_fully_addressable:
@@ -112,7 +112,7 @@ def _flatten(tree: Any) -> list[tuple[str, Any]]:
 
 def _leaf_digest(host: np.ndarray) -> str:
     data = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
-    return hashlib.sha256(memoryview(data)).hexdigest()
+    return hashlib.sha256(data.data).hexdigest()
 
 
 def _json_digest(value: Any) -> str:

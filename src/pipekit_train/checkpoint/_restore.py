@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,8 @@ def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -
         problems.append(f"not in the checkpoint: {missing}")
     if extra:
         problems.append(f"in the checkpoint but not in abstract_state: {extra}")
-    targets, posts = [], []
+    targets: list[jax.ShapeDtypeStruct | None] = []
+    posts: list[Callable[[Any], Any] | None] = []
     for name, (_, leaf) in zip(names, flat):
         if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
             raise CheckpointMismatchError(
@@ -98,21 +100,23 @@ def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -
             targets.append(None)
             posts.append(None)
             continue
-        is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        is_key = jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
         shape = tuple(leaf.shape)
         if is_key:
             if "prng_impl" not in rec:
                 problems.append(f"{name!r} is a PRNG key in abstract_state but {rec['dtype']} data in the checkpoint")
                 continue
-            shape = tuple(jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)).shape)
+            key_struct = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)  # type: ignore[no-untyped-call]
+            shape = tuple(jax.eval_shape(jax.random.key_data, key_struct).shape)
         if shape != tuple(rec["shape"]):
             problems.append(f"shape of {name!r}: checkpoint {tuple(rec['shape'])}, abstract_state {tuple(leaf.shape)}")
             continue
-        targets.append(jax.ShapeDtypeStruct(shape, jnp.dtype(rec["dtype"]), sharding=getattr(leaf, "sharding", None)))
+        sharding = getattr(leaf, "sharding", None)
+        targets.append(jax.ShapeDtypeStruct(shape, jnp.dtype(rec["dtype"]), sharding=sharding))  # type: ignore[no-untyped-call]
         if is_key:
-            posts.append(lambda x, impl=rec["prng_impl"]: jax.random.wrap_key_data(x, impl=impl))
+            posts.append(functools.partial(_wrap_key_data, impl=rec["prng_impl"]))
         elif jnp.dtype(leaf.dtype) != jnp.dtype(rec["dtype"]):
-            posts.append(lambda x, dtype=leaf.dtype: x.astype(dtype))
+            posts.append(functools.partial(_astype, dtype=leaf.dtype))
         else:
             posts.append(None)
     if problems:
@@ -123,6 +127,14 @@ def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -
         return jax.tree_util.tree_unflatten(treedef, [f(x) if f else x for f, x in zip(posts, restored)])
 
     return jax.tree_util.tree_unflatten(treedef, targets), finish
+
+
+def _wrap_key_data(data: Any, *, impl: str) -> Any:
+    return jax.random.wrap_key_data(data, impl=impl)
+
+
+def _astype(x: Any, *, dtype: Any) -> Any:
+    return x.astype(dtype)
 
 
 def _corrupted(step_dir: Path, step: int, files: dict[str, list[Any]] | None, item: str, detail: str) -> Exception:

@@ -36,8 +36,8 @@ def list_runs(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
         dirnames[:] = [d for d in dirnames if not (d.isdigit() or _TMP in d)]  # never walk into checkpoints
         try:
             header, entries = _read_manifest(directory)
-        except (OSError, ValueError, TypeError) as e:
-            warnings.warn(f"skipping {directory / MANIFEST}: {e}", PipekitTrainWarning, stacklevel=2)
+        except (OSError, ValueError, TypeError) as err:
+            warnings.warn(f"skipping {directory / MANIFEST}: {err}", PipekitTrainWarning, stacklevel=2)
             continue
         committed = [e for e in entries if _uncommitted_reason(directory / str(e.step)) is None]
         by_run: dict[str | None, list[ManifestEntry]] = {}

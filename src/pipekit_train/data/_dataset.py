@@ -136,7 +136,7 @@ class _Plan:
         return np.random.default_rng([self.seed, epoch]).permutation(self.n)
 
 
-class _BatchDataset(grain.MapDataset):  # type: ignore[type-arg]
+class _BatchDataset(grain.MapDataset):  # type: ignore[misc]
     """Grain random access by global batch index ``g = epoch * per_epoch + batch`` to a gathered batch."""
 
     def __init__(self, arrays: Arrays, plan: _Plan, length: int) -> None:

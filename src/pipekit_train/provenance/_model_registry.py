@@ -37,7 +37,7 @@ import numpy as np
 import pipekit
 from pipekit import PipekitError
 
-from .._models import weights_digest
+from .._models import ModelOp, weights_digest
 
 __all__ = [
     "LocalModelRegistry",
@@ -219,6 +219,10 @@ class LocalModelRegistry:
             op = pipekit.loads(blobs[ARCHITECTURE_FILE].decode("utf-8"), source=str(paths[ARCHITECTURE_FILE]))
         except (PipekitError, UnicodeDecodeError) as e:
             raise ModelIntegrityError(f"{paths[ARCHITECTURE_FILE]}: cannot rebuild the architecture: {e}") from None
+        if not isinstance(op, ModelOp):
+            raise ModelIntegrityError(
+                f"{paths[ARCHITECTURE_FILE]}: rebuilds a {type(op).__name__}, not a model operator (a ModelOp)"
+            )
         names = meta.get("weights")
         if meta.get("format") != FORMAT or not isinstance(names, list):
             raise ModelIntegrityError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ __all__ = ["apply_transfer", "batched_call", "check_fits", "check_input", "fill"
 
 
 @eqx.filter_jit
-def _batched_call(module: eqx.Module, x: Any) -> Any:
+def _batched_call(module: Any, x: Any) -> Any:
     return jax.vmap(lambda xi: module(xi))(x)
 
 
@@ -132,7 +133,7 @@ def check_input(op: ModelOp, shape: tuple[int, ...], dtype: Any) -> Any:
     module = op.module
     if module is None:
         module = abstract(op)
-    example = jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
+    example = jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))  # type: ignore[no-untyped-call]
     try:
         return eqx.filter_eval_shape(lambda m, x: m(x), module, example)
     except Exception as e:
@@ -195,11 +196,12 @@ def apply_transfer(transfer: Transfer, source: Any, target: Any) -> Any:
                 f"Transfer: source {source_path!r} does not fit target {target_path!r}: "
                 f"{_pair_diff(src_specs, dst_specs)}"
             )
-        if jax.tree.structure(eqx.filter(src, eqx.is_array)) != jax.tree.structure(eqx.filter(dst, eqx.is_array)):
+        # jax annotates `structure` with an alias (`PyTreeDef`, from a compiled module) mypy cannot resolve.
+        if jax.tree.structure(eqx.filter(src, eqx.is_array)) != jax.tree.structure(eqx.filter(dst, eqx.is_array)):  # type: ignore[operator]
             raise ShapeError(
                 f"Transfer: source {source_path!r} and target {target_path!r} have equal shapes but different "
                 f"structure (static fields such as the activation differ): {type(src).__name__} vs "
                 f"{type(dst).__name__}"
             )
-        out = eqx.tree_at(lambda m, steps=t_steps, p=target_path: _resolve(m, steps, p, "target"), out, src)
+        out = eqx.tree_at(functools.partial(_resolve, steps=t_steps, path=target_path, role="target"), out, src)
     return out
