@@ -1,6 +1,6 @@
-"""Step-time benchmarks of pipekit-train against hand-written JAX loops, the seed's step and Keras 3 ``fit``.
+"""Step-time benchmarks of pipekit-train against hand-written JAX loops, the reference Equinox step and Keras 3 ``fit``.
 
-Run with ``make bench`` (installs the benchmark-only ``keras`` extra first), or directly::
+Run with ``make bench`` (the set-up installs the ``keras`` extra, as for the tests), or directly::
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/run.py            # full run, 3-4 minutes on 2 cores
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/run.py --quick    # smoke run, ~1 minute
@@ -299,7 +299,7 @@ class HandJit:
 
 
 class SeedStep:
-    """The seed's step (`eqx.filter_jit` over the whole `TrainState`), called once per step, pre-batched data."""
+    """The reference Equinox step (`eqx.filter_jit` over the whole `TrainState`), called once per step, pre-batched data."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, size: Size) -> None:
         self.size = size
@@ -569,7 +569,7 @@ def keras_available() -> str | None:
     try:
         import keras  # noqa: F401
     except ImportError:
-        return "keras is not installed (make bench installs it: pip install 'keras>=3.10')"
+        return "keras is not installed (pip install 'pipekit-train[keras]')"
     return None
 
 
