@@ -299,7 +299,7 @@ class HandJit:
 
 
 class SeedStep:
-    """The reference Equinox step (`eqx.filter_jit` over the whole `TrainState`), called once per step, pre-batched data."""
+    """The reference Equinox step (`eqx.filter_jit` over the whole `TrainState`), once per step, pre-batched data."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, size: Size) -> None:
         self.size = size
