@@ -316,12 +316,15 @@ def test_a_manifest_lost_after_commit_is_rebuilt_from_the_checkpoints(tmp_path):
     with Checkpointer(tmp_path, keep=(Best(k=1), Last(n=1))) as ckpt:
         save_scores(ckpt, {1: 0.3, 2: 0.1, 3: 0.4}, run_id="r")
     (tmp_path / MANIFEST).unlink()  # as if the process died between the commit and the manifest write
-    reader = Checkpointer(tmp_path)
+    with pytest.warns(PipekitTrainWarning, match=r"step\(s\) \[2, 3\] were committed but missing from manifest"):
+        reader = Checkpointer(tmp_path)
     assert reader.steps() == [2, 3] and reader.best_step() == 2
     assert reader.manifest()[0].run_id == "r" and reader.manifest()[0].files is None
+    assert (tmp_path / MANIFEST).exists()  # written again, so later readers need no rebuild
     (tmp_path / MANIFEST).write_text("{not json")
-    with pytest.warns(PipekitTrainWarning, match=r"manifest.json is unreadable .* rebuilding"):
+    with pytest.warns(PipekitTrainWarning) as seen:
         assert Checkpointer(tmp_path).steps() == [2, 3]
+    assert any("manifest.json is unreadable" in str(w.message) for w in seen)
 
 
 # Crashes mid-save ------------------------------------------------------------------------------------------
@@ -460,8 +463,10 @@ def test_corruption_is_caught_without_recorded_file_digests(tmp_path):
     data = bytearray(original)
     data[len(data) // 2] ^= 0x01  # one bit
     victim.write_bytes(bytes(data))
+    with pytest.warns(PipekitTrainWarning, match=r"missing from manifest.json"):
+        reader = Checkpointer(tmp_path)
     with pytest.raises(CheckpointCorruptedError, match=r"leaf checksum mismatch at \['params/w'\]; in .*1/state"):
-        Checkpointer(tmp_path).restore(1, abstract_of(state))
+        reader.restore(1, abstract_of(state))
     victim.write_bytes(original)
     iter_file = tmp_path / "1" / "data_iter" / "metadata"
     iter_file.write_text(iter_file.read_text().replace("1", "2"))  # still valid JSON, another position

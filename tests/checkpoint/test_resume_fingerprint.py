@@ -97,7 +97,7 @@ def test_what_changes_the_result_refuses_a_resume(tmp_path: Path, change: dict[s
 def test_force_resume_continues_and_warns(tmp_path: Path):
     _interrupted(tmp_path / "r")
     with pytest.warns(PipekitTrainWarning, match=r"--force-resume: stage 's' continues from step 10"):
-        model, artifact = _resume(tmp_path / "r", force=True, eval_every_n_steps=10)
+        _, artifact = _resume(tmp_path / "r", force=True, eval_every_n_steps=10)
     assert artifact.backend_info["steps"] == 20
 
 

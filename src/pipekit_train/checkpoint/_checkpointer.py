@@ -40,10 +40,10 @@ from ._layout import (
     _delete_step,
     _file_digests,
     _json_digest,
-    _load_entries,
     _optional,
     _pending,
     _prepare_state,
+    _scan,
     _step,
     _uncommitted_reason,
     _with_io_retry,
@@ -103,10 +103,20 @@ class Checkpointer:
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
             raise ConfigError(f"Checkpointer.monitor must name a metric, got {monitor!r}")
         self.async_save = bool(async_save)
-        header, entries = _load_entries(self.directory)
+        header, entries, unlisted = _scan(self.directory)
         self.monitor: str = monitor or header.get("monitor") or "validate/loss"
         self.mode: Mode = mode or header.get("mode") or "min"
         self._entries: dict[int, ManifestEntry] = entries
+        if unlisted:  # a crash after a commit, before the manifest listed it: list it now, and say so
+            warnings.warn(
+                f"{self.directory}: step(s) {unlisted} were committed but missing from {MANIFEST} (a crash right "
+                "after the save); the manifest lists them again",
+                PipekitTrainWarning,
+                stacklevel=2,
+            )
+            header = {"monitor": self.monitor, "mode": self.mode, "keep": [repr(s) for s in self.keep]}
+            with contextlib.suppress(OSError):  # a read-only directory is still read correctly from memory
+                _write_manifest(self.directory, header, [entries[s] for s in sorted(entries)])
         self._lock = threading.Lock()
         self._manager: Any = None
         self._thread: threading.Thread | None = None

@@ -176,6 +176,12 @@ def _write_manifest(directory: Path, header: Mapping[str, Any], entries: list[Ma
 
 def _load_entries(directory: Path) -> tuple[dict[str, Any], dict[int, ManifestEntry]]:
     """The manifest's header and entries, plus committed step directories it misses (a crash after commit)."""
+    header, entries, _ = _scan(directory)
+    return header, entries
+
+
+def _scan(directory: Path) -> tuple[dict[str, Any], dict[int, ManifestEntry], list[int]]:
+    """`_load_entries`, and the steps that were committed but missing from ``manifest.json`` (now included)."""
     header: dict[str, Any] = {}
     entries: dict[int, ManifestEntry] = {}
     if (directory / MANIFEST).exists():
@@ -188,24 +194,37 @@ def _load_entries(directory: Path) -> tuple[dict[str, Any], dict[int, ManifestEn
                 PipekitTrainWarning,
                 stacklevel=3,
             )
+    unlisted = []
     if directory.is_dir():
         for child in directory.iterdir():
             if child.name.isdigit() and int(child.name) not in entries and _uncommitted_reason(child) is None:
                 entry = _entry_from_checkpoint(child)
                 if entry is not None:
                     entries[entry.step] = entry
-    return header, entries
+                    unlisted.append(entry.step)
+    return header, entries, sorted(unlisted)
+
+
+def _read_record_json(step_dir: Path) -> dict[str, Any]:
+    """A committed step's meta record (its ``meta/metadata`` JSON), checked against its own digest; no Orbax."""
+    path = step_dir / "meta" / "metadata"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read the checkpoint's record ({e})") from None
+    if not isinstance(record, dict) or "record_sha256" not in record:
+        raise CheckpointError(f"{path}: not a pipekit checkpoint record")
+    if record.get("format") != FORMAT:
+        raise CheckpointError(f"{step_dir} has checkpoint format {record.get('format')!r}; this version reads {FORMAT}")
+    if _json_digest({k: v for k, v in record.items() if k != "record_sha256"}) != record["record_sha256"]:
+        raise CheckpointError(f"{path}: the record does not match its checksum (damaged)")
+    return record
 
 
 def _entry_from_checkpoint(step_dir: Path) -> ManifestEntry | None:
-    import orbax.checkpoint as ocp
-
     step = int(step_dir.name)
     try:
-        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
-            from ._restore import _read_record
-
-            record = _read_record(reader, step_dir, step, None)
+        record = _read_record_json(step_dir)
     except CheckpointError as e:
         logger.warning("ignoring %s: %s", step_dir, e)
         return None

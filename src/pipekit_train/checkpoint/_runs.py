@@ -12,13 +12,14 @@ from typing import Any
 
 from .._warnings import PipekitTrainWarning
 from ._errors import CheckpointNotFoundError
-from ._layout import _TMP, MANIFEST, _read_manifest, _uncommitted_reason
+from ._layout import _TMP, MANIFEST, _scan, _uncommitted_reason
 from ._selectors import Best, ManifestEntry
 
 
 # Runs --------------------------------------------------------------------------------------------------------
 def list_runs(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The checkpointed runs under `root`, newest first, read from the manifests alone.
+    """The checkpointed runs under `root`, newest first, read from the manifests (and the JSON records of steps a
+    crash kept out of a manifest), never from the arrays.
 
     Each row: ``run_id``, ``stage``, ``directory``, ``checkpoints`` (committed ones), ``steps``, ``latest_step``,
     ``best_step``, ``best_score``, ``metric``, ``mode`` and ``last_write`` (``time.time()`` of its newest
@@ -35,10 +36,12 @@ def list_runs(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
         directory = Path(dirpath)
         dirnames[:] = [d for d in dirnames if not (d.isdigit() or _TMP in d)]  # never walk into checkpoints
         try:
-            header, entries = _read_manifest(directory)
+            # The manifest, plus steps that committed but never reached it (a crash right after a save).
+            header, found, _ = _scan(directory)
         except (OSError, ValueError, TypeError) as err:
             warnings.warn(f"skipping {directory / MANIFEST}: {err}", PipekitTrainWarning, stacklevel=2)
             continue
+        entries = [found[s] for s in sorted(found)]
         committed = [e for e in entries if _uncommitted_reason(directory / str(e.step)) is None]
         by_run: dict[str | None, list[ManifestEntry]] = {}
         for e in entries:
