@@ -51,9 +51,9 @@ def _loop() -> TrainingLoop:
 
 
 def test_a_second_process_is_refused_naming_the_holder(tmp_path: Path, holder: subprocess.Popen):
-    with pytest.raises(RunDirectoryBusyError, match=rf"run directory .*run is in use by PID {holder.pid} on "):
-        with run_dir_lock(tmp_path / "run"):
-            pass
+    busy = pytest.raises(RunDirectoryBusyError, match=rf"run directory .*run is in use by PID {holder.pid} on ")
+    with busy, run_dir_lock(tmp_path / "run"):
+        pass
 
 
 def test_a_run_into_a_busy_directory_is_refused_before_writing_anything(tmp_path: Path, holder: subprocess.Popen):

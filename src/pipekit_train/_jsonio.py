@@ -86,7 +86,5 @@ def read_json(
         )
     missing = [k for k in required if k not in data]
     if missing:
-        raise DamagedFileError(
-            f"{path}: {what} is damaged (no {', '.join(repr(k) for k in missing)}){hint}", path=path
-        )
+        raise DamagedFileError(f"{path}: {what} is damaged (no {', '.join(repr(k) for k in missing)}){hint}", path=path)
     return data

@@ -116,10 +116,10 @@ class LogToExperiment(Callback):
     experiment: str = "pipekit"
     order: int = 10
 
-
     def fingerprint(self) -> None:
         """Not part of a resume's fingerprint: it changes what is recorded, not what is trained."""
         return None
+
     def validate(self) -> None:
         if not self.experiment:
             raise ConfigError("LogToExperiment.experiment must be a non-empty name, got ''")
@@ -262,10 +262,10 @@ class RegisterModel(Callback):
 
     registry: str | None = None
 
-
     def fingerprint(self) -> None:
         """Not part of a resume's fingerprint: it changes what is recorded, not what is trained."""
         return None
+
     def on_train_end(self, ctx: TrainContext) -> None:
         registry = LocalModelRegistry(self.registry)
         uri = registry.put(ctx.model)
