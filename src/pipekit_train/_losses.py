@@ -50,7 +50,7 @@ class Loss(Operator, abc.ABC, register=False):
     aux_prefix: ClassVar[str] = "loss/"
 
     @abc.abstractmethod
-    def __call__(self, predicted: Any, target: Any) -> Any:
+    def __call__(self, predicted: Any, target: Any) -> Any:  # type: ignore[override]  # a loss is not a one-input step
         """The loss of `predicted` against `target`: a scalar, or ``(scalar, {name: scalar, ...})``."""
 
 
@@ -133,7 +133,7 @@ class MSE(Loss):
 
     reduction: Literal["mean", "sum", "none"] = "mean"
 
-    def __call__(self, predicted: Any, target: Any) -> Any:
+    def __call__(self, predicted: Any, target: Any) -> Any:  # type: ignore[override]  # see Loss.__call__
         p_leaves, t_leaves = _leaves("MSE", predicted, target)
         errors = [jnp.square(p - t) for p, t in zip(p_leaves, t_leaves)]
         return _reduce(errors, self.reduction, jax.tree.structure(predicted))
@@ -162,7 +162,7 @@ class NLL(Loss):
 
     reduction: Literal["mean", "sum", "none"] = "mean"
 
-    def __call__(self, predicted: Any, target: Any) -> Any:
+    def __call__(self, predicted: Any, target: Any) -> Any:  # type: ignore[override]  # see Loss.__call__
         if hasattr(predicted, "log_prob"):
             values = -jnp.asarray(predicted.log_prob(target))
         else:
@@ -192,7 +192,7 @@ class KL(Loss):
 
     reduction: Literal["batchmean", "mean", "sum", "none"] = "batchmean"
 
-    def __call__(self, q_dist: Any, p_dist: Any) -> Any:
+    def __call__(self, q_dist: Any, p_dist: Any) -> Any:  # type: ignore[override]  # see Loss.__call__
         if hasattr(q_dist, "kl_divergence"):
             values = jnp.asarray(q_dist.kl_divergence(p_dist))
         else:
@@ -233,7 +233,7 @@ class CrossEntropy(Loss):
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"CrossEntropy.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
 
-    def __call__(self, predicted: Any, target: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(self, predicted: Any, target: Any) -> tuple[jax.Array, dict[str, jax.Array]]:  # type: ignore[override]  # see Loss.__call__
         logits = jnp.asarray(predicted)
         target = jnp.asarray(target)
         classes = logits.shape[-1]
@@ -296,7 +296,7 @@ class Composite(Loss):
     def example(cls) -> Composite:
         return cls(components=((1.0, MSE()), (0.5, KL())))
 
-    def __call__(self, predicted: Any, target: Any) -> tuple[Any, dict[str, Any]]:
+    def __call__(self, predicted: Any, target: Any) -> tuple[Any, dict[str, Any]]:  # type: ignore[override]  # see Loss.__call__
         terms: dict[str, Any] = {}
         total: Any = 0.0
         for i, (weight, loss) in enumerate(self.components):

@@ -48,7 +48,8 @@ class TrainState(eqx.Module):
 
 def init_state(model: Any, optimizer: optax.GradientTransformation) -> TrainState:
     """A `TrainState` at step 0: the optimizer initialised on the model's array leaves."""
-    return TrainState(model=model, opt_state=optimizer.init(eqx.filter(model, eqx.is_array)), step=0)
+    # `step`'s converter makes the int an int32 array; mypy does not apply field converters.
+    return TrainState(model=model, opt_state=optimizer.init(eqx.filter(model, eqx.is_array)), step=0)  # type: ignore[arg-type]
 
 
 class TrainTask(eqx.Module):
@@ -198,4 +199,5 @@ def restore_state(
     arrays, static = eqx.partition(template, eqx.is_array)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, arrays)
     restored = mngr.restore(step, args=ocp.args.StandardRestore(abstract))
-    return eqx.combine(restored, static)
+    state: TrainState = eqx.combine(restored, static)
+    return state

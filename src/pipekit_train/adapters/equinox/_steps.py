@@ -132,7 +132,8 @@ class LossSpec(eqx.Module):
 
     def __call__(self, model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
         """The loss and the metrics of `model` on `batch`."""
-        return self.step_loss.value(model, batch, key, self.task_arrays.leaves)
+        step_loss: StepLoss = self.step_loss.value
+        return step_loss(model, batch, key, self.task_arrays.leaves)
 
 
 def partition(model: Any) -> tuple[Any, Any, Any]:
@@ -258,7 +259,7 @@ def train_chunk(
     Returns the new state and the metrics (leading axis ``n`` when ``n > 1``).
     """
     loss_spec: LossSpec = spec.value
-    return _train_chunk(
+    out: tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]] = _train_chunk(
         state,
         consts,
         loss_spec.task_arrays.leaves,
@@ -271,6 +272,7 @@ def train_chunk(
         n=n,
         ema_config=ema_config,
     )
+    return out
 
 
 #: The compiled step's cache (``train_chunk._cache_size()`` counts the compiled variants).
@@ -289,7 +291,8 @@ def _eval_batch(
     spec: Static,
 ) -> dict[str, jax.Array]:
     model = eqx.nn.inference_mode(combine(params, consts, static.value))
-    _, metrics = spec.value(model, batch, base_key, task_leaves)
+    step_loss: StepLoss = spec.value
+    _, metrics = step_loss(model, batch, base_key, task_leaves)
     return metrics
 
 
@@ -298,9 +301,10 @@ def eval_batch(
 ) -> dict[str, jax.Array]:
     """Metrics of one batch in inference mode, without gradients."""
     loss_spec: LossSpec = spec.value
-    return _eval_batch(
+    metrics: dict[str, jax.Array] = _eval_batch(
         params, consts, loss_spec.task_arrays.leaves, batch, base_key, static=static, spec=loss_spec.step_loss
     )
+    return metrics
 
 
 class CompileCounter:
@@ -313,7 +317,7 @@ class CompileCounter:
         self.count = 0
 
     @classmethod
-    def _listener(cls, event: str, duration: float, **kwargs: Any) -> None:
+    def _listener(cls, event: str, duration_secs: float, **kwargs: str | int) -> None:
         if event == BACKEND_COMPILE_EVENT:
             for counter in cls._active:
                 counter.count += 1

@@ -171,8 +171,9 @@ def check_before_compile(loop: TrainingLoop) -> None:
     out = loop.model_op.check_input(tuple(shape), dtype)
     target_shape, target_dtype = spec[loop.target_key]
     batch = loop.batch_size
-    predicted = jax.tree.map(lambda o: jax.ShapeDtypeStruct((batch, *o.shape), o.dtype), out)
-    target = jax.ShapeDtypeStruct((batch, *target_shape), target_dtype)
+    # jax.ShapeDtypeStruct is untyped (no-untyped-call below)
+    predicted = jax.tree.map(lambda o: jax.ShapeDtypeStruct((batch, *o.shape), o.dtype), out)  # type: ignore[no-untyped-call]
+    target = jax.ShapeDtypeStruct((batch, *target_shape), target_dtype)  # type: ignore[no-untyped-call]
     try:
         jax.eval_shape(lambda p, t: loop.loss(p, t), predicted, target)  # type: ignore[misc]
     except Exception as e:

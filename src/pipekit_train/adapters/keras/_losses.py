@@ -50,7 +50,10 @@ class PipekitKerasLoss(keras.losses.Loss):
     def from_config(cls, config: dict[str, Any]) -> PipekitKerasLoss:
         import pipekit
 
-        return cls(pipekit.loads(config["loss_yaml"]), name=config.get("name"))
+        loss = pipekit.loads(config["loss_yaml"])
+        if not isinstance(loss, Loss):
+            raise ConfigError(f"PipekitKerasLoss.from_config: loss_yaml holds {loss!r}, not a pipekit_train Loss")
+        return cls(loss, name=config.get("name"))
 
 
 def to_keras_loss(loss: Loss) -> Any:
@@ -64,4 +67,4 @@ def to_keras_loss(loss: Loss) -> Any:
     """
     if not isinstance(loss, Loss):
         raise ConfigError(f"to_keras_loss expects a pipekit_train Loss, got {type(loss).__name__}")
-    return PipekitKerasLoss(loss)  # type: ignore[arg-type]  # Loss is narrowed to Operator by its metaclass
+    return PipekitKerasLoss(loss)

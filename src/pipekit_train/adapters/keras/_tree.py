@@ -298,11 +298,12 @@ def check_input(op: KerasModel, shape: tuple[int, ...], dtype: Any) -> Any:
     model = skeleton(op)
     state = op.module if isinstance(op.module, KerasState) else None
     layout = layout_of(model)
-    trainable = [jax.ShapeDtypeStruct(s, d) for s, d in layout.trainable]
-    non_trainable = [jax.ShapeDtypeStruct(s, d) for s, d in layout.non_trainable]
+    # jax.ShapeDtypeStruct is untyped (no-untyped-call below)
+    trainable = [jax.ShapeDtypeStruct(s, d) for s, d in layout.trainable]  # type: ignore[no-untyped-call]
+    non_trainable = [jax.ShapeDtypeStruct(s, d) for s, d in layout.non_trainable]  # type: ignore[no-untyped-call]
     if state is not None:
         trainable, non_trainable = list(state.trainable), list(state.non_trainable)
-    example = jax.ShapeDtypeStruct((1, *shape), jnp.dtype(dtype))
+    example = jax.ShapeDtypeStruct((1, *shape), jnp.dtype(dtype))  # type: ignore[no-untyped-call]
     try:
         out = jax.eval_shape(lambda t, n, x: model.stateless_call(t, n, x, training=False)[0], trainable, non_trainable,
                              example)  # fmt: skip
@@ -312,7 +313,7 @@ def check_input(op: KerasModel, shape: tuple[int, ...], dtype: Any) -> Any:
             f"the data's per-example input has shape {tuple(shape)} and dtype {jnp.dtype(dtype)}, but {op!r} "
             f"expects {_expects(model)}; tracing one example failed with: {first_line}"
         ) from e
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), out)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), out)  # type: ignore[no-untyped-call]
 
 
 _PREDICT: dict[tuple[int, bool], tuple[Any, Any]] = {}

@@ -46,7 +46,9 @@ def check_data(model_op: Any, data: Mapping[str, Any], stage: str) -> None:
     for key, value in data.items():
         arr = np.asarray(value)
         if arr.dtype.kind == "f":
-            bad = np.flatnonzero(~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)) if arr.ndim else []
+            bad: np.ndarray | list[int] = (
+                np.flatnonzero(~np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)) if arr.ndim else []
+            )
             if arr.ndim == 0 and not np.isfinite(arr):
                 bad = [0]
             if len(bad):
@@ -65,7 +67,7 @@ def check_sites(model_op: Any, data: Mapping[str, Any], stage: str) -> dict[str,
     where = f"stage {stage!r} ({model_op!r})"
     try:
         with handlers.block():
-            trace = handlers.trace(handlers.seed(spec.fn, jax.random.PRNGKey(0))).get_trace(
+            trace: dict[str, Any] = handlers.trace(handlers.seed(spec.fn, jax.random.PRNGKey(0))).get_trace(
                 **model_op.model_kwargs(data)
             )
     except Exception as e:  # the model itself failed on this data

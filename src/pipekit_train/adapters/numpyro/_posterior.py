@@ -23,7 +23,8 @@ def _rank_normalise(x: np.ndarray) -> np.ndarray:
     half = n // 2
     split = np.concatenate([x[:, :half], x[:, n - half :]], axis=0) if half >= 2 else x
     ranks = rankdata(split, method="average").reshape(split.shape)
-    return ndtri((ranks - 0.375) / (split.size + 0.25))
+    normalised: np.ndarray = ndtri((ranks - 0.375) / (split.size + 0.25))
+    return normalised
 
 
 def site_table(draws: Mapping[str, np.ndarray], prob: float = 0.9) -> list[dict[str, Any]]:

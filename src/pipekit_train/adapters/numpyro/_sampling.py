@@ -12,7 +12,7 @@ import numpy as np
 from pipekit import ConfigError, PipekitError
 
 from ._data import check_data, check_sites, full_data
-from ._ops import NumpyroGuide, _Kernel, _NumpyroModelBase
+from ._ops import NumpyroGuide, NumpyroModel, _Kernel
 
 
 @dataclass
@@ -28,7 +28,7 @@ class SamplerSetup:
     init_source: str | None
 
 
-def prepare(loop: Any, incoming: Any, stage: str, kernels: tuple[type, ...]) -> SamplerSetup:
+def prepare(loop: Any, incoming: Any, stage: str, kernels: tuple[type[_Kernel], ...]) -> SamplerSetup:
     """Every check a sampler stage can make before compiling; one-line `ConfigError`s."""
     model_op = loop.model_op
     kernel = loop.task
@@ -64,7 +64,7 @@ def _initial_point(
     previous = getattr(incoming, "model", None)
     if previous is None:
         return None, None
-    if not isinstance(previous, _NumpyroModelBase) or previous.model != model_op.model:
+    if not isinstance(previous, (NumpyroModel, NumpyroGuide)) or previous.model != model_op.model:
         raise ConfigError(
             f"stage {stage!r} (backend {backend!r}) samples model {model_op.model!r} but the previous stage produced "
             f"{previous!r}; a sampler can only start from a guide or posterior of the same NumPyro model"

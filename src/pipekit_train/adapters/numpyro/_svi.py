@@ -8,6 +8,7 @@ parameters, optax state, step count, PRNG key) is the checkpoint, so a resumed r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -28,7 +29,7 @@ def _scaled(fn: Any) -> Any:
     """`fn` with its observed sites' log-likelihood multiplied by the keyword argument `SCALE`."""
     from numpyro.primitives import Messenger
 
-    class ScaleObserved(Messenger):
+    class ScaleObserved(Messenger):  # type: ignore[misc]  # NumPyro is untyped: Messenger is Any
         def __init__(self, scale: Any) -> None:
             self.scale = scale
             super().__init__()
@@ -166,11 +167,13 @@ class SVIBackend:
                 out.append(m)
             return out[0] if len(out) == 1 else {k: jnp.stack([m[k] for m in out]) for k in out[0]}
         stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+        metrics: dict[str, Any]
         self.state, metrics = self._chunk(self.state, stacked, np.float32(self.n / sizes.pop()))
         return metrics
 
     def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        return self._eval(self.state, batch, np.float32(self.n / len(next(iter(batch.values())))))
+        metrics: dict[str, Any] = self._eval(self.state, batch, np.float32(self.n / len(next(iter(batch.values())))))
+        return metrics
 
     def params(self) -> dict[str, np.ndarray]:
         return {k: np.asarray(v) for k, v in jax.device_get(self.svi.get_params(self.state)).items()}
@@ -200,7 +203,7 @@ class SVIBackend:
             "rng": self.state.rng_key,
         }
 
-    def load_state_tree(self, tree: dict[str, Any]) -> None:
+    def load_state_tree(self, tree: Mapping[str, Any]) -> None:
         _, (params, opt) = self.state.optim_state
         rest_def = jax.tree.structure((opt, self.state.mutable_state))
         o = tree["opt"]
@@ -214,7 +217,7 @@ class SVIBackend:
     def weights_tree(self) -> dict[str, Any]:
         return {"params": self.state_tree()["params"]}
 
-    def load_weights_tree(self, tree: dict[str, Any]) -> None:
+    def load_weights_tree(self, tree: Mapping[str, Any]) -> None:
         i, (params, opt) = self.state.optim_state
         params = {k: jnp.asarray(tree["params"][k]) for k in params}
         self.state = self.state._replace(optim_state=(i, (params, opt)))
