@@ -41,6 +41,10 @@ def _artifact(**changes) -> TrainingArtifact:
         seed=7,
         git={"commit": "f" * 40, "dirty": False, "diff_hash": None},
         status="stopped: early stopping on validate/loss",
+        imports=[
+            {"module": "my_losses", "file": "/src/my_losses.py", "sha256": "1" * 64},
+            {"module": "pkg.callbacks", "file": None, "sha256": None},
+        ],
     )
     base.update(changes)
     return TrainingArtifact(**base)
@@ -54,6 +58,31 @@ def test_json_round_trip_keeps_every_field():
     assert back.parent_ids == ("a" * 32,) and isinstance(back.parent_ids, tuple)
     assert TrainingArtifact.from_json(art.to_json()) == art
     assert back.final_metrics["validate/accuracy"] == 1.0 and isinstance(back.final_metrics["validate/accuracy"], float)
+    assert isinstance(back.imports, tuple) and [m["module"] for m in back.imports] == ["my_losses", "pkg.callbacks"]
+    assert art.to_dict()["imports"][0] == {"module": "my_losses", "file": "/src/my_losses.py", "sha256": "1" * 64}
+
+
+def test_artifacts_recorded_before_imports_existed_still_load():
+    old = _artifact().to_dict()
+    del old["imports"]
+    assert TrainingArtifact.from_dict(old).imports == ()
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "my_losses",
+        [{"module": "my_losses"}],
+        [{"module": "my-losses", "file": None, "sha256": None}],
+        [{"module": "my_losses", "file": None, "sha256": "sha256:" + "1" * 64}],
+        [{"module": "my_losses", "file": "", "sha256": None}],
+        [{"module": "my_losses", "file": None, "sha256": None, "extra": 1}],
+    ],
+    ids=["a-string", "missing-keys", "bad-name", "prefixed-digest", "empty-file", "extra-key"],
+)
+def test_bad_imports_name_the_field_the_rule_and_the_value(imports):
+    with pytest.raises(ConfigError, match=r"TrainingArtifact\.imports(\[0\])? must be .*\"module\": dotted name.*got "):
+        _artifact(imports=imports)
 
 
 def test_defaults_fill_id_times_and_pipeline_hash():

@@ -30,7 +30,7 @@ stages:
 
 def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipekit_train.cli._main", *args],
+        [sys.executable, "-m", "pipekit_train.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -106,15 +106,11 @@ def test_tap_unknown_sink_suggests():
         pipekit.Tap(sink="prnt")(1)
 
 
-def test_import_pipekit_does_not_import_jax_and_is_fast():
+def test_import_pipekit_does_not_import_jax():
+    # Counted, never timed: a fresh process imports pipekit and lists what else got imported.
     code = (
-        "import time; t = time.perf_counter(); import pipekit, sys; dt = time.perf_counter() - t;"
-        "assert 'jax' not in sys.modules, 'jax imported'; print(dt)"
+        "import sys, pipekit; heavy = {'jax', 'jaxlib', 'equinox', 'optax', 'grain', 'orbax'}; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
     )
-    times = []
-    for _ in range(5):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-        times.append(float(out.stdout))
-    # Counted, not timed, is the rule for tests; this is the stated import budget and is measured in
-    # a fresh process, best of five, so it is about import work rather than machine noise.
-    assert min(times) < 0.15, times
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -15,6 +15,7 @@ import pytest
 
 from pipekit_train.provenance._artifact import TrainingArtifact
 from pipekit_train.provenance._store import (
+    MIGRATIONS,
     SCHEMA_VERSION,
     ArtifactStore,
     ArtifactStoreError,
@@ -141,8 +142,10 @@ def test_query_every_filter(store: ArtifactStore):
 def test_query_errors_name_the_rule(store: ArtifactStore):
     with pytest.raises(ArtifactStoreError, match=r"operator must be one of .*got '=>'"):
         store.query(metrics=[("validate/accuracy", "=>", 0.9)])
-    with pytest.raises(ArtifactStoreError, match=r"a metric filter is \(name, op, value\)"):
+    with pytest.raises(ArtifactStoreError, match=r"a metric filter is \(name, op, number\)"):
         store.query(metrics=[("validate/accuracy>=0.9",)])
+    with pytest.raises(ArtifactStoreError, match=r"metric filter is .*got \('loss', '<', 'low'\)"):
+        store.query(metrics=[("loss", "<", "low")])
     with pytest.raises(ArtifactStoreError, match=r"not an ISO-8601 time: 'last tuesday'"):
         store.query(since="last tuesday")
     with pytest.raises(ArtifactStoreError, match=r"limit must be a non-negative int, got -1"):
@@ -218,6 +221,64 @@ def test_migrates_an_empty_v0_database(tmp_path: Path):
     assert store.schema_version() == SCHEMA_VERSION
     store.record(_art("x1"))
     assert _ids(ArtifactStore(path).query()) == ["x1"]
+
+
+IMPORT_A = {"module": "my_losses", "file": "/src/my_losses.py", "sha256": "a" * 64}
+IMPORT_B = {"module": "my_callbacks", "file": "/src/my_callbacks.py", "sha256": "b" * 64}
+
+
+def test_imports_are_kept_returned_and_queryable(store: ArtifactStore):
+    store.record(_art("dddd0005", imports=[IMPORT_A, IMPORT_B]))
+    store.record(_art("dddd0006", imports=[IMPORT_B], started_at="2026-05-05T00:00:00Z"))
+    got = ArtifactStore(store.path).get("dddd0005")
+    assert got.imports == (IMPORT_A, IMPORT_B) and got == _art("dddd0005", imports=[IMPORT_A, IMPORT_B])
+    assert _ids(store.query(imported="my_losses")) == ["dddd0005"]
+    assert _ids(store.query(imported="my_callbacks")) == ["dddd0006", "dddd0005"]
+    assert _ids(store.query(imported="my_callbacks", run_id="run-1", limit=1)) == ["dddd0006"]
+    assert store.query(imported="my") == []  # a module name, not a prefix
+    assert store.get("aaaa0001").imports == ()
+    with sqlite3.connect(store.path) as conn:
+        rows = conn.execute("SELECT position, module, sha256 FROM imports WHERE artifact_id = 'dddd0005'").fetchall()
+    assert sorted(rows) == [(0, "my_losses", "a" * 64), (1, "my_callbacks", "b" * 64)]
+
+
+def test_diff_reports_imports_by_module_and_digest(tmp_path: Path):
+    store = ArtifactStore(tmp_path / "a.sqlite")
+    moved = {**IMPORT_A, "file": "/elsewhere/my_losses.py"}  # same file content at another path: the same import
+    changed = {**IMPORT_B, "sha256": "c" * 64}
+    store.record(_art("one", imports=[IMPORT_A, IMPORT_B]))
+    store.record(_art("two", imports=[moved, changed]))
+    store.record(_art("three", imports=[IMPORT_B, {"module": "extra", "file": None, "sha256": None}]))
+    assert store.diff("one", "one")["imports"] is None
+    expected = {"added": {}, "removed": {}, "changed": {"my_callbacks": ["b" * 64, "c" * 64]}}
+    assert store.diff("one", "two")["imports"] == expected
+    d = store.diff("one", "three")["imports"]
+    assert list(d["added"]) == ["extra"] and list(d["removed"]) == ["my_losses"] and d["changed"] == {}
+
+
+def test_migrates_a_v1_database_and_keeps_its_artifacts(tmp_path: Path):
+    """A store written before artifacts recorded their imports (schema 1) is brought up to date in place."""
+    path = tmp_path / "v1.sqlite"
+    old = _art("0ld00001").to_dict()
+    del old["imports"]  # what a v1 pipekit-train wrote
+    with sqlite3.connect(path) as conn:
+        for statement in MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO schema_version VALUES (1)")
+        conn.execute(
+            "INSERT INTO artifacts VALUES (?, 'run-1', 'stage0', NULL, NULL, 'equinox', NULL, NULL, NULL, "
+            "'completed', '2026-05-01T12:00:00.000000+00:00', NULL, 0, ?)",
+            ("0ld00001", json.dumps(old)),
+        )
+        conn.execute("INSERT INTO metrics VALUES ('0ld00001', 'train/loss', 0.5)")
+    store = ArtifactStore(path)
+    assert store.get("0ld0").imports == () and store.get("0ld0").final_metrics["train/loss"] == 0.5
+    assert store.schema_version() == SCHEMA_VERSION == 2
+    store.record(_art("new00002", imports=[IMPORT_A], started_at="2026-06-01T00:00:00Z"))
+    assert _ids(store.query()) == ["new00002", "0ld00001"]
+    assert _ids(store.query(imported="my_losses")) == ["new00002"]
+    assert _ids(store.query(metrics=[("train/loss", "<", 1)])) == ["new00002", "0ld00001"]
 
 
 def test_refuses_a_newer_schema_and_a_foreign_database(tmp_path: Path):
@@ -416,3 +477,24 @@ def test_cli_commands_plug_into_another_parser(store: ArtifactStore, capsys):
     args = parser.parse_args(["artifacts", "show", "bbbb", "--store", str(store.path), "--json"])
     assert args.func(args) == 0
     assert json.loads(capsys.readouterr().out)["artifact_id"] == "bbbb0003"
+
+
+def test_cli_show_query_and_diff_print_imports(store: ArtifactStore, capsys):
+    s = str(store.path)
+    store.record(_art("eeee0007", imports=[IMPORT_A, {"module": "pkg.ns", "file": None, "sha256": None}]))
+    store.record(_art("eeee0008", imports=[{**IMPORT_A, "sha256": "f" * 64}], started_at="2026-05-06T00:00:00Z"))
+    code, out, _ = _cli(capsys, "show", "eeee0007", "--store", s)
+    assert code == 0
+    assert f"imports    my_losses  /src/my_losses.py  sha256 {'a' * 64}\n" in out
+    assert "\n           pkg.ns  (no file)  no file digest\n" in out
+    code, out, _ = _cli(capsys, "show", "aaaa0001", "--store", s)
+    assert "imports    -\n" in out
+    code, out, _ = _cli(capsys, "show", "eeee0007", "--store", s, "--json")
+    assert json.loads(out)["imports"][0] == IMPORT_A
+    code, out, _ = _cli(capsys, "query", "--store", s, "--imported", "my_losses", "--json")
+    assert code == 0 and [a["artifact_id"] for a in json.loads(out)] == ["eeee0008", "eeee0007"]
+    code, out, _ = _cli(capsys, "diff", "eeee0007", "eeee0008", "--store", s)
+    assert code == 0
+    assert f"imports:\n  - pkg.ns  (no file)  no file digest\n  ~ my_losses sha256 {'a' * 64} -> {'f' * 64}" in out
+    code, out, _ = _cli(capsys, "diff", "aaaa0001", "cccc0004", "--store", s)
+    assert out.rstrip().endswith("imports")  # "same: ..., imports"

@@ -12,11 +12,13 @@ import datetime as _dt
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..provenance._artifact import TrainingArtifact
-from ..provenance._store import ArtifactStore
 from ._common import EXIT_OK, CommandError, guarded, run_commands
+
+if TYPE_CHECKING:  # imported when a command runs, so that `pipekit-train --help` stays cheap
+    from ..provenance._artifact import TrainingArtifact
+    from ..provenance._store import ArtifactStore
 
 __all__ = ["add_artifact_commands", "main"]
 
@@ -121,6 +123,9 @@ def _show(a: TrainingArtifact) -> str:
         f"{len(dists)} distributions ({lock})",
         f"devices    {', '.join(deps.get('devices') or []) or '-'}",
     ]
+    imports = [_import_text(m) for m in a.imports] or ["-"]
+    lines.append(f"imports    {imports[0]}")
+    lines += [f"           {text}" for text in imports[1:]]
     if a.run_dir:
         lines.append(f"files      {a.run_dir}")
     if a.final_metrics:
@@ -131,6 +136,12 @@ def _show(a: TrainingArtifact) -> str:
         lines.append("pipeline YAML")
         lines += ["  " + line for line in a.training_pipeline_yaml.rstrip("\n").splitlines()]
     return "\n".join(lines)
+
+
+def _import_text(m: dict[str, Any]) -> str:
+    """``my_models  /src/my_models.py  sha256 1f2e…``: one recorded ``--import``."""
+    digest = f"sha256 {m['sha256']}" if m.get("sha256") else "no file digest"
+    return f"{m['module']}  {m.get('file') or '(no file)'}  {digest}"
 
 
 def _lineage(root: TrainingArtifact, lineage: dict[str, list[Any]]) -> str:
@@ -150,7 +161,8 @@ def _lineage(root: TrainingArtifact, lineage: dict[str, list[Any]]) -> str:
 
 def _diff(d: dict[str, Any]) -> str:
     out = [f"a: {d['a']}", f"b: {d['b']}"]
-    same = [k for k in ("pipeline", "dataset_hash", "backend", "deps", "code", "seed", "metrics") if d[k] is None]
+    sections = ("pipeline", "dataset_hash", "backend", "deps", "code", "seed", "metrics", "imports")
+    same = [k for k in sections if d.get(k) is None]
     if d["pipeline"]:
         out += ["pipeline:", *["  " + line for line in d["pipeline"].rstrip("\n").splitlines()]]
     for key in ("dataset_hash", "backend", "seed", "trained_model_hash"):
@@ -169,6 +181,12 @@ def _diff(d: dict[str, Any]) -> str:
         out.append("metrics:")
         width = max(len(k) for k in d["metrics"])
         out += [f"  {k.ljust(width)}  {_num(va)} -> {_num(vb)}" for k, (va, vb) in d["metrics"].items()]
+    if d.get("imports"):
+        imports = d["imports"]
+        out.append("imports:")
+        out += [f"  + {_import_text(m)}" for m in imports["added"].values()]
+        out += [f"  - {_import_text(m)}" for m in imports["removed"].values()]
+        out += [f"  ~ {k} sha256 {va} -> {vb}" for k, (va, vb) in imports["changed"].items()]
     if same:
         out.append("same: " + ", ".join(same))
     return "\n".join(out)
@@ -176,6 +194,8 @@ def _diff(d: dict[str, Any]) -> str:
 
 # Commands --------------------------------------------------------------------------------------------------
 def _store(args: argparse.Namespace) -> ArtifactStore:
+    from ..provenance._store import ArtifactStore
+
     store = ArtifactStore(args.store)
     if not store.path.exists():
         raise CommandError(
@@ -240,6 +260,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         since=parse_time(args.since, "--since") if args.since else None,
         until=parse_time(args.until, "--until") if args.until else None,
         metrics=metrics,
+        imported=args.imported,
         limit=args.limit,
     )
     _matches(args, found)
@@ -264,7 +285,7 @@ def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "artifacts",
         help="list, show, trace and compare recorded training artifacts",
         description="Inspect the training artifacts recorded in the artifact store.",
@@ -297,6 +318,7 @@ def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--metric", action="append", metavar="EXPR", help="final-metric filter, e.g. 'validate/accuracy>=0.9'"
     )
+    p.add_argument("--imported", metavar="MODULE", help="runs that imported MODULE (--import, $PIPEKIT_IMPORT)")
     p.add_argument("--limit", type=int, default=None, help="at most this many (newest first)")
     p.set_defaults(func=guarded("artifacts", cmd_query))
 

@@ -7,9 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipekit import PipekitError
-
-#: 0 done; 1 an error (one line on stderr); 2 bad command-line usage. `cli.py` adds 128 + signal number for a
+#: 0 done; 1 an error (one line on stderr); 2 bad command-line usage. `_main.py` adds 128 + signal number for a
 #: graceful stop on SIGINT (130) or SIGTERM (143).
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -26,6 +24,8 @@ def guarded(name: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[arg
     """`fn` as a command handler: known errors become ``pipekit-train NAME: error: ...`` and an exit code."""
 
     def run(args: argparse.Namespace) -> int:
+        from pipekit import PipekitError  # here, not at the top: `--help` and `--version` import nothing heavy
+
         try:
             return int(fn(args))
         except UsageError as e:
@@ -41,7 +41,7 @@ def guarded(name: str, fn: Callable[[argparse.Namespace], int]) -> Callable[[arg
     return run
 
 
-def run_commands(add_commands: Callable[[Any], None], argv: Sequence[str] | None, description: str = "") -> int:
+def run_commands(add_commands: Callable[[Any], object], argv: Sequence[str] | None, description: str = "") -> int:
     """Parse `argv` for the subcommands `add_commands` registers and run one in-process; return the exit code."""
     parser = argparse.ArgumentParser(prog="pipekit-train", description=description or None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

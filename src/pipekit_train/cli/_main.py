@@ -10,9 +10,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipekit_train.cli._common import EXIT_ERROR, EXIT_OK
+from pipekit_train.cli._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CommandError, UsageError
+from pipekit_train.cli._imports import ENV_VAR as IMPORT_ENV_VAR
+from pipekit_train.cli._imports import import_modules, requested_imports
 
-# Exit codes (`_cli_common`): 0 done; 1 an error, one line on stderr; 2 bad command-line usage; 128 + signal number
+# Exit codes (`_common`): 0 done; 1 an error, one line on stderr; 2 bad command-line usage; 128 + signal number
 # when SIGINT (130) or SIGTERM (143) stopped training gracefully after a committed checkpoint.
 
 _DESCRIPTION = """\
@@ -25,6 +27,9 @@ Train JAX models from YAML pipelines.
   pipekit-train reproduce ID                   train the recorded pipeline again
   pipekit-train runs RUN_DIR                   runs and their checkpoints
   pipekit-train average RUN_DIR --last 5 -o D  average checkpoints into a new one
+
+Your own models, datasets, losses, callbacks and backends: name the modules that define them with
+--import MODULE (run, validate, reproduce; repeatable) or $PIPEKIT_IMPORT=mod1,mod2.
 """
 
 
@@ -83,8 +88,16 @@ def apply_override(node: Any, path: list[str], value: Any, shown: str = "") -> A
 def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
     import pipekit
     import pipekit_train  # noqa: F401  (registers the training operators)
+    from pipekit import ConfigError
 
-    op = pipekit.load(path)
+    try:
+        op = pipekit.load(path)
+    except ConfigError as e:
+        if "unknown operator type" not in str(e):
+            raise
+        raise ConfigError(
+            f"{e}; if a module of yours defines it, import it first with --import MODULE or ${IMPORT_ENV_VAR}"
+        ) from None
     for text in overrides:
         parts, value = _parse_override(text)
         op = apply_override(op, parts, value)
@@ -92,6 +105,7 @@ def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    import_modules(requested_imports(args.imports))
     op = _load_pipeline(args.pipeline, args.set or [])
     from pipekit_train._validate import check_pipeline
 
@@ -104,6 +118,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import pipekit
     from pipekit_train._run import TrainingInterrupted, run_settings
 
+    imports = import_modules(requested_imports(args.imports))
     op = _load_pipeline(args.pipeline, args.set or [])
     if args.print_config:
         print(pipekit.dumps(op), end="")
@@ -114,7 +129,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     store: Any = False if args.no_store else args.store
     run_dir = args.run_dir
     try:
-        with run_settings(run_dir=run_dir, store=store, resume=args.resume, pipeline=op):
+        with run_settings(run_dir=run_dir, store=store, resume=args.resume, pipeline=op, imports=imports):
             result = op.run()
     except TrainingInterrupted as stop:
         _print_summary(stop.artifact, store)
@@ -172,10 +187,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from pipekit_train.provenance._store import ArtifactStore
 
     with ArtifactStore(args.store) as store:
+        imports = _reimport(store, args.artifact, args.imports)
         pipeline, chain = pipeline_of(args.artifact, store)
     check_data_unchanged(pipeline, chain)
     print(f"reproducing {chain[-1].artifact_id[:12]}: {len(chain)} stage(s): {', '.join(a.stage for a in chain)}")
-    with run_settings(run_dir=args.run_dir, store=args.store, pipeline=pipeline):
+    with run_settings(run_dir=args.run_dir, store=args.store, pipeline=pipeline, imports=imports):
         _, artifact = pipeline.run()
     _print_summary(artifact, args.store)
     same = artifact.trained_model_hash == chain[-1].trained_model_hash
@@ -183,10 +199,53 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _reimport(store: Any, artifact_id: str, flags: Sequence[str] | None) -> tuple[dict[str, Any], ...]:
+    """Import the modules recorded by the stages leading to `artifact_id` (then $PIPEKIT_IMPORT and --import).
+
+    Says which modules it imported, and warns when a module's file is not the one that was recorded.
+    """
+    chain = [store.get(artifact_id)]
+    while chain[0].parent_ids:  # the stages `pipeline_of` rebuilds: first parents, oldest first
+        chain.insert(0, store.get(chain[0].parent_ids[0]))
+    recorded: dict[str, tuple[dict[str, Any], Any]] = {}
+    for art in chain:
+        for rec in art.imports:
+            recorded.setdefault(rec["module"], (rec, art))
+    requests = [(name, f"artifact {art.artifact_id[:12]} recorded import") for name, (_, art) in recorded.items()]
+    imports = import_modules([*requests, *requested_imports(flags)])
+    if recorded:
+        print(f"re-imported the recorded module(s) {', '.join(recorded)} before rebuilding the pipeline")
+    for now in imports:
+        then = recorded.get(now["module"], (None, None))[0]
+        if then is not None and then.get("sha256") != now["sha256"]:
+            print(
+                f"pipekit-train: warning: module {now['module']!r} is not the recorded one: {now['file']} has "
+                f"sha256 {now['sha256']}, the artifact recorded {then.get('file')} with sha256 {then.get('sha256')}",
+                file=sys.stderr,
+            )
+    return imports
+
+
+def _add_imports(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        help=(
+            "import MODULE before reading the pipeline, for the models, datasets, losses, callbacks and backends "
+            f"it registers (repeatable; ${IMPORT_ENV_VAR}=mod1,mod2 imports more, first)"
+        ),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipekit-train", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    from pipekit_train import __version__
+
+    parser.add_argument("--version", action="version", version=f"pipekit-train {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -200,17 +259,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--print-config", action="store_true", help="print the pipeline after --set and exit")
     run.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     run.add_argument("--no-store", action="store_true", help="do not record artifacts")
+    _add_imports(run)
     run.set_defaults(func=_cmd_run)
 
     val = sub.add_parser("validate", help="check a pipeline file without training")
     val.add_argument("pipeline", metavar="PIPELINE.yaml")
     val.add_argument("--set", action="append", metavar="PATH=VALUE")
+    _add_imports(val)
     val.set_defaults(func=_cmd_validate)
 
     rep = sub.add_parser("reproduce", help="rerun the pipeline that made an artifact (refused if its data changed)")
     rep.add_argument("artifact", metavar="ARTIFACT_ID", help="an artifact id or a unique prefix of one")
     rep.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     rep.add_argument("--run-dir", metavar="DIR", help="where the new run writes")
+    _add_imports(rep)
     rep.set_defaults(func=_cmd_reproduce)
 
     from pipekit_train.cli._artifacts import add_artifact_commands
@@ -243,7 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
-    except (PipekitError, FileNotFoundError, FloatingPointError) as e:
+    except UsageError as e:
+        print(f"pipekit-train: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (CommandError, PipekitError, FileNotFoundError, FloatingPointError) as e:
         print(f"pipekit-train: error: {e}", file=sys.stderr)
         return EXIT_ERROR
 

@@ -18,6 +18,7 @@ import re
 import subprocess
 import tomllib
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,9 @@ class TrainingArtifact:
         git: `git_state` of the code: ``{"commit", "dirty", "diff_hash"}``, or ``None`` outside a repository.
         status: ``"completed"``, ``"stopped: <reason>"`` or ``"failed"``.
         run_dir: The stage's folder (metrics, checkpoints) when it ran, for finding its files; ``None`` if none.
+        imports: The user modules imported before the pipeline was read (``--import``, ``$PIPEKIT_IMPORT``), in
+            import order: ``{"module": name, "file": absolute path or None, "sha256": hex digest of the file or
+            None}``. ``reproduce`` imports them again by name.
     """
 
     artifact_id: str = dataclasses.field(default_factory=new_artifact_id)
@@ -110,6 +114,7 @@ class TrainingArtifact:
     git: dict[str, Any] | None = None
     status: str = "completed"
     run_dir: str | None = None
+    imports: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -132,11 +137,13 @@ class TrainingArtifact:
                 except (TypeError, ValueError):
                     raise ConfigError(f"TrainingArtifact.{name} must be an ISO-8601 time, got {value!r}") from None
         object.__setattr__(self, "final_metrics", {str(k): float(v) for k, v in self.final_metrics.items()})
+        object.__setattr__(self, "imports", _checked_imports(self.imports))
 
     def to_dict(self) -> dict[str, Any]:
         """The artifact as JSON-able data (tuples become lists)."""
         out = dataclasses.asdict(self)
         out["parent_ids"] = list(self.parent_ids)
+        out["imports"] = [dict(m) for m in self.imports]
         return out
 
     @classmethod
@@ -165,6 +172,33 @@ class TrainingArtifact:
         if "training_pipeline_yaml" in changes and "pipeline_hash" not in changes:
             changes["pipeline_hash"] = None
         return dataclasses.replace(self, **changes)
+
+
+_IMPORT_KEYS = ("module", "file", "sha256")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _checked_imports(value: Any) -> tuple[dict[str, Any], ...]:
+    """`TrainingArtifact.imports` as a tuple of fresh ``{"module", "file", "sha256"}`` dicts, or a `ConfigError`."""
+    rule = '{"module": dotted name, "file": path or None, "sha256": 64 lowercase hex digits or None}'
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"TrainingArtifact.imports must be a list of {rule}, got {value!r}")
+    out = []
+    for i, item in enumerate(value):
+        ok = isinstance(item, Mapping) and sorted(item) == sorted(_IMPORT_KEYS)
+        if ok:
+            module, file, digest = item["module"], item["file"], item["sha256"]
+            ok = (
+                isinstance(module, str)
+                and bool(module)
+                and all(part.isidentifier() for part in module.split("."))
+                and (file is None or (isinstance(file, str) and bool(file)))
+                and (digest is None or (isinstance(digest, str) and bool(_SHA256.match(digest))))
+            )
+        if not ok:
+            raise ConfigError(f"TrainingArtifact.imports[{i}] must be {rule}, got {item!r}")
+        out.append({key: item[key] for key in _IMPORT_KEYS})
+    return tuple(out)
 
 
 # Dependencies ----------------------------------------------------------------------------------------------
@@ -200,7 +234,7 @@ def _normalise(name: str) -> str:
 def _installed() -> dict[str, str]:
     out: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name")
+        name = dist.metadata["Name"]
         if name:
             out.setdefault(_normalise(name), dist.version)
     return dict(sorted(out.items()))

@@ -5,8 +5,8 @@ The file is an SQLite database in WAL mode, so readers never block the writer an
 finds the database locked waits (``busy_timeout``) rather than failing. WAL needs every process on the same host
 (it shares memory through a ``-shm`` file), so keep the file on a local disk, not a network file system.
 
-The whole artifact is kept as JSON; the columns and the ``parents`` and ``metrics`` tables beside it are indexes
-for the queries.
+The whole artifact is kept as JSON; the columns and the ``parents``, ``metrics`` and ``imports`` tables beside it
+are indexes for the queries.
 
 Where the file is: the ``path`` argument, else ``$PIPEKIT_ARTIFACT_STORE``, else ``./runs/artifacts.sqlite``.
 
@@ -82,6 +82,19 @@ MIGRATIONS: list[tuple[str, ...]] = [
             PRIMARY KEY (artifact_id, name)
         )""",
         "CREATE INDEX metrics_by_name ON metrics(name, value)",
+    ),
+    # 2: artifacts record the user modules imported before the pipeline was read (`TrainingArtifact.imports`);
+    # older artifacts imported none, so there is nothing to fill in.
+    (
+        """CREATE TABLE imports (
+            artifact_id TEXT NOT NULL REFERENCES artifacts(artifact_id),
+            position INTEGER NOT NULL,
+            module TEXT NOT NULL,
+            file TEXT,
+            sha256 TEXT,
+            PRIMARY KEY (artifact_id, position)
+        )""",
+        "CREATE INDEX imports_by_module ON imports(module, sha256)",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -277,6 +290,13 @@ class ArtifactStore:
                     "INSERT INTO metrics (artifact_id, name, value) VALUES (?, ?, ?)",
                     [(artifact.artifact_id, k, _float_or_none(v)) for k, v in artifact.final_metrics.items()],
                 )
+                conn.executemany(
+                    "INSERT INTO imports (artifact_id, position, module, file, sha256) VALUES (?, ?, ?, ?, ?)",
+                    [
+                        (artifact.artifact_id, i, m["module"], m["file"], m["sha256"])
+                        for i, m in enumerate(artifact.imports)
+                    ],
+                )
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -340,6 +360,7 @@ class ArtifactStore:
         since: str | _dt.datetime | None = None,
         until: str | _dt.datetime | None = None,
         metrics: Sequence[tuple[str, str, float]] = (),
+        imported: str | None = None,
         limit: int | None = None,
     ) -> list[TrainingArtifact]:
         """The artifacts matching every filter given, newest first.
@@ -351,6 +372,7 @@ class ArtifactStore:
             since, until: Start-time bounds (inclusive), ISO-8601 strings or datetimes; naive means UTC.
             metrics: ``(name, op, value)`` filters on final metrics, ``op`` one of ``< <= > >= == !=``:
                 ``[("validate/accuracy", ">=", 0.9)]``. An artifact without the metric does not match.
+            imported: A module name: the artifacts whose run imported it (``--import``, ``$PIPEKIT_IMPORT``).
             limit: At most this many (the newest).
         """
         where: list[str] = []
@@ -381,10 +403,11 @@ class ArtifactStore:
             args.append(time_key(until))
         for item in metrics:
             try:
-                name, op, value = item
+                name, op, bound = item
+                bound = float(bound)
             except (TypeError, ValueError):
                 raise ArtifactStoreError(
-                    f"a metric filter is (name, op, value), like ('validate/accuracy', '>=', 0.9); got {item!r}"
+                    f"a metric filter is (name, op, number), like ('validate/accuracy', '>=', 0.9); got {item!r}"
                 ) from None
             if op not in _OPS:
                 raise ArtifactStoreError(
@@ -394,7 +417,10 @@ class ArtifactStore:
                 "EXISTS (SELECT 1 FROM metrics m WHERE m.artifact_id = a.artifact_id "
                 f"AND m.name = ? AND m.value {_OPS[op]} ?)"
             )
-            args += [str(name), float(value)]
+            args += [str(name), bound]
+        if imported is not None:
+            where.append("EXISTS (SELECT 1 FROM imports i WHERE i.artifact_id = a.artifact_id AND i.module = ?)")
+            args.append(str(imported))
         sql = "SELECT record FROM artifacts a"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -449,7 +475,10 @@ class ArtifactStore:
             ``{"a": id, "b": id, "pipeline": unified diff or None, "dataset_hash": {"a", "b"} or None,
             "backend": …, "deps": {"added", "removed", "changed", "python", "jax", "devices"} or None,
             "code": {"a": git, "b": git} or None, "seed": {"a", "b"} or None,
-            "metrics": {name: [value_a, value_b]} or None}``; a section is ``None`` when the two agree.
+            "metrics": {name: [value_a, value_b]} or None,
+            "imports": {"added": {module: record}, "removed": {module: record}, "changed": {module: [sha256_a,
+            sha256_b]}} or None}``; a section is ``None`` when the two agree. Imports are compared by module
+            name and file digest (the same file at another path is the same import).
         """
         x, y = self.get(a), self.get(b)
         out: dict[str, Any] = {"a": x.artifact_id, "b": y.artifact_id}
@@ -473,6 +502,7 @@ class ArtifactStore:
             if va != vb:
                 metrics[name] = [va, vb]
         out["metrics"] = metrics or None
+        out["imports"] = _imports_diff(x.imports, y.imports)
         return out
 
 
@@ -489,3 +519,13 @@ def _deps_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
     if not any(out.values()):
         return None
     return out
+
+
+def _imports_diff(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    ia, ib = {m["module"]: m for m in a}, {m["module"]: m for m in b}
+    out: dict[str, Any] = {
+        "added": {k: ib[k] for k in ib if k not in ia},
+        "removed": {k: ia[k] for k in ia if k not in ib},
+        "changed": {k: [ia[k]["sha256"], ib[k]["sha256"]] for k in ia if ib.get(k, ia[k])["sha256"] != ia[k]["sha256"]},
+    }
+    return out if any(out.values()) else None

@@ -1,0 +1,112 @@
+"""``--import MODULE`` and ``$PIPEKIT_IMPORT``: the user's modules, imported before a pipeline file is read.
+
+A pipeline file can only name registered types (``type: Huber``) and backends; the modules that define them
+(``@register_model``, ``@register_dataset``, `Loss` and `Callback` subclasses, `register_backend` calls) must be
+imported first. ``$PIPEKIT_IMPORT`` (comma-separated) comes first, then each ``--import`` in order; a name given
+twice is imported once. A module is found like ``import MODULE`` finds it (``PYTHONPATH``, the installed packages)
+and then in the working directory.
+
+Each imported module is recorded, ``{"module": name, "file": path or None, "sha256": hex digest of the file or
+None}``, in `RunSettings.imports` and from there in every artifact of the run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ._common import CommandError
+
+__all__ = ["ENV_VAR", "import_modules", "requested_imports"]
+
+ENV_VAR = "PIPEKIT_IMPORT"
+
+
+def requested_imports(flags: Sequence[str] | None) -> list[tuple[str, str]]:
+    """``[(module, where it was asked for)]``: ``$PIPEKIT_IMPORT``'s names, then the ``--import`` flags."""
+    out = [(name.strip(), f"${ENV_VAR}") for name in os.environ.get(ENV_VAR, "").split(",") if name.strip()]
+    out += [(name.strip(), "--import") for name in flags or ()]
+    return out
+
+
+def _check_name(name: str, where: str) -> None:
+    if name.endswith(".py") or "/" in name or "\\" in name:
+        raise CommandError(
+            f"{where} expects a module name such as my_models (found on PYTHONPATH or in the working directory), "
+            f"not a file path; got {name!r}"
+        )
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        raise CommandError(f"{where} expects a dotted module name (letters, digits, '_' and '.'), got {name!r}")
+
+
+def _where_raised(exc: BaseException) -> str:
+    """`` (at FILE:LINE)`` of the innermost frame that raised `exc` outside the import machinery, or ``""``."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
+    machinery = {os.path.abspath(__file__), os.path.abspath(importlib.__file__ or "")}
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith("<frozen") and os.path.abspath(f.filename) not in machinery
+    ]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def module_record(name: str, module: Any) -> dict[str, Any]:
+    """``{"module", "file", "sha256"}`` of an imported module: its file (absolute) and the file's sha256 digest."""
+    import hashlib
+
+    file = getattr(module, "__file__", None)
+    digest = None
+    if file:
+        file = os.path.abspath(file)
+        try:
+            with open(file, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError:
+            digest = None
+    return {"module": name, "file": file or None, "sha256": digest}
+
+
+def import_modules(requests: Iterable[tuple[str, str]]) -> tuple[dict[str, Any], ...]:
+    """Import each ``(module, where)`` of `requests` once, in order; return their records.
+
+    A module that cannot be found or fails while importing is a `CommandError` naming `where`, the module and the
+    reason (with the file and line that raised).
+    """
+    cwd = os.getcwd()
+    records: dict[str, dict[str, Any]] = {}
+    for name, where in requests:
+        _check_name(name, where)
+        if name in records:
+            continue
+        if "" not in sys.path and cwd not in sys.path:
+            sys.path.append(cwd)  # after everything else: a module in the working directory never shadows one
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+                raise CommandError(
+                    f"{where} {name}: cannot import module {name!r}: no module named {e.name!r} on PYTHONPATH, "
+                    f"among the installed packages or in the working directory {cwd}"
+                ) from None
+            raise CommandError(
+                f"{where} {name}: importing module {name!r} failed: {type(e).__name__}: {_one_line(str(e))}"
+                f"{_where_raised(e)}"
+            ) from None
+        except Exception as e:
+            reason = e.msg if isinstance(e, SyntaxError) else str(e)  # str() of a SyntaxError repeats the place
+            raise CommandError(
+                f"{where} {name}: importing module {name!r} failed: {type(e).__name__}: {_one_line(reason)}"
+                f"{_where_raised(e)}"
+            ) from None
+        records[name] = module_record(name, module)
+    return tuple(records.values())

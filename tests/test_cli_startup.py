@@ -1,0 +1,176 @@
+"""What start-up imports: ``import pipekit_train`` and the inspection commands never load JAX or its libraries.
+
+Each command runs in a fresh process against a real artifact store and a real run directory with checkpoints
+(made once, by training a tiny two-stage pipeline in an earlier process), and the process then lists the modules
+it imported. Counted, never timed: the start-up times are measured and reported in ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pipekit_train
+
+HEAVY = ("jax", "jaxlib", "equinox", "optax", "grain", "orbax")
+
+#: Runs ``pipekit-train ARGS`` in-process, then reports on stderr which heavy packages got imported.
+CHECK = f"""
+import sys
+from pipekit_train.cli import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as e:  # --help and --version leave through argparse
+    rc = e.code
+heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))
+print('HEAVY', heavy, file=sys.stderr)
+sys.exit(rc)
+"""
+
+PIPELINE = """\
+pipekit: 1
+type: Sequential
+stages:
+- type: TrainingLoop
+  name: pre
+  model_op: {type: EquinoxModel, factory: mlp, kwargs: {in_size: 4, out_size: 1, width_size: 8, depth: 1}}
+  dataset: {type: TrainingDataset, source: {type: NpzSource, path: data.npz}}
+  loss: {type: MSE}
+  optimizer_config: {name: adam, lr: 1e-2}
+  max_steps: 10
+  batch_size: 8
+  progress: false
+- type: TrainingLoop
+  name: fit
+  model_op: {type: EquinoxModel, factory: mlp, kwargs: {in_size: 4, out_size: 1, width_size: 8, depth: 1}}
+  dataset: {type: TrainingDataset, source: {type: NpzSource, path: data.npz}}
+  val_dataset: {type: TrainingDataset, source: {type: NpzSource, path: data.npz}, shuffle: false}
+  loss: {type: MSE}
+  optimizer_config: {name: adam, lr: 1e-2}
+  max_steps: 20
+  batch_size: 8
+  eval_every_n_steps: 10
+  progress: false
+  callbacks: [{type: Checkpoint, every_n_steps: 10, async_save: false}]
+"""
+
+
+def _env(root: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PIPEKIT_ARTIFACT_STORE": str(root / "default-store.sqlite"),
+        "PIPEKIT_MODEL_REGISTRY": str(root / "models"),
+    }
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A store holding the artifacts of a real two-stage run, and that run's directory with checkpoints."""
+    root = tmp_path_factory.mktemp("startup")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 4)).astype(np.float32)
+    np.savez(root / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
+    (root / "pipe.yaml").write_text(PIPELINE)
+    run = ["run", "pipe.yaml", "--store", "store.sqlite", "--run-dir", "runs/exp"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pipekit_train.cli", *run],
+        cwd=root,
+        env=_env(root),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    from pipekit_train.provenance._store import ArtifactStore
+
+    by_stage = {a.stage: a.artifact_id for a in ArtifactStore(root / "store.sqlite").query()}
+    assert sorted(by_stage) == ["fit", "pre"]
+    assert (root / "runs" / "exp" / "fit" / "checkpoints" / "manifest.json").is_file()
+    return {"root": str(root), "store": str(root / "store.sqlite"), **by_stage}
+
+
+def _check(root: str, *argv: str) -> tuple[int, str, list[str]]:
+    """Run ``pipekit-train ARGV`` in a fresh process: (exit code, stdout, the heavy packages it imported)."""
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK, *argv],
+        cwd=root,
+        env=_env(Path(root)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
+    assert last.startswith("HEAVY "), out.stderr
+    return out.returncode, out.stdout, ast.literal_eval(last[len("HEAVY ") :])
+
+
+def test_import_pipekit_train_imports_no_jax():
+    code = (
+        f"import sys, pipekit_train; heavy = set({HEAVY!r}); assert pipekit_train.__version__; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_checker_sees_jax_when_a_command_loads_it(recorded):
+    """The check can fail: `average` restores checkpoints, so it does load JAX."""
+    rc, out, heavy = _check(recorded["root"], "average", "runs/exp", "--last", "2", "-o", "avg")
+    assert rc == 0, out
+    assert "jax" in heavy
+
+
+def test_version_prints_the_package_version(recorded):
+    rc, out, heavy = _check(recorded["root"], "--version")
+    assert (rc, out, heavy) == (0, f"pipekit-train {pipekit_train.__version__}\n", [])
+    assert pipekit_train.__version__ == "0.1.0"
+
+
+def _case(command: str, *expected: str) -> object:
+    return pytest.param(command.split(), list(expected), id=command.split(" --store")[0])
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        _case("--help", "run PIPELINE.yaml", "artifacts list", "--version", "--import MODULE"),
+        _case("run --help", "--import MODULE", "--store PATH"),
+        _case("validate --help", "--import MODULE"),
+        _case("reproduce --help", "--import MODULE"),
+        _case("average --help", "--last K"),
+        _case("artifacts --help", "list", "lineage"),
+        _case("artifacts list --store {store}", "{pre12}", "{fit12}", "completed"),
+        _case("artifacts list --json --store {store}", '"artifact_id": "{fit}"'),
+        _case("artifacts show {fit} --store {store}", "artifact   {fit}", "parents    {pre}", "imports    -"),
+        _case("artifacts lineage {fit12} --store {store}", "  {pre12}  pre", "* {fit12}  fit"),
+        _case("artifacts query --stage fit --metric train/loss<1e9 --store {store}", "{fit12}"),
+        _case("artifacts diff {pre} {fit} --store {store}", "a: {pre}", "b: {fit}", "+max_steps: 20"),
+        _case("runs runs", "fit", "validate/loss"),
+        _case("runs runs/exp --json", '"stage": "fit"', '"latest_step": 20'),
+    ],
+)
+def test_inspection_commands_import_no_jax(recorded, argv, expected):
+    names = {**recorded, "pre12": recorded["pre"][:12], "fit12": recorded["fit"][:12]}
+    rc, out, heavy = _check(recorded["root"], *[a.format(**names) for a in argv])
+    assert rc == 0, out
+    for text in expected:
+        assert text.format(**names) in out, (text, out)
+    assert heavy == [], f"pipekit-train {' '.join(argv)} imported {heavy}"
+
+
+def test_artifacts_list_on_an_empty_store_imports_no_jax(tmp_path: Path):
+    from pipekit_train.provenance._store import ArtifactStore
+
+    assert len(ArtifactStore(tmp_path / "empty.sqlite")) == 0
+    rc, out, heavy = _check(str(tmp_path), "artifacts", "list", "--store", "empty.sqlite")
+    assert (rc, out, heavy) == (0, "no artifacts match\n", [])
+    rows = json.loads(_check(str(tmp_path), "artifacts", "list", "--store", "empty.sqlite", "--json")[1])
+    assert rows == []
