@@ -10,15 +10,15 @@ used. The concepts live in subpackages with their own facades: `pipekit_train.da
 
 from typing import TYPE_CHECKING
 
-from pipekit import ConfigError as ConfigError
-from pipekit import PipekitError as PipekitError
-from pipekit import ShapeError as ShapeError
-
 from ._lazy import attach as _attach
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from pipekit import ConfigError as ConfigError
+    from pipekit import PipekitError as PipekitError
+    from pipekit import ShapeError as ShapeError
+
     from ._backends import BackendError as BackendError
     from ._backends import available_backends as available_backends
     from ._backends import register_backend as register_backend
@@ -98,5 +98,4 @@ if TYPE_CHECKING:
     from .provenance import UnknownArtifactError as UnknownArtifactError
     from .provenance import load_model as load_model
 
-__getattr__, __dir__, _lazy_all = _attach(__name__, __file__, globals())
-__all__ = ["ConfigError", "PipekitError", "ShapeError", *_lazy_all]
+__getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())
