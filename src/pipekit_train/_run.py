@@ -143,6 +143,8 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
         ) from None
     if model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False):
         return None  # the stage changed since it finished: run it (its checkpoints refuse a changed config)
+    settings = current_settings()
+    _record_in_store(artifact, settings, info)  # a no-op when it is there; the crash window after final.json
     state = TrainerCarryState(
         model=model,
         step=int(final["step"]),
@@ -241,11 +243,15 @@ def _run_locked(
                 "registered and the stage is not marked finished. Lower the learning rate or set grad_clip_norm"
             )
     model_uri = None if interrupted is not None else _keep_final_model(info, result)
-    artifact = _build_artifact(loop, result, info, settings, model_uri)
+    artifact = _build_artifact(loop, result, info, settings, model_uri, forced=hooks.forced)
     if interrupted is not None:
+        _record_in_store(artifact, settings, info)
         raise TrainingInterrupted(interrupted[0], artifact, interrupted[1])
     assert model_uri is not None
+    # final.json marks the stage finished: written before the store insert, so a crash between the two leaves one
+    # artifact, which a resume finds in artifact.json and records (it never trains or records the stage again).
     _write_final(info, result, artifact, model_uri)
+    _record_in_store(artifact, settings, info)
     new_state = TrainerCarryState(
         model=result.model,
         opt_state=result.opt_state,
@@ -293,7 +299,12 @@ def _write_run_meta(run_dir: str, run_id: str, settings: RunSettings) -> None:
 
 
 def _build_artifact(
-    loop: TrainingLoop, result: Any, info: RunInfo, settings: RunSettings, model_uri: str | None
+    loop: TrainingLoop,
+    result: Any,
+    info: RunInfo,
+    settings: RunSettings,
+    model_uri: str | None,
+    forced: str | None = None,
 ) -> Any:
     from .provenance._artifact import TrainingArtifact, collect_deps_lock, git_state, new_artifact_id
 
@@ -322,11 +333,28 @@ def _build_artifact(
         status=result.status,
         run_dir=info.stage_dir,
         imports=settings.imports,
+        forced_resume=forced,
     )
-    if settings.store is not False:
-        from .provenance._store import ArtifactStore
-
-        with ArtifactStore(settings.store or None) as store:
-            store.record(artifact)
+    # The stage's own record first: a store that fails later loses nothing (`artifacts import` records it).
     write_json(os.path.join(info.stage_dir, "artifact.json"), artifact.to_dict())
     return artifact
+
+
+def _record_in_store(artifact: Any, settings: RunSettings, info: RunInfo) -> None:
+    """Add the stage's artifact to the store; a failure names the store and how to record it afterwards."""
+    if settings.store is False:
+        return
+    import sqlite3
+
+    from .provenance._store import ArtifactStore, ArtifactStoreError
+
+    store = ArtifactStore(settings.store or None)
+    try:
+        with store:
+            store.record(artifact)
+    except (sqlite3.Error, OSError, ArtifactStoreError) as e:
+        raise ArtifactStoreError(
+            f"stage {info.stage!r} finished (its weights, final.json and artifact.json are in {info.stage_dir}) but "
+            f"the artifact store {store.path} could not record it ({e}); record it afterwards with "
+            f"pipekit-train artifacts import {info.run_dir} --store {store.path}"
+        ) from None

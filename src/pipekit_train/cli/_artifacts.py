@@ -12,6 +12,7 @@ import datetime as _dt
 import json
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._common import EXIT_OK, CommandError, guarded, run_commands
@@ -274,6 +275,38 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    """``artifacts import RUN_DIR...``: record the artifacts a run wrote (``<stage>/artifact.json``) in the store.
+
+    For a run whose store could not be written: the stage folders keep their own record, and this adds it.
+    Recording an artifact the store already holds changes nothing.
+    """
+    from .._jsonio import DamagedFileError, read_json
+    from ..provenance._artifact import TrainingArtifact
+    from ..provenance._store import ArtifactStore
+
+    store = ArtifactStore(args.store)
+    found = 0
+    for run_dir in args.run_dirs:
+        root = Path(run_dir)
+        if not root.is_dir():
+            raise CommandError(f"artifacts import: {run_dir} is not a directory (give a run directory)")
+        paths = sorted(root.glob("*/artifact.json"))
+        if not paths:
+            raise CommandError(f"artifacts import: {run_dir} holds no <stage>/artifact.json (is it a run directory?)")
+        for path in paths:
+            data = read_json(path, what="a stage's artifact", required=("artifact_id",))
+            try:
+                artifact = TrainingArtifact.from_dict(data)
+            except (TypeError, ValueError) as e:
+                raise DamagedFileError(f"{path}: the stage's artifact is damaged ({e})", path=path) from None
+            store.record(artifact)
+            found += 1
+            print(f"recorded {artifact.artifact_id}  {artifact.stage}  ({path})")
+    print(f"{found} artifact(s) in {store.path}")
+    return EXIT_OK
+
+
 def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``artifacts list | show | lineage | query | diff`` to a CLI's subparsers; returns the ``artifacts`` parser.
 
@@ -326,6 +359,10 @@ def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("a", metavar="A", help="artifact id or prefix")
     p.add_argument("b", metavar="B", help="artifact id or prefix")
     p.set_defaults(func=guarded("artifacts", cmd_diff))
+
+    p = sub.add_parser("import", parents=[common], help="record the artifacts a run directory holds")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their <stage>/artifact.json)")
+    p.set_defaults(func=guarded("artifacts", cmd_import))
     return parser
 
 

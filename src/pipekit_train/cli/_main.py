@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -128,8 +129,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_pipeline(op)
     store: Any = False if args.no_store else args.store
     run_dir = args.run_dir
+    if args.force_resume and args.resume != "auto":
+        raise UsageError("--force-resume continues a run: use it with --resume auto")
+    from pipekit_train._lock import run_dir_lock
+
+    # One writer per run directory for the whole pipeline, not only while each stage trains.
+    lock = run_dir_lock(run_dir) if run_dir and os.path.exists(run_dir) else contextlib.nullcontext()
     try:
-        with run_settings(run_dir=run_dir, store=store, resume=args.resume, pipeline=op, imports=imports):
+        with (
+            lock,
+            run_settings(
+                run_dir=run_dir,
+                store=store,
+                resume=args.resume,
+                force_resume=args.force_resume,
+                pipeline=op,
+                imports=imports,
+            ),
+        ):
             result = op.run()
     except TrainingInterrupted as stop:
         _print_summary(stop.artifact, store)
@@ -256,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--run-dir", metavar="DIR", help="where the run writes (default runs/<run id>)")
     run.add_argument("--resume", choices=["never", "auto"], default="never", help="continue the run in --run-dir")
+    run.add_argument(
+        "--force-resume",
+        action="store_true",
+        help="with --resume auto, continue a checkpoint written under another configuration (recorded)",
+    )
     run.add_argument("--print-config", action="store_true", help="print the pipeline after --set and exit")
     run.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     run.add_argument("--no-store", action="store_true", help="do not record artifacts")

@@ -115,6 +115,7 @@ class TrainingArtifact:
     status: str = "completed"
     run_dir: str | None = None
     imports: tuple[dict[str, Any], ...] = ()
+    forced_resume: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
