@@ -1,6 +1,7 @@
-"""The Equinox primitives of Layer 1: `TrainState`, `TrainTask`, `make_task`, `train_step` and save/restore.
+"""The Equinox building blocks for hand-written loops: `TrainState`, `TrainTask`, `make_task`, `train_step`,
+`save_state` and `restore_state`.
 
-`train_step` is the reference step, exactly the seed's: ``eqx.filter_jit`` over the whole state. The loop's fast
+`train_step` is the reference step: ``eqx.filter_jit`` over the whole state, one optimizer update. The loop's fast
 step (``jax.jit`` over partitioned arrays, donation, ``lax.scan``) must agree with it.
 """
 
