@@ -18,6 +18,8 @@ from ._operator import StatefulOperator as StatefulOperator
 from ._operator import field as field
 from ._registry import lookup as lookup
 from ._registry import registered as registered
+from ._schema import describe as describe
+from ._schema import schema as schema
 from ._sequential import Sequential as Sequential
 from ._yaml import FORMAT_VERSION as FORMAT_VERSION
 from ._yaml import dump as dump

@@ -28,6 +28,8 @@ Train JAX models from YAML pipelines.
   pipekit-train reproduce ID                   train the recorded pipeline again
   pipekit-train runs RUN_DIR                   runs and their checkpoints
   pipekit-train average RUN_DIR --last 5 -o D  average checkpoints into a new one
+  pipekit-train describe TYPE                  an operator's fields, types, defaults and meaning
+  pipekit-train schema -o pipekit.schema.json  a JSON Schema of pipeline files, for YAML editors
 
 Your own models, datasets, losses, callbacks and backends: name the modules that define them with
 --import MODULE (run, validate, reproduce; repeatable) or $PIPEKIT_IMPORT=mod1,mod2.
@@ -300,8 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     from pipekit_train.cli._artifacts import add_artifact_commands
     from pipekit_train.cli._checkpoints import add_checkpoint_commands
 
+    from pipekit_train.cli._schema import add_schema_commands
+
     add_artifact_commands(sub)
     add_checkpoint_commands(sub)
+    add_schema_commands(sub)
     return parser
 
 
