@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from ._convert import register_converter as register_converter
     from ._engine import NonFiniteLossError as NonFiniteLossError
     from ._engine import NonFiniteWeightsError as NonFiniteWeightsError
+    from ._export import export_model as export_model
+    from ._history import history as history
     from ._jsonio import DamagedFileError as DamagedFileError
     from ._loop import TrainerCarryState as TrainerCarryState
     from ._loop import TrainingLoop as TrainingLoop

@@ -98,6 +98,42 @@ class TrainingLoop(StatefulOperator):
 
     Every field is documented in ``docs/yaml.md``. The stage runs on the backend adapter named by `backend` (any
     name registered in the ``pipekit_train.backends`` entry-point group or with `register_backend`).
+
+    Attributes:
+        model_op: The architecture: a model operator of the stage's backend (`EquinoxModel`, `KerasModel`,
+            `NumpyroModel`, ...).
+        dataset: The training data, a `TrainingDataset` (docs/datasets.md).
+        val_dataset: Evaluated every `eval_every_n_steps` steps and at the end, logged under `validate`.
+        loss: A `Loss` operator (`MSE`, `CrossEntropy`, `Composite`, your own subclass); set `loss` or `task`, not
+            both.
+        task: Python only: a backend-native objective (an Equinox `TrainTask`, a sampler kernel) instead of `loss`.
+        optimizer_config: The optimizer, its schedule and their settings (design/optimizers.md).
+        max_steps: Optimizer steps (iterations, for samplers) the stage runs.
+        steps_per_epoch: How many steps make an epoch (for `epoch` in records and `on_epoch_end`).
+        batch_size: Records per step (the global batch).
+        backend: The backend that trains the stage: any installed or registered name
+            (`pipekit_train.available_backends()`).
+        callbacks: `Checkpoint`, `EarlyStopping`, `ReduceLROnPlateau`, `EMA`, trackers, your own.
+        metric_writer: Where records go; null writes `metrics.jsonl` in the stage directory (a `JsonLinesWriter`);
+            or `ConsoleWriter`, `TensorBoardWriter`, a `MultiWriter` of several.
+        eval_every_n_steps: Validation cadence.
+        log_every_n_steps: How many steps one train record averages.
+        checkpoint_dir: Where the `Checkpoint` callback writes; null: `<stage dir>/checkpoints`.
+        seed: The stage's randomness: initial weights, data order, per-step keys.
+        name: The stage name: the run directory's sub-folder, the artifact's stage; null: `stage<i>`.
+        input_key: Which batch entry is the model input.
+        target_key: Which batch entry is the loss target.
+        test_dataset: Evaluated once at the end, logged under `test`.
+        eval_batch_size: Batch size of validation and test passes; null: `batch_size`.
+        transfer: How weights from the previous stage enter this stage's model (below).
+        accum: Gradient accumulation: one optimizer update every `accum` steps (`optax.MultiSteps`).
+        grad_clip_norm: Clip gradients to this global norm.
+        steps_per_call: Fuse this many steps into one compiled call (`lax.scan`); callbacks still see every step.
+        stop_on_nonfinite: Stop with an error naming the step when the loss or the weights become NaN or infinite.
+        progress: A progress bar on a terminal, plain lines in logs.
+        resume: `auto`: continue the run in the run directory exactly (see checkpoints.md).
+        init_from: Start from another run's checkpoint weights (weights only).
+        restore_best: Return the best checkpoint's weights instead of the last ones.
     """
 
     model_op: ModelOp

@@ -106,6 +106,12 @@ class ModelOp(Operator, register=False):
         """The bound model's predictions for a batch `x` (leading axis: examples)."""
         raise NotImplementedError(f"{type(self).__name__}.__call__")
 
+    def inference_function(self) -> Any:
+        """``predict(x)``: the bound model's predictions for a batch in inference mode (no dropout), as a function
+        ``jax.jit`` and ``jax.export`` can trace, the weights closed over. Backends without one raise
+        `NotImplementedError` (such models cannot be exported)."""
+        raise NotImplementedError(f"{type(self).__name__}.inference_function")
+
 
 # Transfer -------------------------------------------------------------------------------------------------
 _PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[\d+\])*")

@@ -28,6 +28,8 @@ Train JAX models from YAML pipelines.
   pipekit-train reproduce ID                   train the recorded pipeline again
   pipekit-train runs RUN_DIR                   runs and their checkpoints
   pipekit-train average RUN_DIR --last 5 -o D  average checkpoints into a new one
+  pipekit-train history RUN_DIR --png F.png    train/validate curves and a table of the logged metrics
+  pipekit-train export ID -o model.jaxexport   the trained model as a jax.export program, with its provenance
   pipekit-train describe TYPE                  an operator's fields, types, defaults and meaning
   pipekit-train schema -o pipekit.schema.json  a JSON Schema of pipeline files, for YAML editors
 
@@ -37,9 +39,14 @@ Your own models, datasets, losses, callbacks and backends: name the modules that
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
-    import yaml
+    """``PATH=VALUE`` → (path parts, value). `VALUE` is built as the same YAML in a pipeline file would be.
 
+    It goes through the file loader's composer, tag rules and limits (`pipekit._yaml.load_value`): no alias bombs,
+    no ``!!set`` / ``!!binary`` / merge keys / custom tags, and a mapping with ``type:`` is an operator. An empty
+    `VALUE` is the empty string.
+    """
     from pipekit import ConfigError
+    from pipekit._yaml import load_value
 
     if "=" not in text:
         raise ConfigError(f"--set expects PATH=VALUE (for example stages.0.max_steps=100), got {text!r}")
@@ -47,39 +54,61 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     parts = [p for p in path.replace("[", ".").replace("]", "").split(".") if p]
     if not parts:
         raise ConfigError(f"--set {text!r}: the path before '=' is empty")
+    shown = ".".join(parts)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {text!r}: the value is not valid YAML: {e}") from None
+        value = load_value(raw, source=f"--set {shown}") if raw.strip() else ""
+    except RecursionError:  # a last resort: the loader's depth limit stops recursive aliases long before this
+        raise ConfigError(f"--set {shown}: the value nests too deeply; refusing to load it") from None
     return parts, value
 
 
 def apply_override(node: Any, path: list[str], value: Any, shown: str = "") -> Any:
-    """A copy of `node` with the field at `path` set to `value` (type-checked like the YAML loader does)."""
+    """A copy of `node` with the field at `path` set to `value`, type-checked as the YAML loader checks the file.
+
+    `path` walks operator fields, mapping keys and list indices (an index equal to the list's length appends).
+    """
     import dataclasses
 
     from pipekit import ConfigError, Operator, suggestion
+    from pipekit._operator import field_hints
+    from pipekit._types import check_field
 
     head, rest = path[0], path[1:]
     where = f"{shown}.{head}" if shown else head
     if isinstance(node, Operator):
-        names = [f.name for f in dataclasses.fields(node)]  # type: ignore[arg-type]
-        if head not in names:
+        fields = {f.name: f for f in dataclasses.fields(node) if f.init}  # type: ignore[arg-type]
+        if head not in fields:
             raise ConfigError(
-                f"--set {where}: {type(node).__name__} has no field {head!r}{suggestion(head, names)}; "
-                f"allowed fields: {', '.join(names)}"
+                f"--set {where}: {type(node).__name__} has no field {head!r}{suggestion(head, fields)}; "
+                f"allowed fields: {', '.join(fields)}"
             )
-        current = getattr(node, head)
-        new = value if not rest else apply_override(current, rest, value, where)
-        return node.replace(**{head: new})
+        new = value if not rest else apply_override(getattr(node, head), rest, value, where)
+        owner = type(node)._pipekit_name or type(node).__name__
+        new = check_field(owner, head, new, field_hints(type(node)).get(head, Any), f"--set {where}")
+        try:
+            return node.replace(**{head: new})
+        except ConfigError as e:
+            if e.where:
+                raise
+            raise ConfigError(e.bare_message, f"--set {where}") from None
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{owner}: {e}", f"--set {where}") from None
     if isinstance(node, (list, tuple)):
         try:
             index = int(head)
-            current = node[index]
-        except (ValueError, IndexError):
-            raise ConfigError(f"--set {where}: expected an index below {len(node)}, got {head!r}") from None
+        except ValueError:
+            index = None
+        if index is None or not -len(node) <= index <= len(node):
+            raise ConfigError(
+                f"--set {where}: expected a list index from 0 to {len(node)} ({len(node)} appends), got {head!r}"
+            ) from None
         items = list(node)
-        items[index] = value if not rest else apply_override(current, rest, value, where)
+        if index == len(node):
+            if rest:
+                raise ConfigError(f"--set {where}: there is no item {index} yet; set the whole item first")
+            items.append(value)
+        else:
+            items[index] = value if not rest else apply_override(items[index], rest, value, where)
         return type(node)(items)
     if isinstance(node, dict):
         out = dict(node)
@@ -301,11 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from pipekit_train.cli._artifacts import add_artifact_commands
     from pipekit_train.cli._checkpoints import add_checkpoint_commands
-
+    from pipekit_train.cli._export import add_export_commands
+    from pipekit_train.cli._history import add_history_commands
     from pipekit_train.cli._schema import add_schema_commands
 
     add_artifact_commands(sub)
     add_checkpoint_commands(sub)
+    add_history_commands(sub)
+    add_export_commands(sub)
     add_schema_commands(sub)
     return parser
 

@@ -145,6 +145,18 @@ class EquinoxModel(ModelOp):
 
         return _tree.check_input(self, shape, dtype)
 
+    def inference_function(self) -> Any:
+        """``jax.vmap`` of the bound module in inference mode (dropout off): what `pipekit-train export` writes."""
+        import equinox as eqx
+        import jax
+
+        module = eqx.nn.inference_mode(self._bound("inference_function"))
+
+        def predict(x: Any) -> Any:
+            return jax.vmap(module)(x)
+
+        return predict
+
     def __call__(self, x: Any) -> Any:
         """Run the bound module on a batch: the module maps one example, this maps it over the leading axis."""
         from . import _tree
