@@ -8,54 +8,54 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 import pytest
 
-from pipekit_train import ArraySource, TrainingDataset, TrainingLoop, load_model, read_jsonl, run_settings
-from pipekit_train.adapters.numpyro import NUTS, NumpyroModel
+import pipekit
+from pipekit_train import (
+    Callback,
+    TrainingInterrupted,
+    load_model,
+    read_jsonl,
+    run_settings,
+)
+from pipekit_train.adapters.numpyro import NumpyroModel
 
 from .conftest import POST_MEAN, POST_SD, Y
 
-WARMUP, SAMPLES, CHAINS, SEED = 300, 500, 2, 7
+WARMUP, SAMPLES, CHAINS, SEED, CHUNK = 300, 500, 2, 7, 100
 
-# The tests sharing the module's sampled stage run on one xdist worker (``--dist loadgroup``), so it is sampled once.
+# The tests sharing the module's sampled stage run on one xdist worker (``--dist loadgroup``), so it is sampled once;
+# the resumed runs of the kill test share its compiled chunk (same model, data, kernel and chunk size).
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-    pytestmark = pytest.mark.xdist_group("bayes-mcmc")
+    pytestmark = pytest.mark.xdist_group("bayes-numpyro")
 
 
 @pytest.fixture(scope="module")
 def conjugate(tmp_path_factory):
-    """One NUTS stage of the conjugate model, sampled in a single chunk."""
+    """One uninterrupted NUTS stage of the conjugate model, in chunks of 100 iterations (the kill test's pipeline)."""
+    data = tmp_path_factory.mktemp("data") / "data.npz"
+    np.savez(data, y=Y)
     run_dir = tmp_path_factory.mktemp("conj") / "run"
-    loop = TrainingLoop(
-        model_op=NumpyroModel(model="conjugate_normal"),
-        dataset=TrainingDataset(source=ArraySource(arrays={"y": Y}), shuffle=False),
-        task=NUTS(num_warmup=WARMUP, num_samples=SAMPLES, num_chains=CHAINS),
-        backend="numpyro-mcmc",
-        batch_size=10,
-        max_steps=WARMUP + SAMPLES,
-        steps_per_call=WARMUP + SAMPLES,
-        log_every_n_steps=WARMUP + SAMPLES,
-        progress=False,
-        seed=SEED,
-        name="nuts",
-    )
+    loop = pipekit.loads(PIPELINE.format(data=data))
     with run_settings(run_dir=str(run_dir), store=False):
         model, artifact = loop.run()
-    return model, artifact, run_dir
+    return model, artifact, run_dir, data
 
 
-def test_one_chunk_equals_numpyro_mcmc_run_bitwise(conjugate):
+def test_chunked_draws_equal_numpyro_mcmc_run_bitwise(conjugate):
     from numpyro.infer import MCMC
     from numpyro.infer import NUTS as NumpyroNUTS
 
     from pipekit_train.adapters.numpyro._models import conjugate_normal
 
-    model, _, _ = conjugate
+    model = conjugate[0]
     mcmc = MCMC(
         NumpyroNUTS(conjugate_normal),
         num_warmup=WARMUP,
@@ -72,7 +72,7 @@ def test_one_chunk_equals_numpyro_mcmc_run_bitwise(conjugate):
 
 
 def test_posterior_mean_within_4_mcse_of_the_analytic_one(conjugate):
-    model, artifact, _ = conjugate
+    model, artifact = conjugate[:2]
     draws = model.posterior.draws["mu"]
     ess = artifact.final_metrics["posterior/ess_bulk_min"]
     mcse = POST_SD / np.sqrt(ess)
@@ -83,7 +83,7 @@ def test_posterior_mean_within_4_mcse_of_the_analytic_one(conjugate):
 
 
 def test_the_posterior_is_the_artifact(conjugate):
-    model, artifact, run_dir = conjugate
+    model, artifact, run_dir, _ = conjugate
     loaded = load_model(artifact.model_registry_uri)
     assert isinstance(loaded, NumpyroModel) and loaded == model
     assert loaded.weights_hash() == model.weights_hash() == artifact.trained_model_hash
@@ -99,39 +99,28 @@ def test_the_posterior_is_the_artifact(conjugate):
 
 
 # Kill and resume ----------------------------------------------------------------------------------------
-PIPELINE = """\
+PIPELINE = f"""\
 pipekit: 1
 type: TrainingLoop
 name: nuts
-model_op: {{type: NumpyroModel, model: conjugate_normal}}
-dataset: {{type: TrainingDataset, source: {{type: NpzSource, path: {data}}}, shuffle: false}}
-task: {{type: NUTS, num_warmup: 40, num_samples: 60, num_chains: 2, thinning: 2}}
+model_op: {{{{type: NumpyroModel, model: conjugate_normal}}}}
+dataset: {{{{type: TrainingDataset, source: {{{{type: NpzSource, path: {{data}}}}}}, shuffle: false}}}}
+task: {{{{type: NUTS, num_warmup: {WARMUP}, num_samples: {SAMPLES}, num_chains: {CHAINS}}}}}
 backend: numpyro-mcmc
 batch_size: 10
-max_steps: 100
-steps_per_call: 10
-log_every_n_steps: 20
+max_steps: {WARMUP + SAMPLES}
+steps_per_call: {CHUNK}
+log_every_n_steps: {CHUNK}
 progress: false
-seed: 3
+seed: {SEED}
 callbacks:
 - type: Checkpoint
-  every_n_steps: 20
+  every_n_steps: {CHUNK}
   async_save: false
 """
 
 
-def _cli(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipekit_train.cli", *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-def _kill_after_checkpoint(proc: subprocess.Popen, ckpt_dir: Path, step: int, timeout: float = 120) -> None:
+def _kill_after_checkpoint(proc: subprocess.Popen, ckpt_dir: Path, step: int, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if _in_manifest(ckpt_dir, step):
@@ -155,33 +144,45 @@ def _in_manifest(ckpt_dir: Path, step: int) -> bool:
     return step in [int(e["step"]) for e in manifest.get("checkpoints", manifest.get("entries", []))]
 
 
-@pytest.mark.slow
-def test_sigkill_in_warmup_and_in_sampling_then_resume_gives_bitwise_the_same_draws(tmp_path):
-    import pipekit
+class TermAt(Callback, register=False):
+    """Sends this process SIGTERM after step `at`: the loop finishes the chunk, checkpoints and stops."""
 
-    np.savez(tmp_path / "data.npz", y=Y)
-    text = PIPELINE.format(data=tmp_path / "data.npz")
+    at: int
+
+    def on_step_end(self, ctx: Any, metrics: Mapping[str, Any]) -> None:
+        if ctx.step == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def fingerprint(self) -> None:
+        return None  # it interrupts the run; it does not change what is sampled
+
+
+@pytest.mark.slow
+def test_sigkill_in_warmup_then_sigterm_in_sampling_then_resume_gives_bitwise_the_same_draws(
+    conjugate, tmp_path, monkeypatch
+):
+    """The CLI run is SIGKILLed after its warm-up checkpoint at 200; ``resume=auto`` continues it in this process
+    until a SIGTERM at 700 (sampling), and again to the end: the draws are bitwise the uninterrupted run's."""
+    straight, _, _, data = conjugate
+    text = PIPELINE.format(data=data)
     (tmp_path / "p.yaml").write_text(text)
     run = tmp_path / "killed"
-    ckpt = run / "nuts" / "checkpoints"
-    first = _cli(["run", "p.yaml", "--run-dir", str(run)], tmp_path)
-    _kill_after_checkpoint(first, ckpt, 20)  # during warm-up (iterations 0-39)
-    second = _cli(["run", "p.yaml", "--run-dir", str(run), "--resume", "auto"], tmp_path)
-    _kill_after_checkpoint(second, ckpt, 60)  # during sampling
-    third = _cli(["run", "p.yaml", "--run-dir", str(run), "--resume", "auto"], tmp_path)
-    assert third.wait(180) == 0, third.stderr.read().decode()[-3000:]
-
-    import json
-
-    final = json.loads((run / "nuts" / "final.json").read_text())
-    uri = final["model_uri"]
-    if "root=" in uri and not uri.split("root=", 1)[1].startswith("/"):
-        uri = uri.split("?", 1)[0] + "?root=" + str(run / uri.split("root=", 1)[1])
-    resumed = load_model(uri)
-    os.chdir(tmp_path)
-    with run_settings(run_dir=str(tmp_path / "straight"), store=False):
-        straight, _ = pipekit.loads(text).run()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipekit_train.cli", "run", "p.yaml", "--run-dir", str(run), "--no-store"],
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    _kill_after_checkpoint(proc, run / "nuts" / "checkpoints", 2 * CHUNK)  # during warm-up (iterations 0-299)
+    monkeypatch.chdir(tmp_path)
+    stopped = pipekit.loads(text).replace(callbacks=(*pipekit.loads(text).callbacks, TermAt(at=700)))
+    with run_settings(run_dir=str(run), store=False, resume="auto"), pytest.raises(TrainingInterrupted) as stop:
+        stopped.run()
+    assert stop.value.reason == "SIGTERM" and stop.value.artifact.backend_info["steps"] == 700
+    with run_settings(run_dir=str(run), store=False, resume="auto"):
+        resumed, _ = pipekit.loads(text).run()
     assert resumed.posterior.draws.keys() == straight.posterior.draws.keys()
     for site, value in straight.posterior.draws.items():
-        assert value.shape == (2, 30)
+        assert value.shape == (CHAINS, SAMPLES)
         assert resumed.posterior.draws[site].tobytes() == value.tobytes(), site

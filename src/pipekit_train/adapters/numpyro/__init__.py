@@ -2,15 +2,18 @@
 ``numpyro-svi`` (a guide fitted by stochastic variational inference).
 
 Importing this package is cheap (no NumPyro, no JAX beyond what the loss base class needs): it registers the
-operators a YAML file names — `NumpyroModel`, `NumpyroGuide`, the kernels `NUTS` and `HMC`, the losses
-`Trace_ELBO` and `TraceMeanField_ELBO` — and `register_numpyro_model`. The adapter modules of the two backends are
+operators a YAML file names — `NumpyroModel`, `BlackjaxModel` (the same models for the ``blackjax`` backend),
+`NumpyroGuide`, the kernels `NUTS`, `HMC` and `MALA` (BlackJAX only), the losses `Trace_ELBO` and
+`TraceMeanField_ELBO` — and `register_numpyro_model`. The adapter modules of the two backends are
 `pipekit_train.adapters.numpyro.mcmc` and `pipekit_train.adapters.numpyro.svi`. See ``docs/bayesian.md``.
 """
 
 from __future__ import annotations
 
 from ._ops import HMC as HMC
+from ._ops import MALA as MALA
 from ._ops import NUTS as NUTS
+from ._ops import BlackjaxModel as BlackjaxModel
 from ._ops import GuideParams as GuideParams
 from ._ops import NumpyroGuide as NumpyroGuide
 from ._ops import NumpyroModel as NumpyroModel
@@ -24,7 +27,9 @@ from ._registry import registered_numpyro_models as registered_numpyro_models
 
 __all__ = [
     "HMC",
+    "MALA",
     "NUTS",
+    "BlackjaxModel",
     "GuideParams",
     "NumpyroGuide",
     "NumpyroModel",

@@ -17,7 +17,16 @@ import numpy as np
 from ..._engine import AdapterResult, run_steps
 from ._ops import HMC, NUTS, NumpyroModel, Posterior
 from ._posterior import report
-from ._sampling import SamplerControls, SamplerSetup, check_digest, config_digest, engine_loop, prepare
+from ._sampling import (
+    SamplerControls,
+    SamplerSetup,
+    cached_program,
+    check_digest,
+    config_digest,
+    engine_loop,
+    prepare,
+    program_key,
+)
 
 
 def init_strategy(kernel: Any, init_values: dict[str, Any] | None) -> Any:
@@ -79,7 +88,10 @@ class MCMCBackend(SamplerControls):
         self.coll_def = jax.tree.structure(self.collection)
         self.digest = config_digest(loop.task, setup.model_op)
         self.step = 0
-        self._chunk = jax.jit(self._chunk_impl, static_argnums=3)
+        # Runs of the same program (a resumed run, a reference run) share one trace and compilation.
+        self._chunk = cached_program(
+            program_key("numpyro-mcmc", setup), lambda: jax.jit(self._chunk_impl, static_argnums=3)
+        )
 
     def _transform(self, state: Any) -> list[Any]:
         return [self._post(state.z), state.diverging]

@@ -21,7 +21,9 @@ from ._registry import get_numpyro_model
 
 __all__ = [
     "HMC",
+    "MALA",
     "NUTS",
+    "BlackjaxModel",
     "GuideParams",
     "NumpyroGuide",
     "NumpyroModel",
@@ -137,6 +139,26 @@ class HMC(_Kernel):
             raise ConfigError(f"HMC.num_steps must be an int >= 1 or null, got {self.num_steps}")
 
 
+class MALA(_Kernel):
+    """The Metropolis-adjusted Langevin algorithm (``blackjax`` backend only): one gradient step per iteration.
+
+    Warm-up adapts the step size alone (dual averaging to `target_accept_prob`, 0.574 by default, the optimal
+    MALA rate); MALA has no mass matrix, so `dense_mass` must stay false. Other fields as for `NUTS`.
+
+    Example:
+        >>> MALA(num_warmup=300, num_samples=1000, num_chains=4)
+        MALA(num_warmup=300, num_samples=1000, num_chains=4)
+    """
+
+    target_accept_prob: float = 0.574
+    step_size: float = 0.1
+
+    def validate(self) -> None:
+        super().validate()
+        if self.dense_mass:
+            raise ConfigError("MALA has no mass matrix: remove dense_mass (or use NUTS/HMC)")
+
+
 # ELBOs ---------------------------------------------------------------------------------------------------
 class _ELBO(Loss, register=False):
     """The negative ELBO as the SVI stage's loss; `num_particles` Monte-Carlo samples per step.
@@ -151,7 +173,7 @@ class _ELBO(Loss, register=False):
         if self.num_particles < 1:
             raise ConfigError(f"{type(self).__name__}.num_particles must be an int >= 1, got {self.num_particles}")
 
-    def __call__(self, predicted: Any, target: Any) -> Any:
+    def __call__(self, predicted: Any, target: Any) -> Any:  # type: ignore[override]  # see Loss.__call__
         raise ConfigError(
             f"{self!r} is the loss of a Bayesian stage: use it with backend: numpyro-svi, not on predictions"
         )
@@ -303,7 +325,8 @@ class NumpyroModel(_NumpyroModelBase):
 
     @property
     def posterior(self) -> Posterior:
-        return self._bound("posterior")
+        posterior: Posterior = self._bound("posterior")
+        return posterior
 
     def predictive(self, data: Any, seed: int = 0) -> dict[str, np.ndarray]:
         """Posterior-predictive draws of every site for inputs `data` (a mapping of model arguments, or ``x``)."""
@@ -320,6 +343,20 @@ class NumpyroModel(_NumpyroModelBase):
         return _predictive_mean(self, self.predictive(x))
 
 
+class BlackjaxModel(NumpyroModel):
+    """A registered NumPyro model sampled by the ``blackjax`` backend (BlackJAX's NUTS/HMC/MALA on its log density).
+
+    Everything but the backend is `NumpyroModel`'s: the same registered models, ``kwargs``, posterior draws as
+    weights, `predictive` and the posterior-predictive mean.
+
+    Example:
+        >>> BlackjaxModel(model="eight_schools")
+        BlackjaxModel(model='eight_schools')
+    """
+
+    backend: ClassVar[str] = "blackjax"
+
+
 class NumpyroGuide(_NumpyroModelBase):
     """A NumPyro model fitted by SVI: the guide (variational family) and, once trained, its parameters.
 
@@ -331,8 +368,8 @@ class NumpyroGuide(_NumpyroModelBase):
         guide_kwargs: Keyword arguments of the autoguide (``init_scale``, ...).
 
     Example:
-        >>> NumpyroGuide(model="logistic_regression", guide="AutoNormal")
-        NumpyroGuide(model='logistic_regression', guide='AutoNormal')
+        >>> NumpyroGuide(model="logistic_regression", guide="AutoDelta")
+        NumpyroGuide(model='logistic_regression', guide='AutoDelta')
     """
 
     backend: ClassVar[str] = "numpyro-svi"
@@ -380,7 +417,8 @@ class NumpyroGuide(_NumpyroModelBase):
 
     @property
     def params(self) -> dict[str, np.ndarray]:
-        return self._bound("params").params
+        bound: GuideParams = self._bound("params")
+        return bound.params
 
     def _ready_guide(self, data: Mapping[str, Any]) -> Any:
         """The guide, run once on `data` so an autoguide knows the model's sites."""

@@ -4,6 +4,8 @@ handed over by a previous stage, the `StepBackend` plumbing and the end-of-stage
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,3 +123,40 @@ class SamplerControls:
 def engine_loop(loop: Any, n: int) -> Any:
     """The loop the engine drives: batches are not used by a sampler, so a batch_size above the data is capped."""
     return loop if loop.batch_size <= n else loop.replace(batch_size=n)
+
+
+#: Sampler programs (jitted chunks and what they close over) seen in this process, by `program_key`: runs of the
+#: same model, data and kernel (a resumed run, a repeated stage, a test's reference run) trace and compile once.
+_PROGRAMS: OrderedDict[str, Any] = OrderedDict()
+_MAX_PROGRAMS = 4
+
+
+def program_key(backend: str, setup: SamplerSetup) -> str:
+    """A digest of everything a sampler's traced program depends on: the backend, model operator (with its
+    kwargs), kernel, sizes, data and initial point. The seed is not part of it (it only changes the state)."""
+    import pipekit
+
+    h = hashlib.sha256(backend.encode())
+    h.update(pipekit.dumps(setup.model_op, strict=False).encode())
+    h.update(pipekit.dumps(setup.kernel, strict=False).encode())
+    h.update(f"{setup.num_samples}/{setup.kept}".encode())
+    kwargs = setup.model_op.kwargs
+    h.update(repr(sorted((k, v) for k, v in kwargs.items() if isinstance(v, str))).encode())
+    arrays = {k: v for k, v in kwargs.items() if not isinstance(v, str)}
+    for values in (setup.data, setup.init_values or {}, arrays):
+        for name in sorted(values):
+            arr = np.ascontiguousarray(values[name])
+            h.update(f"{name}:{arr.dtype}:{arr.shape}".encode())
+            h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def cached_program(key: str, build: Callable[[], Any]) -> Any:
+    """The program cached under `key`, or `build()`'s (kept for the next runs; the least recently used goes)."""
+    program = _PROGRAMS.pop(key, None)
+    if program is None:
+        program = build()
+    _PROGRAMS[key] = program
+    while len(_PROGRAMS) > _MAX_PROGRAMS:
+        _PROGRAMS.popitem(last=False)
+    return program
