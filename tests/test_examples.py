@@ -13,7 +13,8 @@ EXAMPLES = sorted((Path(__file__).parent.parent / "examples").rglob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_round_trips_and_validates(path: Path):
+def test_example_round_trips_and_validates(path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(Path(__file__).parent.parent)  # examples name their data relative to the repository root
     op = pipekit.load(path)
     assert pipekit.loads(pipekit.dumps(op)) == op
     assert "training stage" in check_pipeline(op)

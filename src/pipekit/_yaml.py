@@ -234,18 +234,24 @@ class _Builder:
             raise ConfigError(f"{type_name}: {e}", self.where(node)) from None
 
 
-def loads(text: str, source: str = "<string>") -> Operator:
-    """Build the operator a YAML document describes. `source` names the text in error messages."""
-    if len(text) > MAX_BYTES:
+def _compose(text: str, source: str) -> yaml.Node | None:
+    """The node tree of `text` (nothing constructed), or a `ConfigError` naming `source`; refuses oversized text."""
+    if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise ConfigError(f"document is larger than {MAX_BYTES} bytes; refusing to load it", source)
     try:
-        node = yaml.compose(text, Loader=_Loader)
+        node: yaml.Node | None = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         raise ConfigError(f"YAML syntax error: {e.problem or e}", where) from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"YAML error: {e}", source) from None
+        raise ConfigError(f"YAML error: {' '.join(str(e).split())}", source) from None
+    return node
+
+
+def loads(text: str, source: str = "<string>") -> Operator:
+    """Build the operator a YAML document describes. `source` names the text in error messages."""
+    node = _compose(text, source)
     if node is None:
         raise ConfigError("the document is empty; expected an operator mapping with a 'type:' key", source)
     builder = _Builder(source)
@@ -255,11 +261,42 @@ def loads(text: str, source: str = "<string>") -> Operator:
     return builder.operator(node, 0, allow_version=True)
 
 
+def load_value(text: str, source: str = "<value>") -> Any:
+    """Build one field's value from YAML text, exactly as the same text inside a pipeline file would be built.
+
+    The command line's ``--set PATH=VALUE`` reads `VALUE` with it: the same safe composer, tag rules (no
+    ``!!set``, ``!!binary``, merge keys or custom tags) and limits (size, node count after aliases, depth) as
+    `loads`, and a mapping with a ``type:`` key is an operator (``{type: MSE}``). An empty text is ``None``.
+    """
+    node = _compose(text, source)
+    if node is None:
+        return None
+    return _Builder(source).value(node, 0)
+
+
 def load(path: str | os.PathLike[str]) -> Operator:
-    """Read and build the operator in the YAML file at `path`; errors name the file, line and column."""
+    """Read and build the operator in the YAML file at `path`; errors name the file, line and column.
+
+    The size limit is checked before the file is read whole: from its size, then by reading at most one byte
+    more than the limit (for files that report no size, such as those under ``/proc``).
+    """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_BYTES:
+                raise ConfigError(f"file is {size} bytes, larger than {MAX_BYTES}; refusing to load it", str(path))
+            data = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"pipeline file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory, not a pipeline file") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read the pipeline file {path}: {e.strerror or e}") from None
+    if len(data) > MAX_BYTES:
+        raise ConfigError(f"file is larger than {MAX_BYTES} bytes; refusing to load it", str(path))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start} is {data[e.start : e.start + 1]!r})", str(path)) from None
     return loads(text, source=str(path))

@@ -90,6 +90,7 @@ if TYPE_CHECKING:
     from .data import TrainingDataset as TrainingDataset
     from .data import Transform as Transform
     from .data import register_dataset as register_dataset
+    from .provenance import ArtifactIntegrityError as ArtifactIntegrityError
     from .provenance import ArtifactStore as ArtifactStore
     from .provenance import ArtifactStoreError as ArtifactStoreError
     from .provenance import LocalModelRegistry as LocalModelRegistry

@@ -1,4 +1,5 @@
-"""The ``pipekit-train artifacts`` commands: list, show, lineage, query and diff the recorded training artifacts.
+"""The ``pipekit-train artifacts`` commands: list, show, lineage, query, diff, import and verify the recorded
+training artifacts.
 
 Every command takes ``--store PATH`` (default ``$PIPEKIT_ARTIFACT_STORE``, else ``./runs/artifacts.sqlite``) and
 ``--json`` (machine-readable output instead of tables). Each returns an exit code: 0 on success, 1 on an error
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._common import EXIT_OK, CommandError, guarded, run_commands
+from ._common import EXIT_ERROR, EXIT_OK, CommandError, UsageError, guarded, run_commands
 
 if TYPE_CHECKING:  # imported when a command runs, so that `pipekit-train --help` stays cheap
     from ..provenance._artifact import TrainingArtifact
@@ -203,6 +204,11 @@ def _store(args: argparse.Namespace) -> ArtifactStore:
             f"no artifact store at {store.path}; pass --store PATH or set $PIPEKIT_ARTIFACT_STORE "
             "(runs record to ./runs/artifacts.sqlite by default)"
         )
+    if store.path.is_file() and store.path.stat().st_size == 0:  # SQLite would take it for a new, empty store
+        raise CommandError(
+            f"{store.path}: the artifact store is empty (0 bytes: truncated?); restore it from its backup, or record "
+            f"the runs again with 'pipekit-train artifacts import RUN_DIR --store {store.path}'"
+        )
     return store
 
 
@@ -283,7 +289,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     """
     from .._jsonio import DamagedFileError, read_json
     from ..provenance._artifact import TrainingArtifact
-    from ..provenance._store import ArtifactStore
+    from ..provenance._store import ArtifactIntegrityError, ArtifactStore, UnknownArtifactError
 
     store = ArtifactStore(args.store)
     found = 0
@@ -300,15 +306,63 @@ def cmd_import(args: argparse.Namespace) -> int:
                 artifact = TrainingArtifact.from_dict(data)
             except (TypeError, ValueError) as e:
                 raise DamagedFileError(f"{path}: the stage's artifact is damaged ({e})", path=path) from None
-            store.record(artifact)
+            action = "recorded"
+            try:
+                store.get(artifact.artifact_id)
+            except UnknownArtifactError:
+                pass
+            except ArtifactIntegrityError:
+                action = "repaired"  # the stored record was damaged: the run's own record replaces it
+            store.record(artifact, repair=True)
             found += 1
-            print(f"recorded {artifact.artifact_id}  {artifact.stage}  ({path})")
+            print(f"{action} {artifact.artifact_id}  {artifact.stage}  ({path})")
     print(f"{found} artifact(s) in {store.path}")
     return EXIT_OK
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``artifacts verify ID | --all``: check records, lineage links, model-registry entries and the SQLite file.
+
+    Prints one line per problem (``ID  what is wrong``) and a summary; exit code 1 when anything is wrong.
+    """
+    if (args.id is None) == (not args.all):
+        raise UsageError("artifacts verify: give an artifact ID or --all (not both)")
+    if not args.no_models:  # the model types of your own modules ($PIPEKIT_IMPORT, --import), as `run` does
+        from ._imports import import_modules, requested_imports
+
+        import_modules(requested_imports(args.imports))
+    report = _store(args).verify(None if args.all else args.id, models=not args.no_models)
+    problems, warnings = report["problems"], report["warnings"]
+    if args.json:
+        _emit(
+            args,
+            {
+                "store": report["store"],
+                "checked": report["checked"],
+                "ok": not problems,
+                "problems": [{"artifact_id": a, "problem": t} for a, t in problems],
+                "warnings": [{"artifact_id": a, "warning": t} for a, t in warnings],
+            },
+            "",
+        )
+    else:
+        for aid, text in problems:
+            print(f"{aid or 'store'}  {text}")
+        for aid, text in warnings:
+            print(f"{aid or 'store'}  warning: {text}")
+        verdict = f"{len(problems)} problem(s)" if problems else "ok"
+        extra = f", {len(warnings)} warning(s)" if warnings else ""
+        print(f"verified {report['checked']} artifact(s) in {report['store']}: {verdict}{extra}")
+        if problems:
+            print(
+                "to recover: restore the store from its backup, or record a damaged run again from its own "
+                "artifact.json with 'pipekit-train artifacts import RUN_DIR'"
+            )
+    return EXIT_ERROR if problems else EXIT_OK
+
+
 def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``artifacts list | show | lineage | query | diff`` to a CLI's subparsers; returns the ``artifacts`` parser.
+    """Add the ``artifacts`` commands (list, show, lineage, query, diff, import, verify) to a CLI's subparsers.
 
     Each leaf parser sets ``func``: call ``args.func(args)`` for the exit code.
     """
@@ -363,6 +417,21 @@ def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("import", parents=[common], help="record the artifacts a run directory holds")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their <stage>/artifact.json)")
     p.set_defaults(func=guarded("artifacts", cmd_import))
+
+    p = sub.add_parser(
+        "verify", parents=[common], help="check records, lineage links, model-registry entries and the SQLite file"
+    )
+    p.add_argument("id", nargs="?", metavar="ID", help="artifact id or a unique prefix of it")
+    p.add_argument("--all", action="store_true", help="every artifact, and the whole SQLite file")
+    p.add_argument("--no-models", action="store_true", help="do not load the model-registry entries")
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        help="import MODULE first, for the model types it registers (repeatable)",
+    )
+    p.set_defaults(func=guarded("artifacts", cmd_verify))
     return parser
 
 

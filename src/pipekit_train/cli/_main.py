@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -200,9 +199,10 @@ def _print_summary(artifact: Any, store: Any) -> None:
     run_dir = os.path.dirname(stage_dir) if stage_dir else None
     artifacts = []
     if run_dir:
+        from pipekit_train._jsonio import read_json
+
         for path in sorted(glob.glob(os.path.join(run_dir, "*", "artifact.json")), key=os.path.getmtime):
-            with open(path, encoding="utf-8") as f:
-                artifacts.append(json.load(f))
+            artifacts.append(read_json(path, what="a stage's artifact"))
     if not artifacts:
         artifacts = [artifact.to_dict()]
     print("\nSummary")

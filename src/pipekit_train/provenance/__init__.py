@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ._model_registry import ModelNotFoundError as ModelNotFoundError
     from ._model_registry import ModelRegistryError as ModelRegistryError
     from ._model_registry import load_model as load_model
+    from ._store import ArtifactIntegrityError as ArtifactIntegrityError
     from ._store import ArtifactStore as ArtifactStore
     from ._store import ArtifactStoreError as ArtifactStoreError
     from ._store import UnknownArtifactError as UnknownArtifactError

@@ -207,6 +207,11 @@ class LocalModelRegistry:
             meta = json.loads(paths[META_FILE].read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise ModelIntegrityError(f"{paths[META_FILE]}: not valid JSON ({e})") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), dict):
+            raise ModelIntegrityError(
+                f"{paths[META_FILE]}: not a registry record (a JSON {type(meta).__name__}); the registry entry for "
+                f"{uri} is damaged"
+            )
         blobs = {name: paths[name].read_bytes() for name in (ARCHITECTURE_FILE, WEIGHTS_FILE)}
         for name, data in blobs.items():
             expected = (meta.get("sha256") or {}).get(name)

@@ -13,6 +13,14 @@ Where the file is: the ``path`` argument, else ``$PIPEKIT_ARTIFACT_STORE``, else
 The schema is versioned: the ``schema_version`` table holds one number, and `MIGRATIONS` lists the steps from
 each version to the next. Opening a store brings an older file up to date in one transaction; a file written by a
 newer pipekit-train is refused rather than misread.
+
+Integrity: each record carries ``digest``, ``"sha256:<hex>"`` of its JSON text (`record_digest`), and every read
+(`get`, `query`, `lineage`, `diff`) checks it: a record changed by a bad disk, a stray write or a hand edit is an
+`ArtifactIntegrityError` naming the store and the artifact, never shown as if it were true. A file that is not an
+SQLite database any more (truncated, overwritten) is an `ArtifactIntegrityError` too. `ArtifactStore.verify`
+checks everything at once: digests, the index columns and tables against the records, lineage links, and SQLite's
+own ``PRAGMA integrity_check``. The digest detects damage, not a deliberate forgery by someone who can write the
+file (they can recompute it).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import difflib
+import hashlib
+import json
 import os
 import sqlite3
 import time
@@ -32,11 +42,13 @@ from pipekit import PipekitError
 from ._artifact import TrainingArtifact
 
 __all__ = [
+    "ArtifactIntegrityError",
     "ArtifactStore",
     "ArtifactStoreError",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "UnknownArtifactError",
+    "record_digest",
 ]
 
 ENV_VAR = "PIPEKIT_ARTIFACT_STORE"
@@ -96,8 +108,30 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX imports_by_module ON imports(module, sha256)",
     ),
+    # 3: each record carries the digest of its JSON text, checked on every read. The records already in the file
+    # were trusted until now: their digest is computed from them (`_DIGEST_SQL_FUNCTION`, registered on every
+    # connection).
+    (
+        "ALTER TABLE artifacts ADD COLUMN digest TEXT",
+        "UPDATE artifacts SET digest = pipekit_record_digest(record)",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+_DIGEST_SQL_FUNCTION = "pipekit_record_digest"
+#: The columns of ``artifacts`` that index a field of the record, as (column, field).
+_INDEX_COLUMNS = (
+    ("run_id", "run_id"),
+    ("stage", "stage"),
+    ("pipeline_hash", "pipeline_hash"),
+    ("dataset_hash", "dataset_hash"),
+    ("backend", "backend"),
+    ("trained_model_hash", "trained_model_hash"),
+    ("model_registry_uri", "model_registry_uri"),
+    ("tracker_run_id", "tracker_run_id"),
+    ("status", "status"),
+    ("seed", "seed"),
+)
 
 _OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "=", "=": "=", "!=": "!="}
 _MAX_DEPTH = 1000
@@ -109,6 +143,26 @@ class ArtifactStoreError(PipekitError):
 
 class UnknownArtifactError(ArtifactStoreError):
     """No artifact (or more than one) has the id or id prefix given."""
+
+
+class ArtifactIntegrityError(ArtifactStoreError):
+    """A record does not match its digest, or the store file is damaged. The message names the store, the artifact
+    (when one is to blame) and the recovery: restore the file from its backup, or re-record the run from its own
+    ``artifact.json`` with ``pipekit-train artifacts import RUN_DIR``."""
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str], artifact_id: str | None = None) -> None:
+        super().__init__(message)
+        self.path = str(path)
+        self.artifact_id = artifact_id
+
+
+def record_digest(text: str) -> str:
+    """The digest a store keeps beside a record: ``"sha256:<hex>"`` of its JSON text (`TrainingArtifact.to_json`)."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _sql_record_digest(text: Any) -> str | None:
+    return record_digest(text) if isinstance(text, str) else None
 
 
 def time_key(value: str | _dt.datetime) -> str:
@@ -174,10 +228,18 @@ class ArtifactStore:
     # Connections and schema ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A fresh connection (safe across processes and threads), schema brought up to date on first use."""
+        """A fresh connection (safe across processes and threads), schema brought up to date on first use.
+
+        SQLite errors become one-line errors naming the file (`ArtifactIntegrityError` when the
+        file is damaged).
+        """
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         try:
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        except sqlite3.Error as e:
+            raise self._database_error(e) from None
+        try:
+            conn.create_function(_DIGEST_SQL_FUNCTION, 1, _sql_record_digest, deterministic=True)
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             if not self._ready:
                 self._set_wal(conn)
@@ -185,8 +247,44 @@ class ArtifactStore:
                 self._ready = True
             conn.execute("PRAGMA foreign_keys = ON")
             yield conn
+        except sqlite3.Error as e:
+            raise self._database_error(e) from None
         finally:
             conn.close()
+
+    def _recovery(self, run_dir: str | None = None) -> str:
+        run = run_dir or "RUN_DIR"
+        return (
+            f"restore {self.path} from its backup, or record the run again from its own artifact.json with "
+            f"'pipekit-train artifacts import {run} --store {self.path}'"
+        )
+
+    def _database_error(self, e: sqlite3.Error) -> ArtifactStoreError:
+        text = " ".join(str(e).split()) or type(e).__name__
+        low = text.lower()
+        if any(word in low for word in ("not a database", "malformed", "corrupt")):
+            return ArtifactIntegrityError(
+                f"{self.path}: the artifact store is damaged (SQLite: {text}); {self._recovery()}", path=self.path
+            )
+        if "locked" in low or "busy" in low:
+            return ArtifactStoreError(
+                f"{self.path}: the artifact store stayed locked by another process for {BUSY_TIMEOUT_MS // 1000} s "
+                f"(SQLite: {text}); try again when the other writer is done"
+            )
+        return ArtifactStoreError(f"{self.path}: the artifact store cannot be used (SQLite: {text})")
+
+    def _checked(self, artifact_id: str, digest: Any, record: Any) -> TrainingArtifact:
+        """The artifact a row holds, after checking its digest; an `ArtifactIntegrityError` when it does not match."""
+        artifact, problem = _check_record(artifact_id, digest, record)
+        if artifact is None:
+            raise ArtifactIntegrityError(
+                f"{self.path}: artifact {artifact_id} is damaged ({problem}); do not trust it: "
+                f"{self._recovery(_run_dir_hint(record))} ('pipekit-train artifacts verify --all' lists every "
+                "damaged record)",
+                path=self.path,
+                artifact_id=artifact_id,
+            )
+        return artifact
 
     def _set_wal(self, conn: sqlite3.Connection) -> None:
         # Switching to WAL needs a moment of exclusive access; when another process holds the file, wait a little.
@@ -246,42 +344,63 @@ class ArtifactStore:
             raise
 
     # Writing ---------------------------------------------------------------------------------------------
-    def record(self, artifact: TrainingArtifact) -> None:
-        """Add `artifact`. Recording the same artifact again is a no-op; a different one under its id is an error."""
+    def record(self, artifact: TrainingArtifact, *, repair: bool = False) -> None:
+        """Add `artifact`. Recording the same artifact again is a no-op; a different one under its id is an error.
+
+        A damaged record under the same id (one that does not match its digest) is an `ArtifactIntegrityError`,
+        or, with ``repair=True`` (``pipekit-train artifacts import``), replaced by `artifact`.
+        """
         if not isinstance(artifact, TrainingArtifact):
             raise TypeError(f"ArtifactStore.record expects a TrainingArtifact, got {type(artifact).__name__}")
         doc = artifact.to_json()
-        row = (
-            artifact.artifact_id,
-            artifact.run_id,
-            artifact.stage,
-            artifact.pipeline_hash,
-            artifact.dataset_hash,
-            artifact.backend,
-            artifact.trained_model_hash,
-            artifact.model_registry_uri,
-            artifact.tracker_run_id,
-            artifact.status,
-            time_key(artifact.started_at),
-            time_key(artifact.ended_at) if artifact.ended_at else None,
-            artifact.seed,
-            doc,
-        )
+        digest = record_digest(doc)
+        row = {
+            "artifact_id": artifact.artifact_id,
+            "run_id": artifact.run_id,
+            "stage": artifact.stage,
+            "pipeline_hash": artifact.pipeline_hash,
+            "dataset_hash": artifact.dataset_hash,
+            "backend": artifact.backend,
+            "trained_model_hash": artifact.trained_model_hash,
+            "model_registry_uri": artifact.model_registry_uri,
+            "tracker_run_id": artifact.tracker_run_id,
+            "status": artifact.status,
+            "started_at": time_key(artifact.started_at),
+            "ended_at": time_key(artifact.ended_at) if artifact.ended_at else None,
+            "seed": artifact.seed,
+            "record": doc,
+            "digest": digest,
+        }
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 old = conn.execute(
-                    "SELECT record FROM artifacts WHERE artifact_id = ?", (artifact.artifact_id,)
+                    "SELECT digest, record FROM artifacts WHERE artifact_id = ?", (artifact.artifact_id,)
                 ).fetchone()
                 if old is not None:
-                    conn.execute("ROLLBACK")
-                    if old[0] == doc:
+                    if old[1] == doc and old[0] == digest:
+                        conn.execute("ROLLBACK")
                         return
-                    raise ArtifactStoreError(
-                        f"{self.path} already holds a different artifact with id {artifact.artifact_id!r}; "
-                        "artifacts are immutable, record a new one instead"
-                    )
-                conn.execute(f"INSERT INTO artifacts VALUES ({', '.join('?' * len(row))})", row)
+                    if _check_record(artifact.artifact_id, old[0], old[1])[0] is not None:
+                        conn.execute("ROLLBACK")
+                        raise ArtifactStoreError(
+                            f"{self.path} already holds a different artifact with id {artifact.artifact_id!r}; "
+                            "artifacts are immutable, record a new one instead"
+                        )
+                    if not repair:
+                        conn.execute("ROLLBACK")
+                        self._checked(artifact.artifact_id, old[0], old[1])  # raises, naming the damage
+                    for table, column in (
+                        ("imports", "artifact_id"),
+                        ("metrics", "artifact_id"),
+                        ("parents", "child_id"),
+                        ("artifacts", "artifact_id"),
+                    ):
+                        conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (artifact.artifact_id,))
+                conn.execute(
+                    f"INSERT INTO artifacts ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                    tuple(row.values()),
+                )
                 conn.executemany(
                     "INSERT OR IGNORE INTO parents (child_id, parent_id, position) VALUES (?, ?, ?)",
                     [(artifact.artifact_id, p, i) for i, p in enumerate(artifact.parent_ids)],
@@ -309,27 +428,39 @@ class ArtifactStore:
             return int(conn.execute("SELECT COUNT(*) FROM artifacts").fetchone()[0])
 
     def get(self, artifact_id: str) -> TrainingArtifact:
-        """The artifact with id `artifact_id`, or with an id starting with it (a unique prefix, as in git)."""
+        """The artifact with id `artifact_id`, or with an id starting with it (a unique prefix, as in git).
+
+        Raises:
+            UnknownArtifactError: no artifact, or several, match.
+            ArtifactIntegrityError: the record does not match its digest.
+        """
+        with self._connect() as conn:
+            full = self._resolve_id(conn, artifact_id)
+            row = conn.execute(
+                "SELECT artifact_id, digest, record FROM artifacts WHERE artifact_id = ?", (full,)
+            ).fetchone()
+        return self._checked(*row)
+
+    def _resolve_id(self, conn: sqlite3.Connection, artifact_id: str) -> str:
+        """The one recorded id equal to `artifact_id` or starting with it."""
         if not isinstance(artifact_id, str) or not artifact_id:
             raise UnknownArtifactError(f"an artifact id must be a non-empty string, got {artifact_id!r}")
-        with self._connect() as conn:
-            row = conn.execute("SELECT record FROM artifacts WHERE artifact_id = ?", (artifact_id,)).fetchone()
-            if row is not None:
-                return TrainingArtifact.from_json(row[0])
-            rows = conn.execute(
-                "SELECT artifact_id, record FROM artifacts WHERE artifact_id >= ? AND artifact_id < ? "
-                "ORDER BY artifact_id LIMIT 6",
-                (artifact_id, artifact_id + "\U0010ffff"),
-            ).fetchall()
-            if len(rows) == 1:
-                return TrainingArtifact.from_json(rows[0][1])
-            if rows:
-                shown = ", ".join(r[0] for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
-                raise UnknownArtifactError(
-                    f"artifact id prefix {artifact_id!r} is ambiguous in {self.path}: it matches {shown}; "
-                    "give more characters"
-                )
-            ids = [r[0] for r in conn.execute("SELECT artifact_id FROM artifacts")]
+        row = conn.execute("SELECT artifact_id FROM artifacts WHERE artifact_id = ?", (artifact_id,)).fetchone()
+        if row is not None:
+            return str(row[0])
+        rows = conn.execute(
+            "SELECT artifact_id FROM artifacts WHERE artifact_id >= ? AND artifact_id < ? ORDER BY artifact_id LIMIT 6",
+            (artifact_id, artifact_id + "\U0010ffff"),
+        ).fetchall()
+        if len(rows) == 1:
+            return str(rows[0][0])
+        if rows:
+            shown = ", ".join(r[0] for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
+            raise UnknownArtifactError(
+                f"artifact id prefix {artifact_id!r} is ambiguous in {self.path}: it matches {shown}; "
+                "give more characters"
+            )
+        ids = [r[0] for r in conn.execute("SELECT artifact_id FROM artifacts")]
         near = self._close_ids(artifact_id, ids)
         hint = f"; closest ids: {', '.join(near)}" if near else f" ({len(ids)} artifacts recorded)"
         raise UnknownArtifactError(f"no artifact with id {artifact_id!r} in {self.path}{hint}")
@@ -421,7 +552,7 @@ class ArtifactStore:
         if imported is not None:
             where.append("EXISTS (SELECT 1 FROM imports i WHERE i.artifact_id = a.artifact_id AND i.module = ?)")
             args.append(str(imported))
-        sql = "SELECT record FROM artifacts a"
+        sql = "SELECT a.artifact_id, a.digest, a.record FROM artifacts a"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY started_at DESC, artifact_id"
@@ -431,7 +562,8 @@ class ArtifactStore:
             sql += " LIMIT ?"
             args.append(int(limit))
         with self._connect() as conn:
-            return [TrainingArtifact.from_json(r[0]) for r in conn.execute(sql, args)]
+            rows = conn.execute(sql, args).fetchall()
+        return [self._checked(*r) for r in rows]
 
     def lineage(self, artifact_id: str) -> dict[str, list[Any]]:
         """The artifacts `artifact_id` descends from and those descending from it, nearest first.
@@ -448,7 +580,8 @@ class ArtifactStore:
                 SELECT p.parent_id, up.depth + 1 FROM parents p JOIN up ON p.child_id = up.id
                 WHERE up.depth < {_MAX_DEPTH}
             )
-            SELECT up.id, MIN(up.depth) AS d, a.record FROM up LEFT JOIN artifacts a ON a.artifact_id = up.id
+            SELECT up.id, MIN(up.depth) AS d, a.digest, a.record
+            FROM up LEFT JOIN artifacts a ON a.artifact_id = up.id
             WHERE up.id != ? GROUP BY up.id ORDER BY d, up.id"""
         descendants_sql = f"""
             WITH RECURSIVE down(id, depth) AS (
@@ -457,15 +590,16 @@ class ArtifactStore:
                 SELECT p.child_id, down.depth + 1 FROM parents p JOIN down ON p.parent_id = down.id
                 WHERE down.depth < {_MAX_DEPTH}
             )
-            SELECT down.id, MIN(down.depth) AS d, a.record FROM down JOIN artifacts a ON a.artifact_id = down.id
+            SELECT down.id, MIN(down.depth) AS d, a.digest, a.record
+            FROM down JOIN artifacts a ON a.artifact_id = down.id
             WHERE down.id != ? GROUP BY down.id ORDER BY d, a.started_at, down.id"""
         with self._connect() as conn:
             up = conn.execute(ancestors_sql, (root, root)).fetchall()
             down = conn.execute(descendants_sql, (root, root)).fetchall()
         return {
-            "ancestors": [TrainingArtifact.from_json(r[2]) for r in up if r[2] is not None],
-            "descendants": [TrainingArtifact.from_json(r[2]) for r in down],
-            "missing": [r[0] for r in up if r[2] is None],
+            "ancestors": [self._checked(r[0], r[2], r[3]) for r in up if r[3] is not None],
+            "descendants": [self._checked(r[0], r[2], r[3]) for r in down],
+            "missing": [r[0] for r in up if r[3] is None],
         }
 
     def diff(self, a: str, b: str) -> dict[str, Any]:
@@ -505,6 +639,71 @@ class ArtifactStore:
         out["imports"] = _imports_diff(x.imports, y.imports)
         return out
 
+    # Checking ---------------------------------------------------------------------------------------------
+    def verify(self, artifact_id: str | None = None, *, models: bool = True) -> dict[str, Any]:
+        """Check the store: every record (or the one `artifact_id` names) and what it points to.
+
+        For each record: its digest, that its id, index columns, ``parents``, ``metrics`` and ``imports`` rows
+        agree with it, that its parents are recorded, and (with `models`) that the model-registry entry it names
+        loads with verified hashes and has its ``trained_model_hash``. For the whole store (no `artifact_id`):
+        SQLite's ``PRAGMA integrity_check`` and ``foreign_key_check`` too.
+
+        Returns:
+            ``{"store": path, "checked": number of records, "problems": [(artifact id or None, text), …],
+            "warnings": [(artifact id, text), …]}``. A warning is something that could not be checked (a model
+            registry folder that is gone), not damage.
+        """
+        problems: list[tuple[str | None, str]] = []
+        warnings: list[tuple[str | None, str]] = []
+        with self._connect() as conn:
+            if artifact_id is None:
+                for (line,) in conn.execute("PRAGMA integrity_check").fetchall():
+                    if line != "ok":
+                        problems.append((None, f"SQLite integrity_check: {line}"))
+                for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check").fetchall():
+                    problems.append((None, f"{table} row {rowid} refers to an artifact not in the store ({parent})"))
+                ids = [r[0] for r in conn.execute("SELECT artifact_id FROM artifacts ORDER BY artifact_id")]
+            else:
+                ids = [self._resolve_id(conn, artifact_id)]
+            known = {r[0] for r in conn.execute("SELECT artifact_id FROM artifacts")}
+            columns = ", ".join(c for c, _ in _INDEX_COLUMNS)
+            rows = []
+            for aid in ids:
+                row = conn.execute(
+                    f"SELECT artifact_id, digest, record, started_at, ended_at, {columns} FROM artifacts "
+                    "WHERE artifact_id = ?",
+                    (aid,),
+                ).fetchone()
+                parents = [
+                    r[0]
+                    for r in conn.execute("SELECT parent_id FROM parents WHERE child_id = ? ORDER BY position", (aid,))
+                ]
+                metrics = dict(conn.execute("SELECT name, value FROM metrics WHERE artifact_id = ?", (aid,)).fetchall())
+                imports = conn.execute(
+                    "SELECT module, file, sha256 FROM imports WHERE artifact_id = ? ORDER BY position", (aid,)
+                ).fetchall()
+                rows.append((row, parents, metrics, imports))
+        model_cache: dict[str, tuple[str, str] | None] = {}
+        for row, parents, metrics, imports in rows:
+            aid = row[0]
+            artifact, problem = _check_record(aid, row[1], row[2])
+            if artifact is None:
+                problems.append((aid, f"record does not match its digest: {problem}"))
+                continue
+            for text in _index_problems(artifact, row, parents, metrics, imports):
+                problems.append((aid, text))
+            for parent in artifact.parent_ids:
+                if parent not in known:
+                    problems.append((aid, f"lineage: parent {parent} is not in this store"))
+            if models and artifact.model_registry_uri:
+                uri = artifact.model_registry_uri
+                if uri not in model_cache:
+                    model_cache[uri] = _check_model(uri, artifact.trained_model_hash)
+                found = model_cache[uri]
+                if found is not None:
+                    (problems if found[0] == "problem" else warnings).append((aid, found[1]))
+        return {"store": str(self.path), "checked": len(rows), "problems": problems, "warnings": warnings}
+
 
 def _deps_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
     da, db = a.get("distributions") or {}, b.get("distributions") or {}
@@ -529,3 +728,78 @@ def _imports_diff(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> d
         "changed": {k: [ia[k]["sha256"], ib[k]["sha256"]] for k in ia if ib.get(k, ia[k])["sha256"] != ia[k]["sha256"]},
     }
     return out if any(out.values()) else None
+
+
+def _check_record(artifact_id: str, digest: Any, record: Any) -> tuple[TrainingArtifact | None, str]:
+    """(the artifact, "") when the row's record matches its digest and id; else (None, what is wrong)."""
+    if not isinstance(record, str):
+        return None, f"the record is not JSON text but {type(record).__name__}"
+    if not isinstance(digest, str):
+        return None, "the record has no digest"
+    actual = record_digest(record)
+    if actual != digest:
+        return None, f"its record hashes to {actual[:19]}..., its digest is {digest[:19]}...; it was changed"
+    try:
+        artifact = TrainingArtifact.from_json(record)
+    except (PipekitError, ValueError, TypeError, KeyError) as e:
+        return None, f"the record is not a valid artifact ({' '.join(str(e).split())})"
+    if artifact.artifact_id != artifact_id:
+        return None, f"the record under this id is artifact {artifact.artifact_id}'s"
+    return artifact, ""
+
+
+def _run_dir_hint(record: Any) -> str | None:
+    """The run directory a (possibly damaged) record names, for the recovery command; ``None`` if it names none."""
+    try:
+        stage_dir = json.loads(record).get("run_dir")
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return os.path.dirname(stage_dir) if isinstance(stage_dir, str) and stage_dir else None
+
+
+def _index_problems(
+    artifact: TrainingArtifact, row: Sequence[Any], parents: list[str], metrics: dict[str, Any], imports: list[Any]
+) -> list[str]:
+    """Where the index columns and tables beside a record disagree with it (queries would find the wrong rows)."""
+    out: list[str] = []
+    expected = {
+        "started_at": time_key(artifact.started_at),
+        "ended_at": time_key(artifact.ended_at) if artifact.ended_at else None,
+        **{column: getattr(artifact, field) for column, field in _INDEX_COLUMNS},
+    }
+    for (column, want), value in zip(expected.items(), row[3:], strict=True):
+        if value != want:
+            out.append(f"index column {column} is {value!r}, the record says {want!r}")
+    if parents != list(artifact.parent_ids):
+        out.append(f"parents table lists {parents}, the record says {list(artifact.parent_ids)}")
+    want_metrics = {k: _float_or_none(v) for k, v in artifact.final_metrics.items()}
+    if metrics != want_metrics:
+        names = sorted(k for k in set(metrics) | set(want_metrics) if metrics.get(k) != want_metrics.get(k))
+        out.append(f"metrics table disagrees with the record on {', '.join(names)}")
+    want_imports = [(m["module"], m["file"], m["sha256"]) for m in artifact.imports]
+    if [tuple(r) for r in imports] != want_imports:
+        out.append("imports table disagrees with the record")
+    return out
+
+
+def _check_model(uri: str, expected_hash: str | None) -> tuple[str, str] | None:
+    """``None`` when the registry entry `uri` names loads with verified hashes; else ("problem" | "warning", text)."""
+    from ._model_registry import LocalModelRegistry, ModelRegistryError, parse_model_uri
+
+    try:
+        _, query = parse_model_uri(uri)
+    except ModelRegistryError as e:
+        return "problem", f"model: {e}"
+    registry = LocalModelRegistry(query.get("root") or None)
+    if not registry.root.is_dir():
+        return "warning", f"model {uri}: its registry {registry.root} is gone (moved or deleted); not checked"
+    try:
+        model = registry.load(uri)
+    except ModelRegistryError as e:
+        return "problem", f"model: {' '.join(str(e).split())}"
+    except Exception as e:  # a damaged file can fail in NumPy or the backend: reported, never a traceback
+        return "problem", f"model {uri}: cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())})"
+    got = model.weights_hash()
+    if expected_hash is not None and got != expected_hash:
+        return "problem", f"model {uri}: its weights hash to {got}, the record says {expected_hash}"
+    return None
