@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,6 +159,7 @@ class CheckpointHooks:
             return 0, None, None
         ckpt = self.checkpointer
         step = ckpt.latest_step() if ckpt is not None else None
+        self._set_aside_uncommitted(step)
         if ckpt is None or step is None:
             where = self.directory if ckpt is not None else "this stage (it has no Checkpoint callback)"
             warnings.warn(
@@ -198,6 +200,30 @@ class CheckpointHooks:
             callbacks = {keys[int(k)]: v for k, v in callbacks.items() if int(k) < len(keys)}
         self.restored_meta = meta
         return int(meta["step"]), data_iter, callbacks
+
+    def _set_aside_uncommitted(self, latest: int | None) -> None:
+        """Step directories newer than the latest committed checkpoint never committed (a crash during the save):
+        say which and why, and move them aside, so the resumed run can write those steps again."""
+        from ._layout import _uncommitted_reason
+
+        directory = Path(self.directory)
+        if not directory.is_dir():
+            return
+        for child in sorted(directory.iterdir(), key=lambda p: (len(p.name), p.name)):
+            if not child.name.isdigit() or (latest is not None and int(child.name) <= latest):
+                continue
+            reason = _uncommitted_reason(child)
+            if reason is None:
+                continue
+            aside = child.with_name(f"{child.name}.uncommitted-{int(time.time())}")
+            child.rename(aside)
+            resumed = f"resuming from step {latest}" if latest is not None else "starting fresh"
+            warnings.warn(
+                f"stage {self.info.stage!r}: the checkpoint of step {child.name} in {directory} never committed "
+                f"({reason}); {resumed}. Its files were moved to {aside.name}",
+                PipekitTrainWarning,
+                stacklevel=3,
+            )
 
     def after_chunk(self, engine: Engine, data_state: dict[str, Any]) -> None:
         # A signal seen now stops after this chunk and `at_end` writes the checkpoint with its stop_reason; one that
