@@ -7,14 +7,14 @@ from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
     from ._artifact import TrainingArtifact as TrainingArtifact
+    from ._errors import ArtifactIntegrityError as ArtifactIntegrityError
+    from ._errors import ArtifactStoreError as ArtifactStoreError
+    from ._errors import UnknownArtifactError as UnknownArtifactError
     from ._model_registry import LocalModelRegistry as LocalModelRegistry
     from ._model_registry import ModelIntegrityError as ModelIntegrityError
     from ._model_registry import ModelNotFoundError as ModelNotFoundError
     from ._model_registry import ModelRegistryError as ModelRegistryError
     from ._model_registry import load_model as load_model
-    from ._store import ArtifactIntegrityError as ArtifactIntegrityError
     from ._store import ArtifactStore as ArtifactStore
-    from ._store import ArtifactStoreError as ArtifactStoreError
-    from ._store import UnknownArtifactError as UnknownArtifactError
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())

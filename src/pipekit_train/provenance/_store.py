@@ -28,8 +28,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import difflib
-import hashlib
-import json
 import os
 import sqlite3
 import time
@@ -37,9 +35,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipekit import PipekitError
-
 from ._artifact import TrainingArtifact
+from ._errors import ArtifactIntegrityError, ArtifactStoreError, UnknownArtifactError
+from ._schema import (
+    _DIGEST_SQL_FUNCTION,
+    _INDEX_COLUMNS,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    _float_or_none,
+    _sql_record_digest,
+    record_digest,
+    time_key,
+)
+from ._verify import _check_model, _check_record, _index_problems, _run_dir_hint
 
 __all__ = [
     "ArtifactIntegrityError",
@@ -56,137 +64,9 @@ DEFAULT_PATH = os.path.join("runs", "artifacts.sqlite")
 #: How long a writer waits for the lock before giving up, in milliseconds.
 BUSY_TIMEOUT_MS = 60_000
 
-#: `MIGRATIONS[v]` takes a database from schema version ``v`` to ``v + 1`` (version 0 is an empty file).
-MIGRATIONS: list[tuple[str, ...]] = [
-    (
-        """CREATE TABLE artifacts (
-            artifact_id TEXT PRIMARY KEY,
-            run_id TEXT NOT NULL,
-            stage TEXT NOT NULL,
-            pipeline_hash TEXT,
-            dataset_hash TEXT,
-            backend TEXT,
-            trained_model_hash TEXT,
-            model_registry_uri TEXT,
-            tracker_run_id TEXT,
-            status TEXT NOT NULL,
-            started_at TEXT NOT NULL,
-            ended_at TEXT,
-            seed INTEGER,
-            record TEXT NOT NULL
-        )""",
-        "CREATE INDEX artifacts_started ON artifacts(started_at)",
-        "CREATE INDEX artifacts_dataset ON artifacts(dataset_hash)",
-        "CREATE INDEX artifacts_pipeline ON artifacts(pipeline_hash)",
-        "CREATE INDEX artifacts_model ON artifacts(trained_model_hash)",
-        "CREATE INDEX artifacts_run ON artifacts(run_id)",
-        """CREATE TABLE parents (
-            child_id TEXT NOT NULL REFERENCES artifacts(artifact_id),
-            parent_id TEXT NOT NULL,
-            position INTEGER NOT NULL,
-            PRIMARY KEY (child_id, parent_id)
-        )""",
-        "CREATE INDEX parents_by_parent ON parents(parent_id)",
-        """CREATE TABLE metrics (
-            artifact_id TEXT NOT NULL REFERENCES artifacts(artifact_id),
-            name TEXT NOT NULL,
-            value REAL,
-            PRIMARY KEY (artifact_id, name)
-        )""",
-        "CREATE INDEX metrics_by_name ON metrics(name, value)",
-    ),
-    # 2: artifacts record the user modules imported before the pipeline was read (`TrainingArtifact.imports`);
-    # older artifacts imported none, so there is nothing to fill in.
-    (
-        """CREATE TABLE imports (
-            artifact_id TEXT NOT NULL REFERENCES artifacts(artifact_id),
-            position INTEGER NOT NULL,
-            module TEXT NOT NULL,
-            file TEXT,
-            sha256 TEXT,
-            PRIMARY KEY (artifact_id, position)
-        )""",
-        "CREATE INDEX imports_by_module ON imports(module, sha256)",
-    ),
-    # 3: each record carries the digest of its JSON text, checked on every read. The records already in the file
-    # were trusted until now: their digest is computed from them (`_DIGEST_SQL_FUNCTION`, registered on every
-    # connection).
-    (
-        "ALTER TABLE artifacts ADD COLUMN digest TEXT",
-        "UPDATE artifacts SET digest = pipekit_record_digest(record)",
-    ),
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-
-_DIGEST_SQL_FUNCTION = "pipekit_record_digest"
-#: The columns of ``artifacts`` that index a field of the record, as (column, field).
-_INDEX_COLUMNS = (
-    ("run_id", "run_id"),
-    ("stage", "stage"),
-    ("pipeline_hash", "pipeline_hash"),
-    ("dataset_hash", "dataset_hash"),
-    ("backend", "backend"),
-    ("trained_model_hash", "trained_model_hash"),
-    ("model_registry_uri", "model_registry_uri"),
-    ("tracker_run_id", "tracker_run_id"),
-    ("status", "status"),
-    ("seed", "seed"),
-)
 
 _OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "=", "=": "=", "!=": "!="}
 _MAX_DEPTH = 1000
-
-
-class ArtifactStoreError(PipekitError):
-    """The artifact store cannot do what was asked (a newer schema, a conflicting record, a locked file)."""
-
-
-class UnknownArtifactError(ArtifactStoreError):
-    """No artifact (or more than one) has the id or id prefix given."""
-
-
-class ArtifactIntegrityError(ArtifactStoreError):
-    """A record does not match its digest, or the store file is damaged. The message names the store, the artifact
-    (when one is to blame) and the recovery: restore the file from its backup, or re-record the run from its own
-    ``artifact.json`` with ``pipekit-train artifacts import RUN_DIR``."""
-
-    def __init__(self, message: str, *, path: str | os.PathLike[str], artifact_id: str | None = None) -> None:
-        super().__init__(message)
-        self.path = str(path)
-        self.artifact_id = artifact_id
-
-
-def record_digest(text: str) -> str:
-    """The digest a store keeps beside a record: ``"sha256:<hex>"`` of its JSON text (`TrainingArtifact.to_json`)."""
-    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _sql_record_digest(text: Any) -> str | None:
-    return record_digest(text) if isinstance(text, str) else None
-
-
-def time_key(value: str | _dt.datetime) -> str:
-    """A time as a fixed-width UTC ISO string, so that times compare as strings (naive times are taken as UTC)."""
-    if isinstance(value, str):
-        try:
-            value = _dt.datetime.fromisoformat(value)
-        except ValueError:
-            raise ArtifactStoreError(
-                f"not an ISO-8601 time: {value!r} (expected e.g. 2026-05-01 or 2026-05-01T12:00:00Z)"
-            ) from None
-    if not isinstance(value, _dt.datetime):
-        raise ArtifactStoreError(f"a time must be an ISO-8601 string or a datetime, got {value!r}")
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=_dt.UTC)
-    return value.astimezone(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
-
-
-def _float_or_none(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if out != out else out
 
 
 class ArtifactStore:
@@ -728,78 +608,3 @@ def _imports_diff(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> d
         "changed": {k: [ia[k]["sha256"], ib[k]["sha256"]] for k in ia if ib.get(k, ia[k])["sha256"] != ia[k]["sha256"]},
     }
     return out if any(out.values()) else None
-
-
-def _check_record(artifact_id: str, digest: Any, record: Any) -> tuple[TrainingArtifact | None, str]:
-    """(the artifact, "") when the row's record matches its digest and id; else (None, what is wrong)."""
-    if not isinstance(record, str):
-        return None, f"the record is not JSON text but {type(record).__name__}"
-    if not isinstance(digest, str):
-        return None, "the record has no digest"
-    actual = record_digest(record)
-    if actual != digest:
-        return None, f"its record hashes to {actual[:19]}..., its digest is {digest[:19]}...; it was changed"
-    try:
-        artifact = TrainingArtifact.from_json(record)
-    except (PipekitError, ValueError, TypeError, KeyError) as e:
-        return None, f"the record is not a valid artifact ({' '.join(str(e).split())})"
-    if artifact.artifact_id != artifact_id:
-        return None, f"the record under this id is artifact {artifact.artifact_id}'s"
-    return artifact, ""
-
-
-def _run_dir_hint(record: Any) -> str | None:
-    """The run directory a (possibly damaged) record names, for the recovery command; ``None`` if it names none."""
-    try:
-        stage_dir = json.loads(record).get("run_dir")
-    except (TypeError, ValueError, AttributeError):
-        return None
-    return os.path.dirname(stage_dir) if isinstance(stage_dir, str) and stage_dir else None
-
-
-def _index_problems(
-    artifact: TrainingArtifact, row: Sequence[Any], parents: list[str], metrics: dict[str, Any], imports: list[Any]
-) -> list[str]:
-    """Where the index columns and tables beside a record disagree with it (queries would find the wrong rows)."""
-    out: list[str] = []
-    expected = {
-        "started_at": time_key(artifact.started_at),
-        "ended_at": time_key(artifact.ended_at) if artifact.ended_at else None,
-        **{column: getattr(artifact, field) for column, field in _INDEX_COLUMNS},
-    }
-    for (column, want), value in zip(expected.items(), row[3:], strict=True):
-        if value != want:
-            out.append(f"index column {column} is {value!r}, the record says {want!r}")
-    if parents != list(artifact.parent_ids):
-        out.append(f"parents table lists {parents}, the record says {list(artifact.parent_ids)}")
-    want_metrics = {k: _float_or_none(v) for k, v in artifact.final_metrics.items()}
-    if metrics != want_metrics:
-        names = sorted(k for k in set(metrics) | set(want_metrics) if metrics.get(k) != want_metrics.get(k))
-        out.append(f"metrics table disagrees with the record on {', '.join(names)}")
-    want_imports = [(m["module"], m["file"], m["sha256"]) for m in artifact.imports]
-    if [tuple(r) for r in imports] != want_imports:
-        out.append("imports table disagrees with the record")
-    return out
-
-
-def _check_model(uri: str, expected_hash: str | None) -> tuple[str, str] | None:
-    """``None`` when the registry entry `uri` names loads with verified hashes; else ("problem" | "warning", text)."""
-    from ._model_registry import LocalModelRegistry, ModelRegistryError, parse_model_uri
-
-    try:
-        _, query = parse_model_uri(uri)
-    except ModelRegistryError as e:
-        return "problem", f"model: {e}"
-    registry = LocalModelRegistry(query.get("root") or None)
-    if not registry.root.is_dir():
-        return "warning", f"model {uri}: its registry {registry.root} is gone (moved or deleted); not checked"
-    try:
-        model = registry.load(uri)
-    except ModelRegistryError as e:
-        return "problem", f"model: {' '.join(str(e).split())}"
-    except Exception as e:  # a damaged file can fail in NumPy or the backend: reported, never a traceback
-        return "problem", f"model {uri}: cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())})"
-    got = model.weights_hash()
-    if expected_hash is not None and got != expected_hash:
-        return "problem", f"model {uri}: its weights hash to {got}, the record says {expected_hash}"
-    return None
