@@ -116,7 +116,8 @@ def adaptation_fns(kernel: Any) -> tuple[Any, Any, Any]:
 
     def update(a: Adaptation, stage: Any, is_end: Any, position: Any, acc: Any) -> Adaptation:
         a = jax.lax.switch(stage, (fast, slow), a, position, acc)
-        return jax.lax.cond(is_end, window_end, lambda x: x, a)
+        out: Adaptation = jax.lax.cond(is_end, window_end, lambda x: x, a)
+        return out
 
     def final(a: Adaptation) -> Adaptation:
         step_size = jnp.exp(a.ss_state.log_step_size_avg)  # the dual-averaging average, as window_adaptation
@@ -143,17 +144,17 @@ def transition(kernel: Any, logdensity: Any) -> Any:
     if isinstance(kernel, NUTS):
         base = blackjax.nuts.build_kernel()
 
-        def step(key: Any, state: Any, a: Adaptation) -> Any:
+        def nuts_step(key: Any, state: Any, a: Adaptation) -> Any:
             new, info = base(
                 key, state, logdensity, a.step_size, a.inverse_mass_matrix, max_num_doublings=kernel.max_tree_depth
             )
             return new, info.acceptance_rate, info.is_divergent, info.num_integration_steps
 
-        return step
+        return nuts_step
     if isinstance(kernel, HMC):
         base = blackjax.hmc.build_kernel()
 
-        def step(key: Any, state: Any, a: Adaptation) -> Any:
+        def hmc_step(key: Any, state: Any, a: Adaptation) -> Any:
             if kernel.num_steps is not None:
                 n = jnp.int32(kernel.num_steps)
             else:  # NumPyro's rule: the trajectory length over the current step size, rounded up
@@ -161,7 +162,7 @@ def transition(kernel: Any, logdensity: Any) -> Any:
             new, info = base(key, state, logdensity, a.step_size, a.inverse_mass_matrix, n)
             return new, info.acceptance_rate, info.is_divergent, n
 
-        return step
+        return hmc_step
     base = blackjax.mala.build_kernel()
 
     def step(key: Any, state: Any, a: Adaptation) -> Any:
@@ -264,7 +265,7 @@ class BlackjaxBackend(SamplerControls):
     def _all_chains(self, keys: Any, carry: ChainState, i: Any, stage: Any, is_end: Any) -> Any:
         if self.chains == 1:  # unbatched: the program of a plain single-chain BlackJAX loop
             squeeze = jax.tree.map(lambda x: x[0], (keys, carry))
-            out, info = self._one(*squeeze, i, stage, is_end)
+            out, info = self._one(squeeze[0], squeeze[1], i, stage, is_end)
             return jax.tree.map(lambda x: x[None], (out, info))
         return jax.vmap(self._one, in_axes=(0, 0, None, None, None))(keys, carry, i, stage, is_end)
 
