@@ -27,7 +27,7 @@ from pipekit_train import (
 X = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
 
 
-class StopAt(Callback):
+class StopAt(Callback, register=False):
     """Stops the first run at `step` (a graceful stop writes a checkpoint), like an interruption would."""
 
     step: int = 10

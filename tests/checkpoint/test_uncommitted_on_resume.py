@@ -24,7 +24,7 @@ from pipekit_train import (
 X = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
 
 
-class StopAt(Callback):
+class StopAt(Callback, register=False):
     step: int = 12
 
     def on_step_end(self, ctx: Any, metrics: Any) -> None:

@@ -160,9 +160,10 @@ def test_the_training_loop_definition_mirrors_the_class():
     assert loop["required"] == ["type", "model_op", "dataset"]
     props = loop["properties"]
     assert props["type"] == {"const": "TrainingLoop"}
-    assert props["max_steps"] == {"type": "integer", "default": 10000}
+    assert props["max_steps"]["type"] == "integer" and props["max_steps"]["default"] == 10000
+    assert props["max_steps"]["description"].startswith("Optimizer steps")  # from TrainingLoop's Attributes
     assert props["optimizer_config"]["default"] == {"name": "adamw", "lr": 0.0003}
-    assert props["resume"] == {"enum": ["never", "auto"], "default": "never"}
+    assert props["resume"]["enum"] == ["never", "auto"] and props["resume"]["default"] == "never"
     assert props["callbacks"]["type"] == "array" and props["callbacks"]["default"] == []
     assert loop["description"] == summary(pipekit_train_loop())
 

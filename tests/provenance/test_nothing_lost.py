@@ -50,7 +50,7 @@ def test_a_store_that_cannot_be_written_is_refused_before_training(tmp_path: Pat
     assert not (tmp_path / "r").exists()
 
 
-class BreakStore(Callback):
+class BreakStore(Callback, register=False):
     """Makes the store's folder unusable once training is over (a disk unmounted, a permission changed)."""
 
     folder: str = ""
