@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from pipekit import ConfigError, Operator, PipekitError, field
+from pipekit import ConfigError, Operator, PipekitError, field, suggestion
 
-__all__ = ["ModelOp", "Transfer", "weights_digest"]
+__all__ = ["ModelOp", "Transfer", "check_factory_kwargs", "weights_digest"]
 
 
 def weights_digest(arrays: Mapping[str, Any]) -> str:
@@ -29,6 +30,31 @@ def weights_digest(arrays: Mapping[str, Any]) -> str:
         digest.update(f"{name}|{host.shape}|{host.dtype.name};".encode())
         digest.update(np.ascontiguousarray(host).tobytes())
     return f"sha256:{digest.hexdigest()}"
+
+
+def check_factory_kwargs(
+    owner: str, factory: str, params: Sequence[inspect.Parameter], kwargs: Mapping[str, Any]
+) -> None:
+    """Refuse `kwargs` a model factory cannot take (with the nearest name) or lacks, naming `owner` (the operator).
+
+    `params` are the factory's parameters that `kwargs` fill (without the key a factory may take first).
+    """
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in kwargs:
+        if name not in accepted:
+            raise ConfigError(
+                f"{owner}.kwargs: factory {factory!r} has no parameter {name!r}"
+                f"{suggestion(name, accepted)}; it accepts: {', '.join(accepted)}"
+            )
+    required = [p.name for p in params if p.name in accepted and p.default is p.empty]
+    missing = [n for n in required if n not in kwargs]
+    if missing:
+        raise ConfigError(
+            f"{owner}.kwargs: factory {factory!r} needs {', '.join(repr(m) for m in missing)}; "
+            f"required: {', '.join(required)}; it accepts: {', '.join(accepted)}"
+        )
 
 
 class ModelOp(Operator, register=False):

@@ -15,7 +15,7 @@ import numpy as np
 
 from pipekit import ConfigError, field, suggestion
 
-from ..._models import ModelOp
+from ..._models import ModelOp, check_factory_kwargs
 
 __all__ = ["EquinoxModel", "register_model", "registered_models"]
 
@@ -96,22 +96,7 @@ class EquinoxModel(ModelOp):
                 f"{suggestion(self.factory, names)}; registered: {', '.join(names)}"
             )
         params = list(inspect.signature(fn).parameters.values())[1:]
-        if any(p.kind is p.VAR_KEYWORD for p in params):
-            return
-        accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        for name in self.kwargs:
-            if name not in accepted:
-                raise ConfigError(
-                    f"EquinoxModel.kwargs: factory {self.factory!r} has no parameter {name!r}"
-                    f"{suggestion(name, accepted)}; it accepts: {', '.join(accepted)}"
-                )
-        required = [p.name for p in params if p.name in accepted and p.default is p.empty]
-        missing = [n for n in required if n not in self.kwargs]
-        if missing:
-            raise ConfigError(
-                f"EquinoxModel.kwargs: factory {self.factory!r} needs {', '.join(repr(m) for m in missing)}; "
-                f"required: {', '.join(required)}; it accepts: {', '.join(accepted)}"
-            )
+        check_factory_kwargs("EquinoxModel", self.factory, params, self.kwargs)
 
     def build(self, key: Any) -> Any:
         import equinox as eqx
