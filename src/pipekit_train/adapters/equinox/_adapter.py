@@ -196,24 +196,9 @@ class EquinoxBackend:
 
 def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
     """The Equinox module a stage starts from: fresh, carried over whole, or assembled by `loop.transfer`."""
-    if incoming is None or incoming.model is None:
-        return loop.model_op.build(init_key)
-    previous = incoming.model
-    if getattr(previous, "backend", None) != "equinox":  # another backend's model: only through a converter
-        from ..._convert import convert_model, find_converter, refuse_foreign
+    from ..._convert import starting_module
 
-        if find_converter(previous, "equinox") is None:
-            raise refuse_foreign(previous, "equinox", stage)
-        previous = convert_model(previous, "equinox")
-    if loop.transfer is not None:
-        return apply_transfer(loop.transfer, previous.module, loop.model_op.build(init_key))
-    if previous == loop.model_op:
-        return previous.module
-    raise ConfigError(
-        f"stage {stage!r} trains {loop.model_op!r} but the previous stage produced {previous!r}; "
-        "say which weights to carry over with `transfer:` (for example "
-        "`transfer: {type: Transfer, paths: {encoder: encoder}}`, or `transfer: {type: Transfer}` to start fresh)"
-    )
+    return starting_module(loop, incoming, stage, lambda: loop.model_op.build(init_key), apply_transfer)
 
 
 def check_before_compile(loop: TrainingLoop) -> None:

@@ -18,7 +18,6 @@ from pipekit import ConfigError, ShapeError, suggestion
 
 from ..._engine import AdapterResult, run_steps
 from ..optax import learning_rate_at
-from ._convert import find_converter, refuse_foreign
 from ._env import import_keras
 from ._model import KerasModel, KerasState
 from ._steps import program
@@ -126,25 +125,9 @@ class KerasBackend:
 # The stage ---------------------------------------------------------------------------------------------------
 def initial_state(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
     """The `KerasState` a stage starts from: fresh, carried over whole, converted, or assembled by `transfer`."""
-    if incoming is None or incoming.model is None:
-        return loop.model_op.build(init_key)
-    previous: Any = incoming.model
-    if getattr(previous, "backend", None) != "keras":
-        converter = find_converter(previous, "keras")
-        if converter is None:
-            raise refuse_foreign(previous, "keras", stage)
-        from ._convert import convert_model
+    from ..._convert import starting_module
 
-        previous = convert_model(previous, "keras")
-    if loop.transfer is not None:
-        return apply_transfer(loop.transfer, previous.module, loop.model_op.build(init_key))
-    if previous == loop.model_op:
-        return previous.module
-    raise ConfigError(
-        f"stage {stage!r} trains {loop.model_op!r} but the previous stage produced {previous!r}; "
-        "say which weights to carry over with `transfer:` (for example "
-        "`transfer: {type: Transfer, paths: {encoder: encoder}}`, or `transfer: {type: Transfer}` to start fresh)"
-    )
+    return starting_module(loop, incoming, stage, lambda: loop.model_op.build(init_key), apply_transfer)
 
 
 def check_before_compile(loop: TrainingLoop) -> None:
