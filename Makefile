@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRAS := dev,examples,tensorboard,mlflow,keras,numpyro,blackjax,plot
+EXTRAS := dev,examples,tensorboard,mlflow,keras,lightning,numpyro,blackjax,plot,docs
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench install clean
@@ -20,7 +20,7 @@ DEMO_RUN := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 demo: $(STAMP)
 	$(VENV)/bin/pipekit-train run examples/digits/pretrain_finetune.yaml --run-dir $(DEMO_RUN)
 	$(VENV)/bin/pipekit-train run examples/digits/from_scratch.yaml --run-dir $(DEMO_RUN)-scratch
-	$(PY) examples/digits/compare.py $(DEMO_RUN) $(DEMO_RUN)-scratch
+	$(PY) examples/digits/compare.py $(DEMO_RUN) $(DEMO_RUN)-scratch --seeds 3
 
 test: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -n 2 --dist loadgroup

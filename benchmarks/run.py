@@ -383,6 +383,58 @@ class KerasBackendRuns(PipekitRuns):
         self.last_run_dir = run_dir
 
 
+# Contenders: Lightning -------------------------------------------------------------------------------------------
+class TrainerFit:
+    """A plain ``pytorch_lightning.Trainer.fit``: the same MLP as a torch module, AdamW (biases not decayed, the
+    backend's `build_lightning_module`), MSE, data and batch, the same torch thread count as the backend."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, size: Size) -> None:
+        import torch
+
+        from pipekit_train.adapters.lightning import TorchModel, build_lightning_module
+        from pipekit_train.adapters.lightning._adapter import threads
+
+        torch.set_num_threads(threads())
+        self.size = size
+        kwargs = {"in_size": IN_SIZE, "out_size": 1, "width_size": size.width, "depth": size.depth}
+        op = TorchModel(factory="mlp", kwargs=kwargs)
+        self.module = build_lightning_module(MSE(), op, {"name": "adamw", "lr": LR}, max_steps=size.long)
+        self.data = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+
+    def run(self, steps: int) -> None:
+        import pytorch_lightning as pl
+        import torch
+
+        loader = torch.utils.data.DataLoader(self.data, batch_size=self.size.batch, shuffle=True, drop_last=True)
+        trainer = pl.Trainer(
+            max_steps=steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(self.module, loader)
+
+    def measure(self) -> float:
+        return run_difference(self.run, self.size.short, self.size.long)
+
+
+class LightningBackendRuns(PipekitRuns):
+    """`TrainingLoop(backend="lightning")`: the same MLP as a `TorchModel`, trained by pipekit's own torch step."""
+
+    def loop(self, steps: int) -> TrainingLoop:
+        from pipekit_train.adapters.lightning import TorchModel
+
+        s = self.size
+        kwargs = {"in_size": IN_SIZE, "out_size": 1, "width_size": s.width, "depth": s.depth}
+        return super().loop(steps).replace(backend="lightning", model_op=TorchModel(factory="mlp", kwargs=kwargs))
+
+    def run(self, steps: int) -> None:
+        self.count += 1
+        run_dir = os.path.join(self.root, f"run{self.count:05d}")
+        with run_settings(store=False, run_dir=run_dir):
+            self.loop(steps).run()
+        shutil.rmtree(self.last_run_dir, ignore_errors=True)
+        self.last_run_dir = run_dir
+
+
 # Data path ---------------------------------------------------------------------------------------------------------
 class DataPath:
     """Batches per second: `TrainingDataset.iterator` vs numpy slicing of a per-epoch permutation."""
@@ -457,9 +509,12 @@ TARGETS = {
     "2 vs seed filter_jit": 3.0,
     "3 vs Keras fit": 2.0,
     "3b keras backend vs Keras fit": 1.0,
+    "3c lightning backend vs Trainer.fit": 1.0,
     "4 steps_per_call=10 vs lax.scan": 0.90,
     "5 checkpoint every 50 vs none": 0.95,
     "6 data path vs numpy": 0.90,
+    "7 sharded step (1 device) vs unsharded": 0.97,
+    "8 bfloat16 compute vs float32": 0.0,  # informational: what mixed precision costs or gains here
 }
 
 
@@ -520,6 +575,12 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
     c_kb = Contender("pipekit keras backend", kb.measure, kb.setup)
     c_kb.error = keras_ok
     contenders.append(c_kb)
+    lightning_ok = lightning_available()
+    c_tf = lazy("Lightning Trainer.fit", functools.partial(TrainerFit, x, y, size))
+    lb = LightningBackendRuns(x, y, size, os.path.join(root, size.name, "lightning-backend"))
+    c_lb = Contender("pipekit lightning backend", lb.measure, lb.setup)
+    c_tf.error = c_lb.error = lightning_ok
+    contenders += [c_tf, c_lb]
     cb, ck_error = checkpoint_callback()
     plain = PipekitRuns(x, y, size, os.path.join(root, size.name, "plain"))
     with_ck = PipekitRuns(x, y, size, os.path.join(root, size.name, "ckpt"), callbacks=(cb,) if cb else ())
@@ -528,6 +589,13 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
     c_ck = Contender(f"pipekit + Checkpoint({CHECKPOINT_EVERY})", with_ck.measure, with_ck.setup)
     c_ck.error = ck_error
     contenders += [c_plain, c_ck]
+    # The sharded step (explicit shardings on a one-device mesh: `shard_params` forces the mesh) and bfloat16
+    # compute, each against the default loop (docs/scale.md).
+    sharded = PipekitRuns(x, y, size, os.path.join(root, size.name, "sharded"), mesh={"shard_params": True})
+    bf16 = PipekitRuns(x, y, size, os.path.join(root, size.name, "bf16"), precision={"compute": "bfloat16"})
+    c_sharded = Contender("pipekit, sharded step", sharded.measure, sharded.setup)
+    c_bf16 = Contender("pipekit, bfloat16 compute", bf16.measure, bf16.setup)
+    contenders += [c_sharded, c_bf16]
     t0 = time.perf_counter()
     run_interleaved(contenders, rounds)
     ck_note = ""
@@ -551,8 +619,11 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
     ]
     rows += [row("3 vs Keras fit", size.name, c, c_pk) for c in keras_c]
     rows.append(row("3b keras backend vs Keras fit", size.name, keras_c[0], c_kb))
+    rows.append(row("3c lightning backend vs Trainer.fit", size.name, c_tf, c_lb))
     rows.append(row("4 steps_per_call=10 vs lax.scan", size.name, c_scan, c_pk10))
     rows.append(row("5 checkpoint every 50 vs none", size.name, c_plain, c_ck, ck_note))
+    rows.append(row("7 sharded step (1 device) vs unsharded", size.name, c_pk, c_sharded))
+    rows.append(row("8 bfloat16 compute vs float32", size.name, c_pk, c_bf16, "informational"))
     return rows
 
 
@@ -570,6 +641,15 @@ def keras_available() -> str | None:
         import keras  # noqa: F401
     except ImportError:
         return "keras is not installed (pip install 'pipekit-train[keras]')"
+    return None
+
+
+def lightning_available() -> str | None:
+    try:
+        import pytorch_lightning  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        return "torch or pytorch-lightning is not installed (pip install 'pipekit-train[lightning]')"
     return None
 
 

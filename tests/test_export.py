@@ -161,7 +161,7 @@ def test_model_uri_needs_an_input_shape_without_an_artifact(
     uri = trained["artifact"].model_registry_uri
     no_store = str(tmp_path / "none.sqlite")
     path = tmp_path / "m.jaxexport"
-    assert _cli("export", uri, "-o", str(path), "--store", no_store) == 1
+    assert _cli("export", uri, "-o", str(path), "--store", no_store) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pass --input-shape" in err and not path.exists()
 
@@ -180,7 +180,7 @@ def test_input_shape_that_does_not_fit_is_one_line(
     trained: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     uri = trained["artifact"].model_registry_uri
-    assert _cli("export", uri, "-o", str(tmp_path / "m"), "--input-shape", "5", "--store", trained["store"]) == 1
+    assert _cli("export", uri, "-o", str(tmp_path / "m"), "--input-shape", "5", "--store", trained["store"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pipekit-train export: error: ") and err.count("\n") == 1 and "(4,)" in err
 
@@ -195,9 +195,9 @@ def test_usage_errors(trained: dict[str, Any], tmp_path: Path, capsys: pytest.Ca
     assert "--dtype goes with --input-shape" in capsys.readouterr().err
     assert _cli("export", art, "-o", out, "--input-shape", "4", "x", "--store", trained["store"]) == 2
     assert "--input-shape must be positive ints" in capsys.readouterr().err
-    assert _cli("export", "0000ffff", "-o", out, "--store", trained["store"]) == 1
+    assert _cli("export", "0000ffff", "-o", out, "--store", trained["store"]) == 2
     assert "0000ffff" in capsys.readouterr().err
-    assert _cli("export", art, "-o", out, "--store", str(tmp_path / "none.sqlite")) == 1
+    assert _cli("export", art, "-o", out, "--store", str(tmp_path / "none.sqlite")) == 2
     assert "no artifact store at" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
 

@@ -70,7 +70,7 @@ def test_history_is_what_metrics_jsonl_holds(runs: list[str]) -> None:
     for run in runs:
         assert list(hist[run]) == ["stage0"]
         stage = hist[run]["stage0"]
-        assert list(stage) == ["train", "validate"]
+        assert list(stage) == ["train", "validate", "time"]  # time: where the stage's time went (docs/metrics.md)
         assert stage == _expected(run)
         assert stage["train"]["loss"]["steps"] == [5, 10, 15, 20]
         assert stage["validate"]["loss"]["steps"] == [10, 20]
@@ -109,7 +109,8 @@ def test_table_has_last_and_best(runs: list[str]) -> None:
     assert rows[(runs[0], "train/lr")]["best"] is None  # a learning rate is neither better high nor low
     table = format_table(hist).splitlines()
     assert table[0].split() == ["RUN", "STAGE", "METRIC", "POINTS", "LAST", "BEST"]
-    assert len(table) == 1 + 2 * 3  # two runs x (train/loss, train/lr, validate/loss)
+    # two runs x (train/loss, train/lr, validate/loss), and the time/... rows (docs/metrics.md)
+    assert len([line for line in table if " time/" not in line]) == 1 + 2 * 3
     assert f"{train['values'][-1]:.4g} @20" in "\n".join(table)
 
 

@@ -164,3 +164,71 @@ def test_tensorboard_without_the_package_names_the_extra(monkeypatch, tmp_path: 
 def test_tensorboard_needs_a_directory():
     with pytest.raises(ConfigError, match=r"TensorBoardWriter.logdir is None and the run has no run_dir"):
         TensorBoardWriter().open(None)
+
+
+def test_every_writer_and_mlflow_hold_the_same_numbers_under_the_same_names(tmp_path: Path, monkeypatch):
+    """One real run into JSONL, TensorBoard and MLflow; each reader finds every logged number under one name."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from pipekit_train import (
+        MSE,
+        ArraySource,
+        EquinoxModel,
+        LogToExperiment,
+        TrainingDataset,
+        TrainingLoop,
+        run_settings,
+    )
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    data = TrainingDataset(source=ArraySource(arrays={"x": x, "y": x.sum(axis=1, keepdims=True)}))
+    uri = (tmp_path / "mlruns").as_uri()
+    loop = TrainingLoop(
+        model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 1, "width_size": 8, "depth": 1}),
+        dataset=data,
+        val_dataset=data.replace(shuffle=False),
+        test_dataset=data.replace(shuffle=False),
+        loss=MSE(),
+        optimizer_config={"name": "adam", "lr": 0.01},
+        max_steps=12,
+        batch_size=16,  # 4 batches per epoch, and no steps_per_epoch: epoch comes from the data
+        log_every_n_steps=4,
+        eval_every_n_steps=6,
+        metric_writer=MultiWriter(writers=(JsonLinesWriter(), TensorBoardWriter())),
+        callbacks=(LogToExperiment(tracking_uri=uri),),
+        progress=False,
+    )
+    with run_settings(run_dir=str(tmp_path / "run"), store=False):
+        _, artifact = loop.run()
+
+    records = read_jsonl(tmp_path / "run" / "stage0" / "metrics.jsonl")
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        if r["type"] != "metrics":
+            continue
+        for key, value in r.items():
+            if key not in ("type", "context", "step", "epoch", "time"):
+                expected.setdefault(f"{r['context']}/{key}", []).append((r["step"], value))
+    train = [r for r in records if r["type"] == "metrics" and r["context"] == "train"]
+    assert [(r["step"], r["epoch"]) for r in train] == [(4, 1), (8, 2), (12, 3)]
+    assert {"train/loss", "train/lr", "validate/loss", "test/loss", "time/compile_s", "time/step_s"} <= set(expected)
+    assert [s for s, _ in expected["validate/loss"]] == [6, 12]
+
+    events = EventAccumulator(str(tmp_path / "run" / "stage0" / "tensorboard"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == set(expected)
+    client = MlflowClient(uri)
+    run_id = artifact.tracker_run_id
+    assert set(client.get_run(run_id).data.metrics) == set(expected)
+    for name, points in expected.items():
+        board = [(e.step, e.value) for e in events.Scalars(name)]
+        assert board == [(s, pytest.approx(v, rel=1e-6)) for s, v in points], name  # float32 in event files
+        tracked = sorted((m.step, m.value) for m in client.get_metric_history(run_id, name))
+        assert tracked == sorted(points), name
+    # train/loss is the mean over the logging window in every writer (MLflow once logged one step's loss)
+    assert artifact.final_metrics["train/loss"] == expected["train/loss"][-1][1]
+    assert artifact.final_metrics["train/lr"] == expected["train/lr"][-1][1]

@@ -229,9 +229,21 @@ class _Builder:
         except ConfigError as e:
             if e.where:
                 raise
-            raise ConfigError(e.bare_message, self.where(node)) from None
+            at = _named_field(e.bare_message, type_name, entries)
+            raise ConfigError(e.bare_message, self.where(node if at is None else at)) from None
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{type_name}: {e}", self.where(node)) from None
+
+
+def _named_field(message: str, type_name: str, entries: dict[str, tuple[yaml.Node, yaml.Node]]) -> yaml.Node | None:
+    """The value node of the field an operator's check names first (``TrainingLoop.batch_size must ...``,
+    ``unknown optimizer_config key ...``), so its error points at that line; ``None`` when it names none."""
+    first: tuple[int, yaml.Node] | None = None
+    for key, (_, value_node) in entries.items():
+        m = re.search(rf"(?<![\w]){re.escape(key)}(?!\w)", message)
+        if m and (first is None or m.start() < first[0]):
+            first = (m.start(), value_node)
+    return None if first is None else first[1]
 
 
 def _compose(text: str, source: str) -> yaml.Node | None:

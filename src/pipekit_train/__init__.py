@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from ._convert import register_converter as register_converter
     from ._engine import NonFiniteLossError as NonFiniteLossError
     from ._engine import NonFiniteWeightsError as NonFiniteWeightsError
+    from ._evaluate import Evaluation as Evaluation
+    from ._evaluate import evaluate as evaluate
+    from ._evaluate import predict as predict
     from ._export import export_model as export_model
     from ._history import history as history
     from ._jsonio import DamagedFileError as DamagedFileError
@@ -38,8 +41,18 @@ if TYPE_CHECKING:
     from ._losses import Composite as Composite
     from ._losses import CrossEntropy as CrossEntropy
     from ._losses import Loss as Loss
+    from ._metrics import MAE as MAE
+    from ._metrics import RMSE as RMSE
+    from ._metrics import Accuracy as Accuracy
+    from ._metrics import ConfusionMatrix as ConfusionMatrix
+    from ._metrics import Metric as Metric
+    from ._metrics import PrecisionRecallF1 as PrecisionRecallF1
+    from ._metrics import TopKAccuracy as TopKAccuracy
     from ._models import ModelOp as ModelOp
     from ._models import Transfer as Transfer
+    from ._recipes import SAM as SAM
+    from ._recipes import GradientRule as GradientRule
+    from ._recipes import ParamGroup as ParamGroup
     from ._run import RunSettings as RunSettings
     from ._run import TrainingInterrupted as TrainingInterrupted
     from ._run import run_settings as run_settings

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from ._progress import Progress
+from ._progress import CompileWatch, PhaseClock, Progress, model_summary
 from ._writers import JsonLinesWriter, MetricWriter
 from .callbacks._base import Callback, TrainContext
 
@@ -242,7 +243,11 @@ class Engine:
             lr_scale=_LRScale(backend),
         )
         self.ctx.step = start_step
+        self.steps_per_epoch: int | None = loop.steps_per_epoch or _data_steps_per_epoch(loop)
         self.ctx.epoch = self.epoch_of(start_step)
+        self.clock = PhaseClock()
+        self.progress: Progress | None = None
+        self._saved = False
         self.iterator = loop.dataset.iterator(loop.batch_size, loop.seed)
         if data_state is not None:
             self.iterator.set_state(data_state)
@@ -257,7 +262,8 @@ class Engine:
 
     # Schedule ----------------------------------------------------------------------------------------------
     def epoch_of(self, step: int) -> int:
-        spe = self.loop.steps_per_epoch
+        """The epoch of `step`: `steps_per_epoch`, or else the training set's batches per epoch, make an epoch."""
+        spe = self.steps_per_epoch
         return step // spe if spe else 0
 
     def _boundaries(self) -> list[int]:
@@ -283,19 +289,32 @@ class Engine:
         loop, ctx = self.loop, self.ctx
         started = now_iso()
         self.writer.open(ctx.run_dir)
-        progress = Progress(self.stage, loop.max_steps, self.step, enabled=loop.progress)
+        CompileWatch.install()
+        progress = self.progress = Progress(
+            self.stage, loop.max_steps, self.step, enabled=loop.progress, batch_size=loop.batch_size
+        )
         status = "completed"
         try:
             if self.step == 0:
-                self.writer.write({"type": "params", "context": "train", "step": 0, "epoch": 0, **self._params()})
+                self._emit({"type": "params", "context": "train", "step": 0, "epoch": 0, **self._params()})
+            else:
+                progress.resumed(self.step, getattr(self.hooks, "directory", None))
+            summary = self._model_summary()
+            if summary is not None:
+                ctx.artifact_fields["model_summary"] = summary
+                progress.model(summary)
             for cb in self.callbacks:
                 cb.on_train_start(ctx)
             pending: tuple[int, Any] | None = None  # (step, loss) of the previous chunk, checked one chunk late
             while self.step < loop.max_steps and ctx.stop_reason is None:
                 n = self.next_chunk()
+                t0 = time.perf_counter()
                 batches = [next(self.iterator) for _ in range(n)]
+                data_s = time.perf_counter() - t0
                 data_state = self.iterator.get_state()
                 first = self.step
+                compiles = CompileWatch.count - self.clock.eval_compiles
+                aside = self.clock.eval_s + self.clock.checkpoint_s
                 metrics = self.backend.train(batches, first)
                 self.step += n
                 ctx.step, ctx.epoch = self.step, self.epoch_of(self.step)
@@ -306,11 +325,18 @@ class Engine:
                 pending = (self.step, metrics["loss"])
                 self._after_chunk(first, n, metrics)
                 if self.hooks is not None and ctx.stop_reason is None:
-                    self.hooks.after_chunk(self, data_state)
+                    self._checkpointing(self.hooks.after_chunk, self, data_state)
                 signal_name = self.hooks.stop_requested() if self.hooks is not None else None
                 if signal_name:
                     ctx.request_stop(signal_name)
-                progress.update(self.step, self.last_train.get("loss"))
+                wall = time.perf_counter() - t0 - (self.clock.eval_s + self.clock.checkpoint_s - aside)
+                compiled = CompileWatch.count - self.clock.eval_compiles != compiles
+                if compiled:  # something compiled (the step, a logging op): not a step's time
+                    self.clock.compile_s += wall - data_s
+                    self._phase("compiling", wall - data_s)
+                    progress.compiled(wall - data_s)
+                self.clock.chunk(n, wall, data_s, compiled)
+                progress.update(self.step, ctx.epoch, self.last_train.get("loss"), self.clock.recent_step_s())
             self._flush_window()
             if ctx.stop_reason is not None:
                 status = f"stopped: {ctx.stop_reason}"
@@ -318,13 +344,16 @@ class Engine:
                     self._evaluate()
             self._flush_window()
             if self.hooks is not None:
-                self.hooks.at_end(self, self.iterator.get_state(), ctx.stop_reason)
+                self._checkpointing(self.hooks.at_end, self, self.iterator.get_state(), ctx.stop_reason)
             for cb in self.callbacks:
                 cb.on_train_end(ctx)
             final = self.final_metrics()
-            self.writer.write(
+            final.update({f"time/{k}": v for k, v in self.clock.summary().items()})
+            self._phase("done", self.clock.elapsed())
+            self._emit(
                 {"type": "finish", "context": "train", "step": self.step, "epoch": ctx.epoch, "status": status, **final}
             )
+            progress.close(status, final)
         except BaseException as exc:
             # Nothing below may hide the original error.
             if self.hooks is not None:
@@ -334,7 +363,11 @@ class Engine:
                 with contextlib.suppress(Exception):
                     cb.on_exception(ctx, exc)
             with contextlib.suppress(Exception):
-                self.writer.write(
+                self._phase("failed", self.clock.elapsed())
+            with contextlib.suppress(Exception):
+                progress.line(_failure_line(self.stage, self.step, exc))
+            with contextlib.suppress(Exception):
+                self._emit(
                     {
                         "type": "finish",
                         "context": "train",
@@ -362,6 +395,41 @@ class Engine:
             status=status,
             stop_reason=ctx.stop_reason,
         )
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        """Send one record to the writer and to every callback's `on_log`: all of them see the same values."""
+        self.writer.write(record)
+        for cb in self.callbacks:
+            cb.on_log(self.ctx, record)
+
+    def _phase(self, phase: str, duration_s: float) -> None:
+        """Report the end of a phase: first the stepping span it interrupts, then `phase` itself."""
+        clock = self.clock
+        if phase != "stepping" and clock.span_steps:
+            span_s, clock.span_s, clock.span_steps = clock.span_s, 0.0, 0
+            self._phase("stepping", span_s)
+        record = {"type": "phase", "context": "train", "step": self.step, "epoch": self.ctx.epoch}
+        self._emit({**record, "phase": phase, "duration_s": duration_s})
+        for cb in self.callbacks:
+            cb.on_phase(self.ctx, phase, duration_s)
+
+    def _model_summary(self) -> dict[str, Any] | None:
+        """Parameters per top-level submodule and in all (`pipekit_train._progress.model_summary`), or ``None``."""
+        try:
+            weights = self.backend.bound_model().weights()
+        except Exception:  # a model without plain weights (a sampler before its first draw): no summary
+            return None
+        return model_summary(weights)
+
+    def _checkpointing(self, fn: Any, *args: Any) -> None:
+        """Call a checkpoint hook; when it wrote a checkpoint, its time is a checkpointing phase."""
+        self._saved = False
+        t0 = time.perf_counter()
+        fn(*args)
+        if self._saved:
+            seconds = time.perf_counter() - t0
+            self.clock.checkpoint_s += seconds
+            self._phase("checkpointing", seconds)
 
     def _params(self) -> dict[str, Any]:
         from pipekit._yaml import to_plain
@@ -416,7 +484,9 @@ class Engine:
             record[key] = float(np.mean([v[key] for v in values]))
         record["lr"] = self.backend.learning_rate(step)
         self.last_train = record
-        self.writer.write({"type": "metrics", "context": "train", "step": step, "epoch": self.epoch_of(step), **record})
+        epoch = self.epoch_of(step)
+        self._emit({"type": "metrics", "context": "time", "step": step, "epoch": epoch, **self.clock.summary()})
+        self._emit({"type": "metrics", "context": "train", "step": step, "epoch": epoch, **record})
 
     def snapshot(self) -> EngineSnapshot:
         """The engine's state as plain data (see `EngineSnapshot`); checks the pending losses first.
@@ -440,6 +510,7 @@ class Engine:
 
     def checkpoint_written(self, step: int) -> None:
         """Tell the callbacks that a checkpoint of `step` was written."""
+        self._saved = True
         for cb in self.callbacks:
             cb.on_checkpoint(self.ctx, step)
 
@@ -455,14 +526,21 @@ class Engine:
 
     def _evaluate(self) -> dict[str, float]:
         loop = self.loop
-        metrics = evaluate(self.backend, loop.val_dataset, loop.eval_batch_size or loop.batch_size)
+        if self.progress is not None:
+            self.progress.set_phase("evaluating")
+        t0, compiles = time.perf_counter(), CompileWatch.count
+        metrics = evaluate(self.backend, loop.val_dataset, loop.eval_batch_size or loop.batch_size, loop)
+        seconds = time.perf_counter() - t0
+        self.clock.eval_s += seconds
+        self.clock.eval_compiles += CompileWatch.count - compiles
+        self._phase("evaluating", seconds)
         prefixed = {f"validate/{k}": v for k, v in metrics.items()}
         self.eval_metrics = dict(prefixed)
         self.evaluated_at = self.step
         self.ctx.last_eval = prefixed
-        self.writer.write(
-            {"type": "metrics", "context": "validate", "step": self.step, "epoch": self.ctx.epoch, **metrics}
-        )
+        self._emit({"type": "metrics", "context": "validate", "step": self.step, "epoch": self.ctx.epoch, **metrics})
+        if self.progress is not None:
+            self.progress.evaluated(self.step, self.ctx.epoch, prefixed)
         for cb in self.callbacks:
             cb.on_eval_end(self.ctx, prefixed)
         return prefixed
@@ -472,29 +550,65 @@ class Engine:
         out.update(self.eval_metrics)
         loop = self.loop
         if loop.test_dataset is not None:
-            metrics = evaluate(self.backend, loop.test_dataset, loop.eval_batch_size or loop.batch_size)
-            self.writer.write(
-                {"type": "metrics", "context": "test", "step": self.step, "epoch": self.ctx.epoch, **metrics}
-            )
+            t0 = time.perf_counter()
+            metrics = evaluate(self.backend, loop.test_dataset, loop.eval_batch_size or loop.batch_size, loop)
+            seconds = time.perf_counter() - t0
+            self.clock.eval_s += seconds
+            self._phase("evaluating", seconds)
+            self._emit({"type": "metrics", "context": "test", "step": self.step, "epoch": self.ctx.epoch, **metrics})
             out.update({f"test/{k}": v for k, v in metrics.items()})
         return out
 
 
-def evaluate(backend: StepBackend, dataset: Any, batch_size: int) -> dict[str, float]:
-    """Record-weighted means of the backend's eval metrics over one ordered pass of `dataset`."""
+def evaluate(backend: StepBackend, dataset: Any, batch_size: int, loop: Any = None) -> dict[str, float]:
+    """Record-weighted means of the backend's eval metrics over one ordered pass of `dataset`, then the loop's
+    whole-split `metrics` (`pipekit_train.Metric`), which replace a same-named mean.
+
+    Nothing is read back to the host before the pass ends.
+    """
     import jax
 
+    from ._metrics import compute_metrics, init_states, update_states
+
+    wanted = tuple(getattr(loop, "metrics", ()) or ())
+    model = backend.bound_model() if wanted else None
+    states = init_states(wanted)
     totals: dict[str, float] = {}
     count = 0
     results = []
     for batch in dataset.epoch_batches(batch_size):
         size = len(next(iter(batch.values())))
         results.append((size, backend.evaluate(batch)))
+        if model is not None:
+            states = update_states(wanted, states, model(batch[loop.input_key]), batch[loop.target_key])
     for size, metrics in jax.device_get(results):
         count += size
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + float(v) * size
-    return {k: v / max(count, 1) for k, v in totals.items()}
+    out = {k: v / max(count, 1) for k, v in totals.items()}
+    if wanted:
+        out.update(compute_metrics(wanted, states))
+    return out
+
+
+def _data_steps_per_epoch(loop: Any) -> int | None:
+    """Batches per epoch of the training set, for `epoch` when `steps_per_epoch` is unset (``None``: unknown)."""
+    num_batches = getattr(loop.dataset, "num_batches", None)
+    if num_batches is None:
+        return None
+    try:
+        return int(num_batches(loop.batch_size)) or None
+    except Exception:  # a dataset that cannot say: records keep epoch 0, as before
+        return None
+
+
+def _failure_line(stage: str, step: int, exc: BaseException) -> str:
+    """The progress line for a stage that ended with `exc`."""
+    if isinstance(exc, NonFiniteLossError):
+        return f"{stage}: stopped on a non-finite loss: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return f"{stage}: interrupted at step {step} ({type(exc).__name__})"
+    return f"{stage}: failed at step {step}: {type(exc).__name__}: {exc}"
 
 
 class _LRScale:

@@ -11,7 +11,9 @@ from pipekit import CarryState, ConfigError, StatefulOperator, field
 
 from ._backends import check_backend_name, get_backend
 from ._losses import Loss
+from ._metrics import Metric
 from ._models import ModelOp, Transfer
+from ._recipes import GradientRule, ParamGroup
 from ._writers import MetricWriter
 from .callbacks._base import Callback
 from .data._dataset import TrainingDataset
@@ -26,7 +28,7 @@ class TrainerCarryState(CarryState):
             Equinox). Every stage starts its own optimizer fresh, and a resumed run that skips a finished stage
             does not restore it (``None`` then).
         step: Optimizer steps taken by the stage that produced this state.
-        epoch: ``step // steps_per_epoch`` (0 without `steps_per_epoch`).
+        epoch: ``step // steps_per_epoch`` (without it, ``step //`` the training set's batches per epoch).
         metrics: Final metric snapshot of that stage (host floats).
         rng: The stage's PRNG seed material (``jax.random.key_data`` as a list, or ``None``).
         run_id: The run this state belongs to; later stages of a `Sequential` share it.
@@ -109,8 +111,9 @@ class TrainingLoop(StatefulOperator):
         task: Python only: a backend-native objective (an Equinox `TrainTask`, a sampler kernel) instead of `loss`.
         optimizer_config: The optimizer, its schedule and their settings (design/optimizers.md).
         max_steps: Optimizer steps (iterations, for samplers) the stage runs.
-        steps_per_epoch: How many steps make an epoch (for `epoch` in records and `on_epoch_end`).
-        batch_size: Records per step (the global batch).
+        steps_per_epoch: How many steps make an epoch (for `epoch` in records and `on_epoch_end`); null: `epoch`
+            counts passes over the training set (its batches per epoch) and `on_epoch_end` is not called.
+        batch_size: Records per step: the global batch, split over the stage's devices (docs/scale.md).
         backend: The backend that trains the stage: any installed or registered name
             (`pipekit_train.available_backends()`).
         callbacks: `Checkpoint`, `EarlyStopping`, `ReduceLROnPlateau`, `EMA`, trackers, your own.
@@ -125,15 +128,27 @@ class TrainingLoop(StatefulOperator):
         target_key: Which batch entry is the loss target.
         test_dataset: Evaluated once at the end, logged under `test`.
         eval_batch_size: Batch size of validation and test passes; null: `batch_size`.
+        metrics: Whole-split metrics (`Accuracy`, `PrecisionRecallF1`, `MAE`, your own `Metric`) computed at every
+            validation and at the test pass, next to the loss (docs/metrics.md).
         transfer: How weights from the previous stage enter this stage's model (below).
         accum: Gradient accumulation: one optimizer update every `accum` steps (`optax.MultiSteps`).
         grad_clip_norm: Clip gradients to this global norm.
         steps_per_call: Fuse this many steps into one compiled call (`lax.scan`); callbacks still see every step.
         stop_on_nonfinite: Stop with an error naming the step when the loss or the weights become NaN or infinite.
-        progress: A progress bar on a terminal, plain lines in logs.
+        progress: A progress bar on a terminal, plain lines in logs or when `CI` is set (docs/metrics.md).
         resume: `auto`: continue the run in the run directory exactly (see checkpoints.md).
         init_from: Start from another run's checkpoint weights (weights only).
         restore_best: Return the best checkpoint's weights instead of the last ones.
+        mesh: Data parallel: ``{devices: N or all, shard_params: false}``; null: every local device, parameters
+            replicated (docs/scale.md).
+        precision: Mixed precision: ``{compute: bfloat16, params: float32}``; null: float32 throughout
+            (docs/scale.md).
+        gradient: A gradient rule: `SAM` (``{type: SAM, rho: 0.05, adaptive: false}``); null: the plain gradient
+            (docs/recipes.md).
+        param_groups: Parameters chosen by path pattern (`ParamGroup`: ``encoder.*``, ``*.bias``), each with its own
+            learning-rate scale, weight decay, L2-SP or freezing (docs/recipes.md).
+        diagnostics: Log gradient norm, parameter norm and update/parameter ratio, globally and per group,
+            computed in the step (docs/recipes.md).
     """
 
     model_op: ModelOp
@@ -157,6 +172,7 @@ class TrainingLoop(StatefulOperator):
     target_key: str = "y"
     test_dataset: TrainingDataset | None = None
     eval_batch_size: int | None = None
+    metrics: tuple[Metric, ...] = ()
     transfer: Transfer | None = None
     accum: int = 1
     grad_clip_norm: float | None = None
@@ -166,6 +182,11 @@ class TrainingLoop(StatefulOperator):
     resume: Literal["never", "auto"] = "never"
     init_from: str | None = None
     restore_best: bool = False
+    mesh: dict[str, Any] | None = None
+    precision: dict[str, Any] | None = None
+    gradient: GradientRule | None = None
+    param_groups: tuple[ParamGroup, ...] = ()
+    diagnostics: bool = False
 
     def validate(self) -> None:
         for name in ("max_steps", "batch_size", "eval_every_n_steps", "log_every_n_steps", "accum", "steps_per_call"):
@@ -192,6 +213,20 @@ class TrainingLoop(StatefulOperator):
         if self.name is not None and not self.name.replace("-", "_").isidentifier():
             raise ConfigError(f"TrainingLoop.name must be a simple name (letters, digits, _ or -), got {self.name!r}")
         check_backend_name(self.backend)
+        from ._optim import resolve_optimizer_config
+
+        resolve_optimizer_config(self.optimizer_config)  # keys, names and values now, with the file position
+        from ._mesh import mesh_settings
+        from ._precision import compute_dtype
+
+        mesh_settings(self.mesh)
+        compute_dtype(self.precision)
+        for i, group in enumerate(self.param_groups):
+            if group.unfreeze_at is not None and group.unfreeze_at >= self.max_steps:
+                raise ConfigError(
+                    f"TrainingLoop.param_groups[{i}].unfreeze_at ({group.unfreeze_at}) must be < max_steps "
+                    f"({self.max_steps}): the group would never train"
+                )
         model_backend = getattr(self.model_op, "backend", "")
         if model_backend and model_backend != self.backend:
             raise ConfigError(

@@ -38,6 +38,21 @@ _ALL_KEYS: list[str] = list(
     )
 )
 
+# Names other libraries use for a key: an unknown key with one of these names suggests the key it means.
+_ALIASES: dict[str, str] = {
+    "learning_rate": "lr",
+    "optimizer": "name",
+    "type": "name",
+    "lr_schedule": "schedule",
+    "scheduler": "schedule",
+    "warmup": "warmup_steps",
+    "beta1": "b1",
+    "beta2": "b2",
+    "epsilon": "eps",
+    "wd": "weight_decay",
+    "min_lr": "end_lr",
+}
+
 # (kind, rule text, predicate)
 _RULES: dict[str, tuple[str, str, Callable[[Any], bool]]] = {
     "lr": ("float", "a float > 0", lambda v: v > 0),
@@ -85,7 +100,8 @@ def resolve_optimizer_config(config: Mapping[str, Any]) -> dict[str, Any]:
     for key in config:
         if key not in _ALL_KEYS:
             raise ConfigError(
-                f"unknown optimizer_config key {key!r}{suggestion(key, _ALL_KEYS)}; "
+                f"unknown optimizer_config key {key!r}"
+                f"{f' (did you mean {_ALIASES[key]!r}?)' if key in _ALIASES else suggestion(key, _ALL_KEYS)}; "
                 f"allowed keys: {', '.join(_ALL_KEYS)}"
             )
     name = config.get("name", _COMMON["name"])

@@ -15,7 +15,7 @@ import pipekit
 
 from ._engine import NonFiniteWeightsError, first_nonfinite
 from ._jsonio import DamagedFileError, read_json, write_json
-from ._lock import run_dir_lock
+from ._lock import DirectoryNotWritableError, check_writable, run_dir_lock
 from ._loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
 from ._validate import preflight_stage
 
@@ -218,6 +218,7 @@ def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[Trai
     # Everything that can be checked before training is checked before the run directory is created or claimed.
     preflight_stage(loop, state, info.stage)
     _check_store(settings)
+    _check_targets(loop, info)
     with run_dir_lock(run_dir):  # one writer per run directory: a second process is refused, naming this one
         return _run_locked(loop, state, info, settings)
 
@@ -267,6 +268,22 @@ def _run_locked(
     return TrainingResult(result.model, artifact), new_state
 
 
+def _check_targets(loop: TrainingLoop, info: RunInfo) -> None:
+    """Refuse before training when a folder the stage writes is read-only or full (it would fail at the first
+    save, or after the whole training): the stage folder (metrics, final.json), the checkpoints, the models."""
+    from .checkpoint._settings import Checkpoint
+
+    targets = [
+        ("run directory", info.run_dir),
+        ("stage directory", info.stage_dir),
+        ("model folder", os.path.join(info.run_dir, "models")),
+    ]
+    if any(isinstance(cb, Checkpoint) for cb in loop.callbacks):
+        targets.append(("checkpoint directory", loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")))
+    for what, path in targets:
+        check_writable(path, f"stage {info.stage!r}: the {what}", "Choose another --run-dir (or checkpoint_dir)")
+
+
 def _check_store(settings: RunSettings) -> None:
     """Refuse before training when the artifact store cannot be written (it would fail after the whole run)."""
     if settings.store is False:
@@ -276,6 +293,11 @@ def _check_store(settings: RunSettings) -> None:
     from .provenance._store import ArtifactStore, ArtifactStoreError
 
     store = ArtifactStore(settings.store or None)
+    remedy = "Choose a writable store with --store PATH (or PIPEKIT_ARTIFACT_STORE), or record nothing with --no-store"
+    try:
+        check_writable(store.path, "the artifact store", remedy, is_folder=False)  # read-only or full, in plain words
+    except DirectoryNotWritableError as e:
+        raise ArtifactStoreError(str(e)) from None
     try:
         store.schema_version()  # creates the database, or brings its schema up to date
         with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
@@ -320,7 +342,7 @@ def _build_artifact(
         pipeline_hash="sha256:" + hashlib.sha256(yaml_text.encode()).hexdigest(),
         dataset_hash=loop.dataset.content_hash(),
         backend=loop.backend,
-        backend_info=result.backend_info,
+        backend_info=_with_topology(loop, result.backend_info),
         deps_lock=collect_deps_lock(),
         tracker_run_id=fields.pop("tracker_run_id", None),
         model_registry_uri=fields.pop("model_registry_uri", None) or model_uri,
@@ -334,10 +356,20 @@ def _build_artifact(
         run_dir=info.stage_dir,
         imports=settings.imports,
         forced_resume=forced,
+        model_summary=fields.pop("model_summary", None),
     )
     # The stage's own record first: a store that fails later loses nothing (`artifacts import` records it).
     write_json(os.path.join(info.stage_dir, "artifact.json"), artifact.to_dict())
     return artifact
+
+
+def _with_topology(loop: TrainingLoop, backend_info: dict[str, Any]) -> dict[str, Any]:
+    """`backend_info` naming the topology the stage trained on (``num_devices``, ``num_processes``) for every
+    backend: an adapter without a mesh trains on one device of one process."""
+    from ._mesh import describe
+
+    topology = describe(loop)
+    return {**backend_info, **{k: v for k, v in topology.items() if k not in backend_info}}
 
 
 def _record_in_store(artifact: Any, settings: RunSettings, info: RunInfo) -> None:

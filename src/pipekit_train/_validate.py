@@ -27,9 +27,14 @@ def _stages(op: Operator) -> list[Operator]:
 
 def preflight_stage(loop: TrainingLoop, state: TrainerCarryState | None, stage: str) -> Any:
     """Check `loop` as stage `stage` after `state`; return the bound model it would start from."""
+    from ._mesh import check_mesh
     from ._optim import check_optimizer_config
+    from ._precision import check_precision
 
     check_optimizer_config(loop.optimizer_config, loop.max_steps)
+    _check_recipes_supported(loop, stage)
+    check_mesh(loop)  # the devices exist, the backend trains on a mesh, the global batch splits evenly
+    check_precision(loop)
     loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
     for role in ("dataset", "val_dataset", "test_dataset"):
         if getattr(loop, role) is not None:
@@ -51,6 +56,22 @@ def preflight_stage(loop: TrainingLoop, state: TrainerCarryState | None, stage: 
                     f"the training data's has {tuple(train_spec[key][0])}"
                 )
     return loop.adapter().preflight(loop, state, stage)
+
+
+#: The `TrainingLoop` fields of docs/recipes.md; an adapter that honours some lists them in its ``RECIPES``.
+RECIPE_FIELDS = ("gradient", "param_groups", "diagnostics")
+
+
+def _check_recipes_supported(loop: TrainingLoop, stage: str) -> None:
+    """Refuse a recipe field the stage's backend does not honour (its adapter's ``RECIPES`` does not list it)."""
+    supported = getattr(loop.adapter(), "RECIPES", ())
+    for name in RECIPE_FIELDS:
+        value = getattr(loop, name)
+        if value and name not in supported:
+            raise ConfigError(
+                f"stage {stage!r}: backend {loop.backend!r} cannot honour TrainingLoop.{name} ({value!r}); "
+                "remove it or train this stage with backend: equinox (docs/recipes.md)"
+            )
 
 
 def _check_finite_data(dataset: Any, where: str) -> None:

@@ -4,13 +4,14 @@ A record is a plain dict::
 
     {"type": "metrics", "context": "train", "step": 100, "epoch": 1, "loss": 0.25}
 
-``type`` is ``"params"``, ``"metrics"``, ``"finish"`` or another word a caller chooses; ``context`` is
-``"train"``, ``"validate"`` or ``"test"``; every other key is a value (numbers, strings, and nested dicts for
-parameters). A writer is an operator: its fields are its configuration and go to YAML with the pipeline. What it
-holds while a run is open (a file, an event writer) lives in private attributes, never in fields, so two equal
-writers are equal whatever they have open.
+``type`` is ``"params"``, ``"metrics"``, ``"phase"``, ``"finish"`` or another word a caller chooses;
+``context`` is ``"train"``, ``"validate"``, ``"test"`` or ``"time"``; every other key is a value (numbers, strings,
+and nested dicts for parameters). A writer is an operator: its fields are its configuration and go to YAML with
+the pipeline. What it holds while a run is open (a file, an event writer) lives in private attributes, never in
+fields, so two equal writers are equal whatever they have open.
 
-`open(run_dir)` and `close()` bracket a run; `write(record)` adds one record in between.
+`open(run_dir)` and `close()` bracket a run; `write(record)` adds one record in between. Every writer gets the same
+records, so a metric has one name and one value everywhere: ``<context>/<key>`` (docs/metrics.md has the table).
 """
 
 from __future__ import annotations
@@ -180,7 +181,10 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     naming the file and line number.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:  # garbage, not records: name the file
+        raise ValueError(f"{path}: not a JSON Lines file (not UTF-8 text at byte {e.start})") from None
     lines = text.split("\n")
     out: list[dict[str, Any]] = []
     for number, line in enumerate(lines, start=1):
@@ -199,7 +203,8 @@ class ConsoleWriter(MetricWriter):
     """Print a readable one-line summary of records to standard error.
 
     Args:
-        every: Print train metrics only at steps that are multiples of `every`; other records always print.
+        every: Print train and time metrics only at steps that are multiples of `every`; other records (validation,
+            test, phases, the finish line) always print.
 
     Example line: ``[train] step 200 epoch 3 | loss 0.1234 accuracy 0.9500``.
     """
@@ -234,7 +239,7 @@ class ConsoleWriter(MetricWriter):
         return text if len(text) <= 400 else text[:397] + "..."
 
     def write(self, record: dict[str, Any]) -> None:
-        if record.get("type", "metrics") == "metrics" and record.get("context", "train") == "train":
+        if record.get("type", "metrics") == "metrics" and record.get("context", "train") in ("train", "time"):
             step = record.get("step")
             if isinstance(step, int) and step % self.every:
                 return

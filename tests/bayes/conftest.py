@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,3 +32,82 @@ def stage_model(run_dir: Path, stage: str) -> Any:
     if "root=" in uri and not uri.split("root=", 1)[1].startswith("/"):
         uri = uri.split("?", 1)[0] + "?root=" + str(run_dir / uri.split("root=", 1)[1])
     return load_model(uri)
+
+
+# Eight schools (Rubin 1981): the effects and standard errors every test of it uses.
+SIGMA = np.array([15, 10, 16, 11, 9, 11, 10, 18], np.float32)
+Y8 = np.array([28, 8, -3, 7, -1, 1, 18, 12], np.float32)
+
+
+# SIGKILL and resume, through the CLI ------------------------------------------------------------------------
+def committed_steps(ckpt_dir: Path) -> list[int]:
+    """The steps whose checkpoint directory Orbax has committed (``commit_success.txt`` written)."""
+    try:
+        names = os.listdir(ckpt_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit() and (ckpt_dir / n / "commit_success.txt").exists())
+
+
+def cli_run_killed_after(work: Path, run_dir: Path, stage: str, step: int, resume: bool, env: dict[str, str]) -> None:
+    """Start ``pipekit-train run p.yaml`` (``--resume auto`` when `resume`) and SIGKILL it as soon as its checkpoint
+    of `step` is committed. Fails if the process ends first."""
+    args = [sys.executable, "-m", "pipekit_train.cli", "run", "p.yaml", "--run-dir", str(run_dir), "--no-store"]
+    args += ["--resume", "auto"] if resume else []
+    err = work / f"kill-{step}.err"
+    with open(err, "wb") as stderr:
+        proc = subprocess.Popen(args, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    ckpt_dir = run_dir / stage / "checkpoints"
+    deadline = time.monotonic() + 300
+    try:
+        while step not in committed_steps(ckpt_dir):
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended ({proc.returncode}) before checkpoint {step}:\n{err.read_text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no checkpoint {step} within 300 s:\n{err.read_text()}")
+            time.sleep(0.005)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def subprocess_env(cache_dir: Path) -> dict[str, str]:
+    """CPU, no inherited XLA flags, and a persistent compilation cache shared by the killed processes (a loaded
+    program is the compiled one, bit for bit; it halves the second process's time)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+    return env
+
+
+def kill_in_warmup_and_in_sampling_then_resume(
+    work: Path, yaml_text: str, stage: str, warm_kill: int, sample_kill: int, num_warmup: int, total: int
+) -> Any:
+    """SIGKILL a CLI run after its warm-up checkpoint `warm_kill`, resume it with ``--resume auto`` and SIGKILL it
+    again after its sampling checkpoint `sample_kill`, then resume it in this process to the end (the same code
+    path as ``--resume auto``). Returns the resumed run's trained model (its posterior)."""
+    import pipekit
+    from pipekit_train import run_settings
+
+    (work / "p.yaml").write_text(yaml_text)
+    run_dir = work / "killed"
+    env = subprocess_env(work / "xla-cache")
+    ckpt_dir = run_dir / stage / "checkpoints"
+    cli_run_killed_after(work, run_dir, stage, warm_kill, False, env)
+    kept = committed_steps(ckpt_dir)  # what --resume auto restores: the latest (the kill can precede its manifest)
+    assert kept and max(kept) < num_warmup, f"the first kill landed after warm-up: checkpoints {kept}"
+    cli_run_killed_after(work, run_dir, stage, sample_kill, True, env)
+    kept = committed_steps(ckpt_dir)
+    assert num_warmup < max(kept) < total, f"the second kill did not land during sampling: checkpoints {kept}"
+    assert not (run_dir / stage / "final.json").exists()
+    # The kill can land between Orbax's commit and the manifest update, which the resume repairs and warns about.
+    with warnings.catch_warnings(), run_settings(run_dir=str(run_dir), store=False, resume="auto"):
+        warnings.filterwarnings("ignore", message=".*were committed but missing from manifest.json")
+        model, artifact = pipekit.loads(yaml_text).run()
+    assert artifact.backend_info["steps"] == total
+    return model

@@ -26,12 +26,12 @@ from pipekit_train import (
 from pipekit_train.adapters.blackjax import HMC, MALA, NUTS, BlackjaxModel
 from pipekit_train.adapters.numpyro import NumpyroModel
 
-from .conftest import POST_MEAN, POST_SD, Y
+from .conftest import POST_MEAN, POST_SD, Y, kill_in_warmup_and_in_sampling_then_resume
 
 pytest.importorskip("blackjax")
 pytestmark = pytest.mark.xdist_group("bayes-blackjax")  # one worker: the fixture is sampled once
 
-WARMUP, SAMPLES, CHAINS, SEED, CHUNK = 200, 400, 2, 5, 100
+WARMUP, SAMPLES, CHAINS, SEED, CHUNK = 200, 400, 2, 5, 50
 CKPT = Checkpoint(every_n_steps=CHUNK, keep=(Last(n=1),), async_save=False)
 
 
@@ -55,13 +55,48 @@ def _loop(kernel: Any = None, callbacks: tuple[Any, ...] = (CKPT,), **changes: A
     return TrainingLoop(**fields)
 
 
+#: The same stage as `_loop()`, for the CLI (the SIGKILL test).
+PIPELINE = f"""\
+pipekit: 1
+type: TrainingLoop
+name: bj
+model_op: {{{{type: BlackjaxModel, model: conjugate_normal}}}}
+dataset: {{{{type: TrainingDataset, source: {{{{type: NpzSource, path: {{data}}}}}}, shuffle: false}}}}
+task: {{{{type: NUTS, num_warmup: {WARMUP}, num_samples: {SAMPLES}, num_chains: {CHAINS}}}}}
+backend: blackjax
+batch_size: 10
+max_steps: {WARMUP + SAMPLES}
+steps_per_call: {CHUNK}
+log_every_n_steps: {CHUNK}
+progress: false
+seed: {SEED}
+callbacks:
+- {{{{type: Checkpoint, every_n_steps: {CHUNK}, keep: [{{{{type: Last, n: 1}}}}], async_save: false}}}}
+"""
+
+
 @pytest.fixture(scope="module")
 def conjugate(tmp_path_factory):
-    """One uninterrupted NUTS stage of the conjugate model (the resume test's reference, too)."""
+    """One uninterrupted NUTS stage of the conjugate model (the resume tests' reference, too)."""
     run_dir = tmp_path_factory.mktemp("bj") / "run"
     with run_settings(run_dir=str(run_dir), store=False):
         model, artifact = _loop().run()
     return model, artifact, run_dir
+
+
+@pytest.mark.slow
+def test_sigkill_in_warmup_and_in_sampling_then_resume_auto_gives_bitwise_the_same_draws(conjugate, tmp_path):
+    """A CLI run SIGKILLed after its warm-up checkpoint at 50, resumed with ``--resume auto`` and SIGKILLed again after
+    its sampling checkpoint at 250, then resumed to the end: every draw is the uninterrupted run's, byte for byte."""
+    straight = conjugate[0]
+    np.savez(tmp_path / "data.npz", y=Y)
+    text = PIPELINE.format(data=tmp_path / "data.npz")
+    resumed = kill_in_warmup_and_in_sampling_then_resume(
+        tmp_path, text, "bj", CHUNK, WARMUP + CHUNK, WARMUP, WARMUP + SAMPLES
+    )
+    assert resumed.posterior.draws.keys() == straight.posterior.draws.keys() == {"mu"}
+    for site, value in straight.posterior.draws.items():
+        assert resumed.posterior.draws[site].tobytes() == value.tobytes(), site
 
 
 def test_nuts_posterior_mean_within_4_mcse_of_the_analytic_one(conjugate):
@@ -123,51 +158,6 @@ def test_hmc_and_mala_find_the_analytic_posterior(kernel, tmp_path):
     mcse = POST_SD / np.sqrt(artifact.final_metrics["posterior/ess_bulk_min"])
     assert abs(draws.mean() - POST_MEAN) < 4 * mcse, (draws.mean(), POST_MEAN, mcse)
     assert artifact.final_metrics["posterior/r_hat_max"] <= 1.01
-
-
-# Eight schools: both backends, the same model ------------------------------------------------------------------
-SIGMA = np.array([15, 10, 16, 11, 9, 11, 10, 18], np.float32)
-Y8 = np.array([28, 8, -3, 7, -1, 1, 18, 12], np.float32)
-
-
-def _eight_schools(model_op: Any, backend: str, tmp: Any) -> dict[str, np.ndarray]:
-    loop = TrainingLoop(
-        model_op=model_op,
-        dataset=TrainingDataset(source=ArraySource(arrays={"sigma": SIGMA, "y": Y8}), shuffle=False),
-        task=NUTS(num_warmup=300, num_samples=600, num_chains=2),
-        backend=backend,
-        batch_size=8,
-        max_steps=900,
-        steps_per_call=900,
-        log_every_n_steps=900,
-        progress=False,
-        seed=1,
-        name=backend,
-    )
-    with run_settings(run_dir=str(tmp), store=False):
-        model, artifact = loop.run()
-    assert artifact.final_metrics["posterior/r_hat_max"] < 1.05
-    return model.posterior.draws
-
-
-def _mean_and_mcse(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-element posterior mean and Monte-Carlo standard error, ``draws`` of shape (chains, n, ...)."""
-    from numpyro.diagnostics import effective_sample_size
-
-    flat = draws.reshape(draws.shape[0], draws.shape[1], -1).astype(np.float64)
-    ess = np.array([effective_sample_size(flat[:, :, j]) for j in range(flat.shape[-1])])
-    return flat.mean(axis=(0, 1)), flat.std(axis=(0, 1)) / np.sqrt(ess)
-
-
-def test_blackjax_and_numpyro_mcmc_agree_on_eight_schools_within_monte_carlo_error(tmp_path):
-    ours = _eight_schools(BlackjaxModel(model="eight_schools"), "blackjax", tmp_path / "bj")
-    ref = _eight_schools(NumpyroModel(model="eight_schools"), "numpyro-mcmc", tmp_path / "np")
-    assert ours.keys() == ref.keys() == {"mu", "tau", "theta"}
-    for site in ("mu", "tau", "theta"):
-        m1, e1 = _mean_and_mcse(ours[site])
-        m2, e2 = _mean_and_mcse(ref[site])
-        z = np.abs(m1 - m2) / np.sqrt(e1**2 + e2**2)
-        assert (z < 4).all(), (site, m1, m2, z)
 
 
 # Bad input, before sampling ------------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 
@@ -31,7 +34,7 @@ def _svi(**changes):
     return TrainingLoop(**fields)
 
 
-def test_svi_autonormal_is_within_2_percent_then_nuts_starts_at_the_guide_median(tmp_path):
+def test_svi_autonormal_is_within_2_percent_then_nuts_starts_at_the_guide_median(tmp_path, capsys):
     """One Sequential([svi, nuts]): the SVI stage's guide matches the analytic posterior, and the NUTS stage after
     it starts every chain at the guide's median, with the SVI stage as its parent."""
     nuts = TrainingLoop(
@@ -54,9 +57,13 @@ def test_svi_autonormal_is_within_2_percent_then_nuts_starts_at_the_guide_median
     assert abs(loc / POST_MEAN - 1) < 0.02, (loc, POST_MEAN)
     assert abs(scale / POST_SD - 1) < 0.02, (scale, POST_SD)
     assert guide.guide == "AutoNormal"
-    assert artifact.backend_info["init"].startswith("median of AutoNormal")
-    assert artifact.parent_ids  # the lineage names the SVI stage
+    svi_id = json.loads((run_dir / "svi" / "final.json").read_text())["artifact_id"]
+    assert artifact.backend_info["init"] == f"median of AutoNormal ({svi_id})"
+    assert svi_id in artifact.parent_ids  # the lineage: the NUTS posterior's parent is the SVI stage's guide
     assert abs(model.posterior.draws["mu"].mean() - POST_MEAN) < 0.1
+    out = capsys.readouterr().out  # the summary table is printed at the end of the stage, and written
+    assert "posterior of stage 'nuts'" in out and "r_hat" in out
+    assert (run_dir / "nuts" / "posterior_summary.txt").read_text() in out
 
 
 # Bad input: one line, before sampling ------------------------------------------------------------------------
@@ -125,3 +132,39 @@ def test_max_steps_must_match_the_kernel():
 def test_operators_round_trip_through_yaml():
     for op in (NUTS(num_warmup=10, num_chains=2), Trace_ELBO(num_particles=3), NumpyroGuide(model="eight_schools")):
         assert pipekit.loads(pipekit.dumps(op)) == op
+
+
+BAD_PIPELINE = """\
+pipekit: 1
+type: TrainingLoop
+name: nuts
+model_op: {{type: NumpyroModel, model: {model}}}
+dataset: {{type: TrainingDataset, source: {{type: NpzSource, path: data.npz}}, shuffle: false}}
+task: {{type: NUTS, num_warmup: 5, num_samples: 5}}
+backend: numpyro-mcmc
+batch_size: 10
+max_steps: 10
+"""
+
+
+@pytest.mark.parametrize(
+    "model,bad_record,expected",
+    [
+        ("conjugate_normall", None, r"'conjugate_normall' is not a registered NumPyro model \(did you mean"),
+        ("conjugate_normal", 3, r"stage 'nuts': .*'y' holds 1 NaN or infinite value\(s\) \(the first in record 3\)"),
+    ],
+    ids=["unregistered-model", "nan"],
+)
+def test_the_cli_refuses_bad_input_in_one_line_with_exit_code_2(model, bad_record, expected, tmp_path, capsys):
+    from pipekit_train.cli import main
+
+    y = Y.copy()
+    if bad_record is not None:
+        y[bad_record] = np.nan
+    np.savez(tmp_path / "data.npz", y=y)
+    (tmp_path / "p.yaml").write_text(BAD_PIPELINE.format(model=model))
+    rc = main(["run", str(tmp_path / "p.yaml"), "--run-dir", str(tmp_path / "run"), "--no-store"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert re.search(expected, err[0]), err[0]
+    assert not (tmp_path / "run" / "nuts" / "checkpoints").exists()  # refused before sampling

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 import pipekit
@@ -49,13 +48,19 @@ def _context(loop, callbacks, states, run_dir: Path, model) -> TrainContext:
 
 
 def _steps(ctx: TrainContext, callbacks, first: int, last: int) -> None:
+    """The records the loop sends `on_log`: a train record every `log_every_n_steps`, a validate one every 4."""
     for step in range(first, last + 1):
         ctx.step = step
-        for cb in callbacks:
-            cb.on_step_end(ctx, {"loss": jnp.asarray(1.0 / step), "grad_norm": jnp.asarray(float(step))})
+        records = []
+        if step % ctx.loop.log_every_n_steps == 0:
+            records.append({"context": "train", "loss": 1.0 / step, "grad_norm": float(step), "note": "text"})
         if step % 4 == 0:
+            records.append({"context": "validate", "accuracy": step / 10})
+        for record in records:
             for cb in callbacks:
-                cb.on_eval_end(ctx, {"validate/accuracy": step / 10})
+                cb.on_log(ctx, {"type": "metrics", "step": step, "epoch": 0, **record})
+        for cb in callbacks:
+            cb.on_log(ctx, {"type": "phase", "context": "train", "step": step, "epoch": 0, "duration_s": 0.1})
 
 
 def test_log_to_experiment_and_register_model_round_trip(tmp_path: Path):

@@ -570,7 +570,7 @@ def test_resume_refuses_a_changed_configuration_with_a_readable_diff(unfinished_
             ]
         )
     err = capsys.readouterr().err
-    assert code == 1, err
+    assert code == 2, err
     assert err.startswith("pipekit-train: error: refusing to resume stage 'fit' from step 20")
     assert "the configuration changed since that checkpoint was written" in err
     assert re.search(changed, err), err

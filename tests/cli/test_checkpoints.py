@@ -187,14 +187,14 @@ def _two_checkpoint_dirs(root: Path) -> Path:
         (["average", "{run}", "--last", "0", "-o", "{out}"], 2, r"--last must be a positive int, got '0'"),
         (["average", "{run}", "--best", "two", "-o", "{out}"], 2, r"--best must be a positive int, got 'two'"),
         (["average", "{run}", "--steps", "20,x", "-o", "{out}"], 2, r"--steps must be a comma-separated list"),
-        (["average", "{tmp}/missing", "--last", "3", "-o", "{out}"], 1, r"missing: no such directory"),
-        (["average", "{empty}", "--last", "3", "-o", "{out}"], 1, r"holds no checkpoints \(no manifest.json"),
-        (["average", "{two}", "--last", "2", "-o", "{out}"], 1, r"holds 2 checkpoint directories \(.*a/checkpoints"),
-        (["average", "{run}", "--steps", "7,30", "-o", "{out}"], 1, r"step\(s\) \[7\] are not committed .* \[.*30\]"),
-        (["average", "{two}/a", "--best", "1", "-o", "{out}"], 1, r"picks no checkpoint in .*a/checkpoints"),
-        (["average", "{run}", "--last", "3", "-o", "{full}"], 1, r"already holds checkpoints \[1, 2\]"),
-        (["average", "{run}", "--last", "3", "-o", "{run}/fit/checkpoints"], 1, r"out_dir must differ from src_dir"),
-        (["runs", "{tmp}/missing"], 1, r"run directory not found: .*missing"),
+        (["average", "{tmp}/missing", "--last", "3", "-o", "{out}"], 2, r"missing: no such directory"),
+        (["average", "{empty}", "--last", "3", "-o", "{out}"], 2, r"holds no checkpoints \(no manifest.json"),
+        (["average", "{two}", "--last", "2", "-o", "{out}"], 2, r"holds 2 checkpoint directories \(.*a/checkpoints"),
+        (["average", "{run}", "--steps", "7,30", "-o", "{out}"], 2, r"step\(s\) \[7\] are not committed .* \[.*30\]"),
+        (["average", "{two}/a", "--best", "1", "-o", "{out}"], 2, r"picks no checkpoint in .*a/checkpoints"),
+        (["average", "{run}", "--last", "3", "-o", "{full}"], 2, r"already holds checkpoints \[1, 2\]"),
+        (["average", "{run}", "--last", "3", "-o", "{run}/fit/checkpoints"], 2, r"out_dir must differ from src_dir"),
+        (["runs", "{tmp}/missing"], 2, r"run directory not found: .*missing"),
     ],
     ids=[
         "no-selector",
@@ -240,7 +240,7 @@ def test_usage_errors_exit_2(capsys):
     assert main([]) == 2
     assert main(["average", "--last", "3"]) == 2  # no RUN_OR_CKPT_DIR
     assert main(["bogus"]) == 2
-    assert "usage: pipekit-train" in capsys.readouterr().err
+    assert "pipekit-train: error: unknown command 'bogus'" in capsys.readouterr().err
 
 
 def test_runs_as_a_module_in_a_subprocess(trained):

@@ -93,7 +93,7 @@ def test_png_of_two_runs(runs: list[str], tmp_path: Path, capsys: pytest.Capture
 
 
 def test_unknown_metric_is_a_one_line_did_you_mean(runs: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert _cli("history", *runs, "--metric", "validate/los") == 1
+    assert _cli("history", *runs, "--metric", "validate/los") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("pipekit-train history: error: no run logged a metric 'validate/los'")
@@ -105,14 +105,14 @@ def test_png_without_matplotlib_names_the_extra(
 ) -> None:
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)  # `import` of these now raises ImportError
-    assert _cli("history", runs[0], "--png", str(tmp_path / "x.png")) == 1
+    assert _cli("history", runs[0], "--png", str(tmp_path / "x.png")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'pipekit-train[plot]'" in err
     assert not (tmp_path / "x.png").exists()
 
 
 def test_errors_and_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _cli("history", str(tmp_path / "nope")) == 1
+    assert _cli("history", str(tmp_path / "nope")) == 2
     assert capsys.readouterr().err == f"pipekit-train history: error: {tmp_path / 'nope'}: no such run directory\n"
     assert _cli("history") == 2  # argparse: RUN_DIR is required
 

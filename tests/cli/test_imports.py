@@ -137,7 +137,7 @@ def test_run_with_import_trains_with_the_user_loss_and_callback_and_records_the_
 def test_validate_needs_the_module_and_finds_it_through_either_way_of_naming_it(project: Path):
     mods = project / "mods"
     without = _cli(project, "validate", "pipe.yaml", pythonpath=mods)
-    assert without.returncode == 1
+    assert without.returncode == 2
     line = _one_error_line(without)
     assert "pipe.yaml:6:" in line and "unknown operator type 'Huber'" in line
     assert line.endswith("import it first with --import MODULE or $PIPEKIT_IMPORT")
@@ -208,7 +208,7 @@ def test_a_module_that_cannot_be_imported_is_one_line_naming_it_and_why(project:
     if module_text is not None:
         (mods / "bad_mod.py").write_text(module_text)
     out = _cli(project, "validate", "pipe.yaml", *args, pythonpath=mods, **env)
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert _one_error_line(out) == "pipekit-train: error: " + message.format(cwd=project, mods=mods)
     assert out.stdout == ""
 
@@ -254,9 +254,9 @@ def test_imported_model_dataset_and_backend_registrations_are_known_to_the_file(
     assert out.returncode == 0, out.stderr
     assert "reg.yaml: ok (1 training stage, 5 steps in all)" in out.stdout
     without = _cli(tmp_path, "validate", "reg.yaml")
-    assert without.returncode == 1 and "'user_linear'" in _one_error_line(without)
+    assert without.returncode == 2 and "'user_linear'" in _one_error_line(without)
     # the backend name is known once the module registered it: the check moves on to whether the model fits it
     known = _cli(tmp_path, "validate", "reg.yaml", "--set", "backend=user-equinox", "--import", "registering")
-    assert known.returncode == 1
+    assert known.returncode == 2
     line = _one_error_line(known)
     assert "not a registered backend" not in line and "TrainingLoop.backend is 'user-equinox'" in line

@@ -40,7 +40,7 @@ def test_describe_a_documented_type_shows_the_meanings(capsys):
 
 
 def test_describe_a_typo_suggests_the_right_name_in_one_line(capsys):
-    assert _cli("describe", "TrainingLop") == 1
+    assert _cli("describe", "TrainingLop") == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()
@@ -75,7 +75,7 @@ def test_schema_prints_json_to_stdout(capsys):
 
 
 def test_schema_into_a_missing_folder_is_one_line(tmp_path: Path, capsys):
-    assert main(["schema", "-o", str(tmp_path / "no" / "such" / "dir" / "s.json")]) == 1
+    assert main(["schema", "-o", str(tmp_path / "no" / "such" / "dir" / "s.json")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1
     assert err[0].startswith("pipekit-train schema: error: -o ") and "cannot write the schema" in err[0]

@@ -112,7 +112,7 @@ def test_the_cli_prints_one_line_for_a_refused_value(pipe: str):
         timeout=240,
         env=env,
     )
-    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pipekit-train: error: --set stages.0.task:1:"), out.stderr
     out = subprocess.run(

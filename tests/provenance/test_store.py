@@ -274,7 +274,7 @@ def test_migrates_a_v1_database_and_keeps_its_artifacts(tmp_path: Path):
         conn.execute("INSERT INTO metrics VALUES ('0ld00001', 'train/loss', 0.5)")
     store = ArtifactStore(path)
     assert store.get("0ld0").imports == () and store.get("0ld0").final_metrics["train/loss"] == 0.5
-    assert store.schema_version() == SCHEMA_VERSION == 3
+    assert store.schema_version() == SCHEMA_VERSION == 4
     store.record(_art("new00002", imports=[IMPORT_A], started_at="2026-06-01T00:00:00Z"))
     assert _ids(store.query()) == ["new00002", "0ld00001"]
     assert _ids(store.query(imported="my_losses")) == ["new00002"]
@@ -453,16 +453,16 @@ def test_cli_show_lineage_and_diff(store: ArtifactStore, capsys):
 def test_cli_errors_are_one_line_with_exit_codes(store: ArtifactStore, capsys, tmp_path: Path):
     s = str(store.path)
     code, out, err = _cli(capsys, "show", "aaaa0009", "--store", s)
-    assert code == 1 and out == ""
+    assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("pipekit-train artifacts: error: no artifact with id 'aaaa0009'")
     assert "closest ids: aaaa0001" in err
     code, _, err = _cli(capsys, "query", "--store", s, "--metric", "accuracy~0.9")
-    assert code == 1 and "--metric must look like NAME OP NUMBER" in err
+    assert code == 2 and "--metric must look like NAME OP NUMBER" in err
     code, _, err = _cli(capsys, "query", "--store", s, "--since", "someday")
-    assert code == 1 and "--since must be an ISO-8601 time" in err
+    assert code == 2 and "--since must be an ISO-8601 time" in err
     missing = tmp_path / "nowhere.sqlite"
     code, _, err = _cli(capsys, "list", "--store", str(missing))
-    assert code == 1 and f"no artifact store at {missing}" in err and not missing.exists()
+    assert code == 2 and f"no artifact store at {missing}" in err and not missing.exists()
     code, _, err = _cli(capsys, "show")
     assert code == 2 and "the following arguments are required: ID" in err
 

@@ -13,9 +13,10 @@ Orbax's ``StandardSave``. See ``design/optimizers.md`` for the keys and why.
 
 from __future__ import annotations
 
+import fnmatch
 import math
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,13 +25,22 @@ import optax
 from pipekit import ConfigError, PipekitError
 
 from .._optim import check_schedule, resolve_optimizer_config
+from .._recipes import param_path
+
+if TYPE_CHECKING:
+    from .._recipes import ParamGroup
 
 __all__ = [
+    "FrozenUntilState",
+    "L2SPState",
     "LrScaleState",
+    "add_decayed_weights_toward_start",
     "build_optimizer",
     "build_schedule",
+    "frozen_until",
     "get_lr_scale",
     "learning_rate_at",
+    "reset_anchor",
     "scale_by_scheduled_lr",
     "set_lr_scale",
 ]
@@ -143,6 +153,7 @@ def build_optimizer(
     max_steps: int,
     grad_clip_norm: float | None = None,
     accum: int = 1,
+    groups: Sequence[ParamGroup] = (),
 ) -> optax.GradientTransformation:
     """Build the optax optimizer an ``optimizer_config`` describes.
 
@@ -156,6 +167,9 @@ def build_optimizer(
         grad_clip_norm: clip the (accumulated) gradient to this global norm first.
         accum: accumulate the mean gradient over this many calls and update once (`optax.MultiSteps`); the
             schedule still counts loop steps, so ``warmup_steps`` means the same with or without it.
+        groups: `ParamGroup`\\ s: parameters matching a group's pattern get their own chain (learning-rate scale,
+            weight decay, L2-SP, freezing) through `optax.multi_transform`; the rest keep `config` as it is. The
+            gradient is clipped (globally) before the split. A frozen group has no state.
 
     Returns:
         An `optax.GradientTransformation` whose state is a pytree of arrays and holds an `LrScaleState`.
@@ -184,6 +198,34 @@ def build_optimizer(
     parts: list[optax.GradientTransformation] = []
     if grad_clip_norm is not None:
         parts.append(optax.clip_by_global_norm(float(grad_clip_norm)))
+    if not groups:
+        parts.extend(_direction(cfg, cfg.get("weight_decay"), 0.0, lr))
+    else:
+        transforms: dict[str, optax.GradientTransformation] = {
+            "rest": optax.chain(*_direction(cfg, cfg.get("weight_decay"), 0.0, lr))
+        }
+        for i, group in enumerate(groups):
+            if group.frozen and group.unfreeze_at is None:
+                transforms[f"g{i}"] = optax.set_to_zero()
+                continue
+            scaled = lr if group.lr_scale == 1.0 else _scaled(lr, group.lr_scale)
+            decay = cfg.get("weight_decay") if group.weight_decay is None else group.weight_decay
+            tx = optax.chain(*_direction(cfg, decay, group.l2sp, scaled))
+            if group.unfreeze_at is not None:
+                tx = frozen_until(tx, group.unfreeze_at, accum)
+            transforms[f"g{i}"] = tx
+        parts.append(optax.multi_transform(transforms, _labeller(tuple(g.pattern for g in groups))))
+    optimizer = optax.chain(*parts)
+    if accum > 1:
+        optimizer = optax.MultiSteps(optimizer, every_k_schedule=accum).gradient_transformation()
+    return optimizer
+
+
+def _direction(
+    cfg: dict[str, Any], weight_decay: float | None, l2sp: float, lr: optax.ScalarOrSchedule
+) -> list[optax.GradientTransformation]:
+    """The optimizer's direction, its weight decays and the scheduled learning rate, as a list of optax verbs."""
+    parts: list[optax.GradientTransformation] = []
     name = cfg["name"]
     if name in ("adam", "adamw"):
         parts.append(optax.scale_by_adam(cfg["b1"], cfg["b2"], cfg["eps"]))
@@ -193,11 +235,91 @@ def build_optimizer(
         parts.append(optax.scale_by_rms(decay=cfg["b2"], eps=cfg["eps"]))
     if cfg.get("momentum"):
         parts.append(optax.trace(decay=cfg["momentum"], nesterov=cfg["nesterov"]))
-    if cfg.get("weight_decay"):
-        mask = None if cfg["decay_biases"] else _decay_mask
-        parts.append(optax.add_decayed_weights(cfg["weight_decay"], mask=mask))
+    if weight_decay:
+        mask = None if cfg.get("decay_biases", False) else _decay_mask
+        parts.append(optax.add_decayed_weights(weight_decay, mask=mask))
+    if l2sp:
+        parts.append(add_decayed_weights_toward_start(l2sp))
     parts.append(scale_by_scheduled_lr(lr))
-    optimizer = optax.chain(*parts)
-    if accum > 1:
-        optimizer = optax.MultiSteps(optimizer, every_k_schedule=accum).gradient_transformation()
-    return optimizer
+    return parts
+
+
+def _scaled(lr: Any, factor: float) -> Any:
+    return lambda count: lr(count) * factor
+
+
+def _labeller(patterns: tuple[str, ...]) -> Any:
+    """``params -> labels``: ``g<i>`` for the first pattern matching a leaf's dotted path, else ``rest``."""
+
+    def label(path: Any) -> str:
+        name = param_path(path)
+        return next((f"g{i}" for i, p in enumerate(patterns) if fnmatch.fnmatchcase(name, p)), "rest")
+
+    return lambda tree: jax.tree_util.tree_map_with_path(lambda path, _: label(path), tree)
+
+
+# L2-SP and gradual unfreezing ------------------------------------------------------------------------------
+class L2SPState(NamedTuple):
+    """State of `add_decayed_weights_toward_start`: the weights the stage started from."""
+
+    anchor: Any
+
+
+def add_decayed_weights_toward_start(strength: float) -> optax.GradientTransformation:
+    """Add ``strength * (params - anchor)`` to the updates; the anchor is the parameters `init` saw (L2-SP).
+
+    Decoupled like `optax.add_decayed_weights` (put it before the learning rate), but toward the starting weights
+    (a pretrained encoder) instead of toward zero. The anchor is part of the state, so it checkpoints and resumes
+    with it; `reset_anchor` moves it (a warm start from `init_from`).
+    """
+
+    def init_fn(params: Any) -> L2SPState:
+        # A copy: the compiled step donates parameters and optimizer state, and one buffer cannot be donated twice.
+        return L2SPState(anchor=jax.tree.map(lambda p: jnp.array(p, copy=True), params))
+
+    def update_fn(updates: Any, state: L2SPState, params: Any = None) -> tuple[Any, L2SPState]:
+        if params is None:
+            raise ValueError(
+                "add_decayed_weights_toward_start needs the parameters: call update(updates, state, params)"
+            )
+        updates = jax.tree.map(lambda u, p, a: u + strength * (p - a), updates, params, state.anchor)
+        return updates, state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _is_l2sp(node: Any) -> bool:
+    return isinstance(node, L2SPState)
+
+
+def reset_anchor(opt_state: Any, fresh: Any) -> Any:
+    """`opt_state` with every L2-SP anchor taken from `fresh` (``optimizer.init(new_params)``); the rest kept."""
+    return jax.tree.map(lambda old, new: new if _is_l2sp(old) else old, opt_state, fresh, is_leaf=_is_l2sp)
+
+
+class FrozenUntilState(NamedTuple):
+    """State of `frozen_until`: the calls seen and the inner transform's state."""
+
+    # `count` shadows `tuple.count`, as in optax's own states.
+    count: jax.Array  # type: ignore[assignment]
+    inner: Any
+
+
+def frozen_until(inner: optax.GradientTransformation, step: int, accum: int = 1) -> optax.GradientTransformation:
+    """Zero updates, with `inner`'s state left as it is, until `step` loop steps have passed; then `inner`.
+
+    A mask computed from a counter in the state: the compiled step is the same before and after the boundary.
+    `inner`'s own counters (Adam's bias correction, the schedule) start at the unfreezing step.
+    """
+
+    def init_fn(params: Any) -> FrozenUntilState:
+        return FrozenUntilState(count=jnp.zeros((), jnp.int32), inner=inner.init(params))
+
+    def update_fn(updates: Any, state: FrozenUntilState, params: Any = None) -> tuple[Any, FrozenUntilState]:
+        active = state.count * accum >= step
+        new_updates, new_inner = inner.update(updates, state.inner, params)
+        updates = jax.tree.map(lambda u: jnp.where(active, u, jnp.zeros_like(u)), new_updates)
+        kept = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_inner, state.inner)
+        return updates, FrozenUntilState(count=optax.safe_increment(state.count), inner=kept)
+
+    return optax.GradientTransformation(init_fn, update_fn)

@@ -12,6 +12,10 @@ Hooks, in the order a run calls them:
 - ``on_eval_end(ctx, metrics)``: after each validation pass, with host floats named ``validate/<metric>``.
 - ``on_epoch_end(ctx)``: when ``step`` crosses a multiple of ``steps_per_epoch``.
 - ``on_checkpoint(ctx, step)``: after a checkpoint of ``step`` was handed to the checkpointer.
+- ``on_log(ctx, record)``: every record the loop sends to its metric writer (parameters, ``train`` / ``validate`` /
+  ``test`` / ``time`` metrics, phases, the finish line), with the same names and values the writer gets.
+- ``on_phase(ctx, phase, duration_s)``: when a phase ends: ``compiling``, ``stepping``, ``evaluating``,
+  ``checkpointing``, then ``done`` or ``failed`` (with the stage's whole duration).
 - ``on_train_end(ctx)``: once, when the run ends normally or by a requested stop.
 - ``on_exception(ctx, exc)``: when the run fails; the exception is re-raised afterwards.
 """
@@ -62,6 +66,13 @@ class Callback(Operator, register=False):
     def on_checkpoint(self, ctx: TrainContext, step: int) -> None:
         """Called after a checkpoint of `step` is written (or queued, when saving asynchronously)."""
 
+    def on_log(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
+        """Called with every record the loop writes (docs/metrics.md lists the names)."""
+
+    def on_phase(self, ctx: TrainContext, phase: str, duration_s: float) -> None:
+        """Called when a phase ends (``compiling``, ``stepping``, ``evaluating``, ``checkpointing``, ``done``,
+        ``failed``), with its wall-clock duration in seconds."""
+
     def on_train_end(self, ctx: TrainContext) -> None:
         """Called once at the end of a run."""
 
@@ -78,7 +89,7 @@ class TrainContext:
         run_id: Identifier of this run (stable across resumes).
         run_dir: Directory of this stage's files (metrics, checkpoints), or ``None``.
         step: Optimizer steps taken so far in this stage.
-        epoch: ``step // steps_per_epoch`` (0 without `steps_per_epoch`).
+        epoch: ``step // steps_per_epoch``; without `steps_per_epoch`, ``step //`` the training set's batches per epoch.
         writer: The metric writer; ``ctx.writer.write({...})`` adds a record.
         artifact_fields: Values that callbacks contribute to the stage's artifact (``tracker_run_id``, …).
         stop_reason: ``None`` while running; the reason once a stop was requested.

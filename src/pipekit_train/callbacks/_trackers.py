@@ -37,6 +37,8 @@ _MAX_KEY = 250
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- ]")
+#: Keys of a record that describe it rather than hold a value (as in `pipekit_train._writers.RESERVED_KEYS`).
+_RESERVED = ("type", "context", "step", "epoch", "time")
 
 
 def _import_mlflow() -> Any:
@@ -96,9 +98,10 @@ class LogToExperiment(Callback):
     """Mirror the run into an experiment tracker (MLflow).
 
     On start it creates (or, on resume, reopens) an MLflow run and logs the pipeline's configuration as
-    parameters; after each step at the loop's ``log_every_n_steps`` it logs the train metrics (reading them from
-    the device only then); after each validation pass the ``validate/`` metrics; at the end the pipeline YAML as
-    the artifact file ``pipeline.yaml``, then it ends the MLflow run. The MLflow run id goes to the stage's
+    parameters; then every metrics record the loop writes (``on_log``) under the same names a `TensorBoardWriter`
+    uses, ``<context>/<metric>`` (``train/loss`` is the mean over the logging window, as in every writer; see
+    docs/metrics.md); at the end the pipeline YAML as the artifact file ``pipeline.yaml``, then it ends the MLflow
+    run. The MLflow run id goes to the stage's
     artifact (``tracker_run_id``) and to this callback's checkpointed state.
 
     Args:
@@ -198,32 +201,26 @@ class LogToExperiment(Callback):
         if ctx.step:
             client.set_tag(run_id, "pipekit.resumed_at_step", str(ctx.step))
 
-    def _log_metrics(self, ctx: TrainContext, metrics: Mapping[str, Any], prefix: str) -> None:
-        entities, _ = _import_mlflow()
+    def on_log(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
+        """Log a metrics record's numbers as ``<context>/<name>`` at the record's step (other records: nothing)."""
+        if record.get("type") != "metrics":
+            return
         handle = self._run(ctx)
         if handle is None:
             return
+        entities, _ = _import_mlflow()
         client, run_id = handle
+        context = str(record.get("context", "train"))
+        step = int(record.get("step") or 0)
         stamp = int(time.time() * 1000)
         entries = []
-        for key, value in metrics.items():
-            try:
-                number = float(value)  # reads a device scalar: only done at logging steps
-            except (TypeError, ValueError):
+        for key, value in record.items():
+            if key in _RESERVED or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            name = key if key.startswith(prefix) else prefix + key
-            entries.append(entities.Metric(_name(name), number, stamp, int(ctx.step)))
+            name = key if key.startswith(f"{context}/") else f"{context}/{key}"
+            entries.append(entities.Metric(_name(name), float(value), stamp, step))
         for i in range(0, len(entries), _MAX_METRICS_PER_BATCH):
             client.log_batch(run_id, metrics=entries[i : i + _MAX_METRICS_PER_BATCH])
-
-    def on_step_end(self, ctx: TrainContext, metrics: Mapping[str, Any]) -> None:
-        every = int(getattr(ctx.loop, "log_every_n_steps", 1) or 1)
-        last = getattr(ctx.loop, "max_steps", None)
-        if ctx.step % every == 0 or ctx.step == last:
-            self._log_metrics(ctx, metrics, "train/")
-
-    def on_eval_end(self, ctx: TrainContext, metrics: Mapping[str, float]) -> None:
-        self._log_metrics(ctx, metrics, "validate/")
 
     def on_train_end(self, ctx: TrainContext) -> None:
         handle = self._run(ctx)

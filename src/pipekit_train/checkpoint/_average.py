@@ -12,7 +12,7 @@ import numpy as np
 from ._checkpointer import Checkpointer
 from ._errors import CheckpointError, CheckpointMismatchError, CheckpointNotFoundError
 from ._layout import _check_step, _load_entries, _step, _uncommitted_reason
-from ._selectors import Average, Last, ManifestEntry, Mode, Selector
+from ._selectors import Average, Best, Last, ManifestEntry, Mode, Selector
 
 
 # Averaging ---------------------------------------------------------------------------------------------------
@@ -35,6 +35,13 @@ def _pick(directory: Path, steps: Sequence[int] | Average | Selector) -> tuple[l
         picked = sorted(selector.select(sorted(own, key=_step), mode))
         if not picked:
             raise CheckpointNotFoundError(f"{steps!r} picks no checkpoint in {directory}; steps: {sorted(committed)}")
+        wanted = selector.n if isinstance(selector, Last) else selector.k if isinstance(selector, Best) else None
+        if wanted is not None and len(picked) < wanted:  # never average fewer than asked without saying so
+            raise CheckpointNotFoundError(
+                f"{selector!r} asks for {wanted} checkpoints but {directory} holds only {len(picked)} it can pick "
+                f"(steps {', '.join(map(str, picked))}); ask for {len(picked)}, or keep more when training "
+                "(Checkpoint keep=...)"
+            )
         return picked, committed
     if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
         raise CheckpointError(f"steps must be a list of steps or an Average, got {steps!r}")
@@ -94,7 +101,7 @@ def average_checkpoints(
             out.append(leaf)
         else:
             mean = (total / len(picked)).astype(leaf.dtype)
-            out.append(jax.device_put(mean, leaf.sharding))
+            out.append(jax.device_put(mean, getattr(leaf, "sharding", None)))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

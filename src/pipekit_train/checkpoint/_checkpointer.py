@@ -44,6 +44,7 @@ from ._layout import (
     _pending,
     _prepare_state,
     _scan,
+    _short,
     _step,
     _uncommitted_reason,
     _with_io_retry,
@@ -267,7 +268,10 @@ class Checkpointer:
             self._get_manager().save(step, args=args, force=True)
         except Exception as e:
             self._discard_manager()
-            raise CheckpointSaveError(f"saving step {step} to {self.directory} failed: {e}") from e
+            raise CheckpointSaveError(
+                f"saving step {step} to {self.directory} failed: {_short(e)}; the checkpoints already listed in "
+                f"{MANIFEST} are intact (free space or fix the directory, then resume with --resume auto)"
+            ) from e
         try:
             self._finalize(entry)
         except CheckpointSaveError:
@@ -396,7 +400,7 @@ class Checkpointer:
             self._manager.wait_until_finished()
         except Exception as e:
             raise CheckpointSaveError(
-                f"saving step {entry.step} to {self.directory} failed in the background: {e}; "
+                f"saving step {entry.step} to {self.directory} failed in the background: {_short(e)}; "
                 f"the checkpoints already listed in {MANIFEST} are intact"
             ) from e
         reason = _uncommitted_reason(step_dir)

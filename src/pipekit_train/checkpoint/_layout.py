@@ -261,6 +261,16 @@ def _with_io_retry(fn: Callable[[], _T], *, attempts: int = 3, backoff: float = 
     raise AssertionError("unreachable")
 
 
+def _short(e: BaseException) -> str:
+    """The first line of an Orbax / TensorStore error, without the long spec it appends."""
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    text = text.split(" [tensorstore_spec=", 1)[0].split(" [source locations=", 1)[0]
+    if len(text) <= 240:
+        return text
+    head = text.split(": ", 1)[0][:60]
+    return f"{head}: ... {text[-170:]}"  # the cause ("No space left on device") comes last
+
+
 # Argument checks ---------------------------------------------------------------------------------------------
 def _check_step(where: str, step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:

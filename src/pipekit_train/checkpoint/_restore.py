@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import gc
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,16 @@ import jax
 import numpy as np
 
 from ._errors import CheckpointCorruptedError, CheckpointError, CheckpointMismatchError, CheckpointNotFoundError
-from ._layout import FORMAT, _file_digest, _flatten, _json_digest, _leaf_digest, _path_name, _uncommitted_reason
+from ._layout import (
+    FORMAT,
+    _file_digest,
+    _flatten,
+    _json_digest,
+    _leaf_digest,
+    _path_name,
+    _short,
+    _uncommitted_reason,
+)
 
 
 # Restore internals -------------------------------------------------------------------------------------------
@@ -27,13 +38,17 @@ def _restore_step(
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
         record = _read_record(reader, step_dir, step, files)
         target, finish = _restore_plan(abstract_state, record["leaves"], step_dir)
+        failure = None
         try:
             out = reader.restore(
                 step_dir,
                 args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data_iter=ocp.args.JsonRestore()),
             )
         except Exception as e:
-            raise _corrupted(step_dir, step, files, "state", f"Orbax could not read it: {e}") from e
+            failure = _short(e)  # kept as text: the exception's frames would keep Orbax's coroutines alive
+        if failure is not None:
+            _collect_orbax_leftovers()
+            raise _corrupted(step_dir, step, files, "state", f"Orbax could not read it: {failure}")
         state, data_iter = out.state, out.data_iter
         recorded = record["leaves"]
         bad = [p for p, x in _flatten(state) if _leaf_digest(np.asarray(x)) != recorded.get(p, {}).get("sha256")]
@@ -47,10 +62,14 @@ def _restore_step(
 def _read_record(reader: Any, step_dir: Path, step: int, files: dict[str, list[Any]] | None) -> dict[str, Any]:
     import orbax.checkpoint as ocp
 
+    failure = None
     try:
         record = reader.restore(step_dir, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     except Exception as e:
-        raise _corrupted(step_dir, step, files, "meta", f"cannot read its meta item: {e}") from e
+        failure = _short(e)
+    if failure is not None:
+        _collect_orbax_leftovers()
+        raise _corrupted(step_dir, step, files, "meta", f"cannot read its meta item: {failure}")
     if not isinstance(record, dict) or "record_sha256" not in record:
         raise _corrupted(step_dir, step, files, "meta", "its meta item is not a pipekit checkpoint record")
     if record.get("format") != FORMAT:
@@ -73,6 +92,8 @@ def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -
             flat, treedef = jax.tree_util.tree_flatten_with_path(state)
             out = []
             for path, leaf in flat:
+                if isinstance(leaf, np.ndarray):  # Orbax gives NumPy arrays when the `_sharding` file is gone
+                    leaf = jnp.asarray(leaf)
                 impl = leaves.get(_path_name(path), {}).get("prng_impl")
                 out.append(jax.random.wrap_key_data(leaf, impl=impl) if impl else leaf)
             return jax.tree_util.tree_unflatten(treedef, out)
@@ -137,6 +158,31 @@ def _astype(x: Any, *, dtype: Any) -> Any:
     return x.astype(dtype)
 
 
+def _is_orbax_leftover(unraisable: Any) -> bool:
+    """An error Orbax's abandoned reads raise when they are collected after a failed restore (already reported)."""
+    exc, obj = unraisable.exc_value, unraisable.object
+    if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+        return True
+    code = getattr(obj, "cr_code", None)  # a coroutine of Orbax's that failed with the restore
+    return code is not None and "orbax" in code.co_filename
+
+
+def _collect_orbax_leftovers() -> None:
+    """After a failed Orbax restore, collect its abandoned reads now, without Python printing their errors (they
+    would come out later as tracebacks around the one-line error that reports the damage)."""
+    previous = sys.unraisablehook
+
+    def quiet(unraisable: Any) -> None:
+        if not _is_orbax_leftover(unraisable):
+            previous(unraisable)
+
+    sys.unraisablehook = quiet
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+
+
 def _corrupted(step_dir: Path, step: int, files: dict[str, list[Any]] | None, item: str, detail: str) -> Exception:
     """A `CheckpointCorruptedError` naming the damaged files, found by comparing them with their commit digests."""
     damaged: list[str] = []
@@ -156,4 +202,10 @@ def _corrupted(step_dir: Path, step: int, files: dict[str, list[Any]] | None, it
     else:
         where = f"in {step_dir / item}" + ("" if files else " (no file digests recorded for this checkpoint)")
         names = [str(step_dir / item)]
-    return CheckpointCorruptedError(f"checkpoint step {step} is corrupted: {detail}; {where}", step=step, files=names)
+    remedy = (
+        f"use another step: delete {step_dir} and `--resume auto` continues from the checkpoint before it, or "
+        "restore, average or init_from an earlier step"
+    )
+    return CheckpointCorruptedError(
+        f"checkpoint step {step} is corrupted: {detail}; {where}; {remedy}", step=step, files=names
+    )

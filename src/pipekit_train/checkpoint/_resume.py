@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -81,6 +82,22 @@ def fingerprint(loop: Any) -> dict[str, Any]:
         if mark is not None:
             callbacks.setdefault(type(cb).__name__, []).append(mark)
     out["callbacks"] = callbacks
+    # The recipes (docs/recipes.md) change the result; written only when set, so other checkpoints keep theirs.
+    # `diagnostics` only adds metrics and is left out.
+    for name in ("gradient", "param_groups"):
+        if getattr(loop, name, None):
+            out[name] = to_plain(getattr(loop, name), name, strict=False)
+    # The topology and the compute dtype change the floating-point result: a resume on another device count (or
+    # precision) is refused like any other change (--force-resume continues: the data position is global). Only
+    # written when not the defaults, so checkpoints of one-device float32 runs keep their fingerprint.
+    from .._mesh import describe
+    from .._precision import compute_dtype
+
+    topology = describe(loop)
+    if topology["num_devices"] > 1 or topology["shard_params"]:
+        out["mesh"] = {"num_devices": topology["num_devices"], "shard_params": topology["shard_params"]}
+    if compute_dtype(loop.precision) is not None:
+        out["precision"] = compute_dtype(loop.precision)
     if loop.steps_per_call > 1:  # fused chunks end at checkpoint steps: the cadence shapes the compiled calls
         out["checkpoint_every"] = next((cb.every_n_steps for cb in loop.callbacks if isinstance(cb, Checkpoint)), None)
     return out
@@ -305,7 +322,7 @@ class CheckpointHooks:
         engine.backend.load_state_tree(state)
 
     def _warm_start(self, backend: Any) -> None:
-        """Load only the weights of `init_from` (``DIR[@best|@latest|@STEP]``) into the fresh model."""
+        """Load only the weights of `init_from` (``DIR[@best|@latest|@STEP|@average(last=N)|@average(best=N)]``)."""
         spec = self.loop.init_from
         path, _, which = spec.partition("@")
         directory = Path(path)
@@ -314,16 +331,31 @@ class CheckpointHooks:
         if not (directory / "manifest.json").exists():
             raise CheckpointError(
                 f"TrainingLoop.init_from {spec!r}: {directory} is not a checkpoint directory (no manifest.json); "
-                "give a stage directory or its checkpoints/ folder, optionally with @best, @latest or @STEP"
+                "give a stage directory or its checkpoints/ folder, optionally with @best, @latest, @STEP or "
+                "@average(last=N)"
             )
-        source = Checkpointer(directory, async_save=False)
-        try:
-            choice: int | str = (
-                int(which) if which.isdigit() else (which or ("best" if source.best_step() else "latest"))
+        averaged = re.fullmatch(r"average\((last|best)=(\d+)\)", which)
+        if averaged is not None:  # DIR@average(last=3): the uniform mean of those checkpoints' weights
+            from ._average import average_checkpoints
+            from ._selectors import Average, Best, Last
+
+            count = int(averaged.group(2))
+            selector = Last(n=count) if averaged.group(1) == "last" else Best(k=count)
+            raw = average_checkpoints(directory, Average(selector=selector), None)
+        elif which and not which.isdigit() and which not in ("best", "latest"):
+            raise CheckpointError(
+                f"TrainingLoop.init_from {spec!r}: {which!r} is not a checkpoint choice; write DIR, DIR@best, "
+                "DIR@latest, DIR@STEP, DIR@average(last=N) or DIR@average(best=N)"
             )
-            raw, _, _ = source.restore(choice, None)
-        finally:
-            source.close()
+        else:
+            source = Checkpointer(directory, async_save=False)
+            try:
+                choice: int | str = (
+                    int(which) if which.isdigit() else (which or ("best" if source.best_step() else "latest"))
+                )
+                raw, _, _ = source.restore(choice, None)
+            finally:
+                source.close()
         weights = backend.weights_tree()
         backend.load_weights_tree(
             {part: _graft(tree, raw.get(part, {}), f"{spec}: {part}") for part, tree in weights.items()}

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._common import EXIT_ERROR, EXIT_OK, CommandError, UsageError, guarded, run_commands
+from ._common import EXIT_ERROR, EXIT_OK, CommandError, CommandFailed, UsageError, guarded, run_commands
 
 if TYPE_CHECKING:  # imported when a command runs, so that `pipekit-train --help` stays cheap
     from ..provenance._artifact import TrainingArtifact
@@ -205,7 +205,7 @@ def _store(args: argparse.Namespace) -> ArtifactStore:
             "(runs record to ./runs/artifacts.sqlite by default)"
         )
     if store.path.is_file() and store.path.stat().st_size == 0:  # SQLite would take it for a new, empty store
-        raise CommandError(
+        raise CommandFailed(
             f"{store.path}: the artifact store is empty (0 bytes: truncated?); restore it from its backup, or record "
             f"the runs again with 'pipekit-train artifacts import RUN_DIR --store {store.path}'"
         )

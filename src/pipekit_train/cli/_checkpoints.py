@@ -11,6 +11,8 @@ standard error.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import sys
@@ -94,8 +96,21 @@ def cmd_average(args: argparse.Namespace) -> int:
     source = resolve_checkpoint_dir(args.source)
     out = Path(args.out).absolute()
     picked, _ = _pick(source.absolute(), steps)  # resolved once, so what is printed is what is averaged
-    step = write_average(source, out, picked)
+    from .._lock import enclosing_run_dir, run_dir_lock
+
+    # Into a run directory: hold its lock (a run writing there, or another `average`, is refused, naming it).
+    run_dir = enclosing_run_dir(out)
+    with run_dir_lock(run_dir) if run_dir is not None else contextlib.nullcontext():
+        step = write_average(source, out, picked)
     print(f"averaged {len(picked)} checkpoint(s) of {source} (steps {', '.join(map(str, picked))})")
+    gaps = [b - a for a, b in itertools.pairwise(picked)]
+    if gaps and max(gaps) > 4 * min(gaps):  # Last(n) over kept checkpoints can reach back past sparse Every/Best ones
+        print(
+            f"pipekit-train average: warning: the averaged checkpoints are unevenly spaced ({min(gaps)} to "
+            f"{max(gaps)} steps apart): the average mixes weights from far-apart points of training; choose the "
+            "steps with --steps to average only nearby ones",
+            file=sys.stderr,
+        )
     print(f"wrote {out} (step {step}); start a stage from it with  init_from: {out}")
     return EXIT_OK
 

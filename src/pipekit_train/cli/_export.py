@@ -3,7 +3,8 @@
 ``export ARTIFACT_ID|MODEL_URI -o model.jaxexport [--batch N | --symbolic-batch] [--store PATH]`` writes the
 serialized function (weights included) and ``model.jaxexport.json``, its provenance. The input shape comes from
 the artifact's training dataset; a model URI that no artifact in the store produced needs ``--input-shape`` (and
-``--dtype``, default float32). Exit codes: 0 done, 1 an error (one line on standard error), 2 bad arguments.
+``--dtype``, default float32). Exit codes: 0 done, 2 a mistake in what was asked (one line on standard error),
+1 a failure.
 """
 
 from __future__ import annotations

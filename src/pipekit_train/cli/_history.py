@@ -3,7 +3,7 @@
 ``history RUN_DIR... [--metric NAME]... [--png FILE] [--json]`` reads each run's ``<stage>/metrics.jsonl`` and
 prints, per run, stage and metric, the last value and the best one (with their steps). ``--png FILE`` also draws
 the train and validate curves of every run on one figure (needs the ``plot`` extra: matplotlib). Nothing here
-imports JAX. Exit codes: 0 done, 1 an error (one line on standard error), 2 bad arguments.
+imports JAX. Exit codes: 0 done, 2 a mistake in what was asked (one line on standard error), 1 a failure.
 """
 
 from __future__ import annotations

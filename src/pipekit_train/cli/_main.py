@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import glob
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipekit_train.cli._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CommandError, UsageError
+from pipekit_train.cli import _common
+from pipekit_train.cli._common import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError, report_error
 from pipekit_train.cli._imports import ENV_VAR as IMPORT_ENV_VAR
 from pipekit_train.cli._imports import import_modules, requested_imports
 
-# Exit codes (`_common`): 0 done; 1 an error, one line on stderr; 2 bad command-line usage; 128 + signal number
-# when SIGINT (130) or SIGTERM (143) stopped training gracefully after a committed checkpoint.
+# Exit codes (`_common`): 0 done; 2 a mistake in what was asked (one line on stderr); 1 the command ran and failed
+# (one line), or an internal error; 128 + signal number when SIGINT (130) or SIGTERM (143) stopped training
+# gracefully after a committed checkpoint; 141 when the reader of standard output went away. `--debug` (anywhere on
+# the command line) or $PIPEKIT_DEBUG=1 prints the traceback of an error too.
 
 _DESCRIPTION = """\
 Train JAX models from YAML pipelines.
@@ -29,6 +33,8 @@ Train JAX models from YAML pipelines.
   pipekit-train average RUN_DIR --last 5 -o D  average checkpoints into a new one
   pipekit-train history RUN_DIR --png F.png    train/validate curves and a table of the logged metrics
   pipekit-train export ID -o model.jaxexport   the trained model as a jax.export program, with its provenance
+  pipekit-train evaluate ID --data test.yaml   a trained model's metrics on a dataset, recorded in the store
+  pipekit-train predict ID --data x.npz -o P   a trained model's outputs for every record, into P (.npz)
   pipekit-train describe TYPE                  an operator's fields, types, defaults and meaning
   pipekit-train schema -o pipekit.schema.json  a JSON Schema of pipeline files, for YAML editors
 
@@ -77,9 +83,9 @@ def apply_override(node: Any, path: list[str], value: Any, shown: str = "") -> A
     if isinstance(node, Operator):
         fields = {f.name: f for f in dataclasses.fields(node) if f.init}  # type: ignore[arg-type]
         if head not in fields:
+            hint = _inner_paths(node, fields, head, shown) or suggestion(head, fields)
             raise ConfigError(
-                f"--set {where}: {type(node).__name__} has no field {head!r}{suggestion(head, fields)}; "
-                f"allowed fields: {', '.join(fields)}"
+                f"--set {where}: {type(node).__name__} has no field {head!r}{hint}; allowed fields: {', '.join(fields)}"
             )
         new = value if not rest else apply_override(getattr(node, head), rest, value, where)
         owner = type(node)._pipekit_name or type(node).__name__
@@ -116,6 +122,23 @@ def apply_override(node: Any, path: list[str], value: Any, shown: str = "") -> A
     raise ConfigError(f"--set {where}: {shown or 'the value'} is a {type(node).__name__}, not something with fields")
 
 
+def _inner_paths(node: Any, fields: Any, name: str, shown: str) -> str:
+    """`` (did you mean 'stages.0.max_steps' or 'stages.1.max_steps'?)`` when operators in a list field of `node`
+    (a `Sequential`'s stages) have the field `name` that `node` lacks; else an empty string."""
+    from pipekit import Operator
+
+    paths = []
+    for f in fields:
+        items = getattr(node, f, None)
+        if isinstance(items, (list, tuple)):
+            for i, item in enumerate(items):
+                if isinstance(item, Operator) and name in {x.name for x in dataclasses.fields(item)}:  # type: ignore[arg-type]
+                    paths.append(".".join(p for p in (shown, f, str(i), name) if p))
+    if not paths:
+        return ""
+    return " (did you mean " + " or ".join(repr(p) for p in paths[:4]) + "?)"
+
+
 def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
     import pipekit
     import pipekit_train  # noqa: F401  (registers the training operators)
@@ -135,12 +158,39 @@ def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
     return op
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse a --store that is a folder and a --run-dir that is a file, before anything is loaded."""
+    store = getattr(args, "store", None)
+    if store and os.path.isdir(store):
+        raise UsageError(
+            f"--store {store}: is a directory; --store names the SQLite file, "
+            f"e.g. --store {os.path.join(store, 'artifacts.sqlite')}"
+        )
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir and os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise UsageError(f"--run-dir {run_dir}: is a file, not a directory")
+
+
+def _preflight(check: Any, op: Any, path: str) -> Any:
+    """`check(op)`; a `ConfigError` that names no place is prefixed with the pipeline file, which it is about."""
+    from pipekit import ConfigError, ShapeError
+
+    try:
+        return check(op)
+    except ConfigError as e:
+        if e.where:
+            raise
+        raise ConfigError(e.bare_message, path) from e
+    except ShapeError as e:
+        raise ShapeError(f"{path}: {e}") from e
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     import_modules(requested_imports(args.imports))
     op = _load_pipeline(args.pipeline, args.set or [])
     from pipekit_train._validate import check_pipeline
 
-    report = check_pipeline(op)
+    report = _preflight(check_pipeline, op, args.pipeline)
     print(f"{args.pipeline}: ok ({report})")
     return EXIT_OK
 
@@ -149,6 +199,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import pipekit
     from pipekit_train._run import TrainingInterrupted, run_settings
 
+    if args.force_resume and args.resume != "auto":
+        raise UsageError("--force-resume continues a run: use it with --resume auto")
+    if args.resume == "auto" and not args.run_dir:
+        raise UsageError(
+            "--resume auto continues the run in --run-dir DIR: name that directory (without --run-dir every run "
+            "starts in a new runs/<run id>)"
+        )
+    _check_paths(args)
     imports = import_modules(requested_imports(args.imports))
     op = _load_pipeline(args.pipeline, args.set or [])
     if args.print_config:
@@ -156,11 +214,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     from pipekit_train._validate import check_pipeline
 
-    check_pipeline(op)
+    _preflight(check_pipeline, op, args.pipeline)
     store: Any = False if args.no_store else args.store
     run_dir = args.run_dir
-    if args.force_resume and args.resume != "auto":
-        raise UsageError("--force-resume continues a run: use it with --resume auto")
     from pipekit_train._lock import run_dir_lock
 
     # One writer per run directory for the whole pipeline, not only while each stage trains.
@@ -234,12 +290,17 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from pipekit_train.provenance._reproduce import check_data_unchanged, pipeline_of
     from pipekit_train.provenance._store import ArtifactStore
 
+    _check_paths(args)
     with ArtifactStore(args.store) as store:
         imports = _reimport(store, args.artifact, args.imports)
         pipeline, chain = pipeline_of(args.artifact, store)
     check_data_unchanged(pipeline, chain)
     print(f"reproducing {chain[-1].artifact_id[:12]}: {len(chain)} stage(s): {', '.join(a.stage for a in chain)}")
-    with run_settings(run_dir=args.run_dir, store=args.store, pipeline=pipeline, imports=imports):
+    from pipekit_train._lock import run_dir_lock
+
+    # One writer per run directory for the whole pipeline, as for `run` (each stage also takes it).
+    lock = run_dir_lock(args.run_dir) if args.run_dir and os.path.exists(args.run_dir) else contextlib.nullcontext()
+    with lock, run_settings(run_dir=args.run_dir, store=args.store, pipeline=pipeline, imports=imports):
         _, artifact = pipeline.run()
     _print_summary(artifact, args.store)
     same = artifact.trained_model_hash == chain[-1].trained_model_hash
@@ -288,12 +349,17 @@ def _add_imports(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="pipekit-train", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     from pipekit_train import __version__
 
     parser.add_argument("--version", action="version", version=f"pipekit-train {__version__}")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error as well as its one line (also $PIPEKIT_DEBUG=1; accepted anywhere)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -330,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from pipekit_train.cli._artifacts import add_artifact_commands
     from pipekit_train.cli._checkpoints import add_checkpoint_commands
+    from pipekit_train.cli._evaluate import add_evaluate_commands
     from pipekit_train.cli._export import add_export_commands
     from pipekit_train.cli._history import add_history_commands
     from pipekit_train.cli._schema import add_schema_commands
@@ -338,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint_commands(sub)
     add_history_commands(sub)
     add_export_commands(sub)
+    add_evaluate_commands(sub)
     add_schema_commands(sub)
     return parser
 
@@ -356,20 +424,26 @@ def _drop_orbax_teardown_noise(unraisable: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `pipekit-train`; returns the exit code."""
-    sys.unraisablehook = _drop_orbax_teardown_noise
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from pipekit import PipekitError
+    """Entry point of `pipekit-train`; returns the exit code.
 
+    Every error is one line on standard error (``--debug`` shows its traceback too); see `_common.report_error`
+    for the exit codes.
+    """
+    sys.unraisablehook = _drop_orbax_teardown_noise
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `--debug` anywhere before a `--`: `pipekit-train run pipe.yaml --debug` is what people type.
+    end = argv.index("--") if "--" in argv else len(argv)
+    _common.DEBUG = "--debug" in argv[:end]
+    argv = [a for i, a in enumerate(argv) if not (i < end and a == "--debug")]
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error (one line, already printed)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         return int(args.func(args))
-    except UsageError as e:
-        print(f"pipekit-train: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except (CommandError, PipekitError, FileNotFoundError, FloatingPointError) as e:
-        print(f"pipekit-train: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+    except Exception as e:
+        return report_error("pipekit-train", e, collapse=False)  # a refused resume prints its diff below
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ that kind takes). ``schema`` prints a JSON Schema (draft 2020-12) of pipeline fi
 operator, for YAML editors to complete and check ``pipeline.yaml`` files; ``-o FILE`` writes it to a file instead.
 
 Both read the operator registry: the built-in types and those of installed plugins, plus the modules named by
-``--import`` / ``$PIPEKIT_IMPORT``. Exit codes: 0 done; 1 an error (one line on standard error, with the closest
-names for an unknown type); 2 bad usage.
+``--import`` / ``$PIPEKIT_IMPORT``. Exit codes: 0 done; 2 a mistake (one line on standard error, with the closest
+names for an unknown type) or bad usage; 1 a failure such as a full disk.
 """
 
 from __future__ import annotations
@@ -44,8 +44,26 @@ def cmd_describe(args: argparse.Namespace) -> int:
     import pipekit
 
     import_modules(requested_imports(args.imports))
+    if args.markdown:
+        _print(markdown_table(args.type))
+        return EXIT_OK
     _print(pipekit.describe(args.type))
     return EXIT_OK
+
+
+def markdown_table(name: str) -> str:
+    """The Markdown field table of the operator type `name` (``| field | type | default | meaning |``), as
+    docs/yaml.md holds it for `TrainingLoop`: types and defaults from the code, meanings from the docstring."""
+    import pipekit
+    import pipekit_train  # noqa: F401  (registers the training operators)
+    from pipekit import ConfigError
+    from pipekit._registry import registered
+    from pipekit._schema import _resolve, field_table
+
+    _, cls = _resolve(name, registered())
+    if cls._pipekit_name is None or not issubclass(cls, pipekit.Operator):
+        raise ConfigError(f"--markdown needs a registered operator type, got the kind {name!r}")
+    return field_table(cls)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -95,6 +113,11 @@ def add_schema_commands(subparsers: Any) -> None:
         ),
     )
     p.add_argument("type", metavar="TYPE", help="a registered operator type, e.g. TrainingLoop")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the fields as a Markdown table (field, type, default, meaning), as in docs/yaml.md",
+    )
     _add_imports(p)
     p.set_defaults(func=guarded("describe", cmd_describe))
 

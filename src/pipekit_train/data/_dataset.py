@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import threading
 import weakref
@@ -97,6 +98,22 @@ class _Memo:
 
 _ARRAYS = _Memo()
 _HASHES = _Memo()
+
+
+def _file_identity(source: object) -> Hashable:
+    """What makes a file source's value mean the same data: its resolved path and the file's stat.
+
+    A relative ``path`` resolves against the working directory, so ``data.npz`` in two directories (or a file
+    rewritten in place) must not share a cache entry.
+    """
+    path = getattr(source, "path", None)
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return os.path.abspath(path)
+    return (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _read_only(arrays: Arrays) -> Arrays:
@@ -315,7 +332,7 @@ class TrainingDataset(Operator):
         (`ArraySource`) already holds its arrays and is cached only while it lives.
         """
         source = self.source
-        key = source if type(source)._yaml_serializable else None
+        key = (source, _file_identity(source)) if type(source)._yaml_serializable else None
         return dict(_ARRAYS.get(source, key, lambda: _read_only(source.load())))
 
     def num_records(self) -> int:
@@ -376,7 +393,11 @@ class TrainingDataset(Operator):
         Computed once per process; the same on every machine for the same data and transforms (bytes are
         hashed little-endian and C-ordered). Shuffling, batching and prefetching do not change it.
         """
-        key = (self.source, self.transforms) if type(self.source)._yaml_serializable else None
+        key = (
+            (self.source, _file_identity(self.source), self.transforms)
+            if type(self.source)._yaml_serializable
+            else None
+        )
         return str(_HASHES.get(self, key, self._compute_hash))
 
     def _compute_hash(self) -> str:

@@ -13,9 +13,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Callable, Mapping
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -93,9 +95,8 @@ class NpzSource(Source):
             raise ConfigError("NpzSource.path must be a non-empty path to a .npz file, got ''")
 
     def load(self) -> Arrays:
-        if not os.path.isfile(self.path):
-            raise ConfigError(f"NpzSource.path: file not found: {self.path!r}")
-        with np.load(self.path, allow_pickle=False) as npz:
+        _check_file("NpzSource.path", self.path)
+        with _readable("NpzSource.path", self.path), np.load(self.path, allow_pickle=False) as npz:
             available = list(npz.files)
             keys = self.keys or tuple(available)
             out: Arrays = {}
@@ -111,6 +112,43 @@ class NpzSource(Source):
     @classmethod
     def example(cls) -> NpzSource:
         return cls(path="data/train.npz", keys=("x", "y"))
+
+
+def _check_file(what: str, path: str) -> None:
+    """A `ConfigError` naming `what` unless `path` is a file (relative paths are read from the working directory)."""
+    if os.path.isfile(path):
+        return
+    if os.path.isdir(path):
+        raise ConfigError(f"{what}: {path!r} is a directory, not a file")
+    where = "" if os.path.isabs(path) else f" (relative paths are read from the working directory {os.getcwd()})"
+    raise ConfigError(f"{what}: file not found: {path!r}{where}")
+
+
+def _looks_like_numpy(path: str) -> bool:
+    """Whether `path` starts like a .npz (a zip archive) or a .npy file."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return head.startswith((b"\x93NUMPY", b"PK\x03\x04"))
+
+
+@contextlib.contextmanager
+def _readable(what: str, path: str) -> Iterator[None]:
+    """Turn numpy's errors for a file that is not plain numeric arrays into one `ConfigError` naming `what`."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as e:
+        if "allow_pickle" in str(e) and not _looks_like_numpy(path):
+            raise ConfigError(f"{what}: {path!r} is not a .npz or .npy file (numpy cannot read it)") from None
+        if "allow_pickle" in str(e):
+            raise ConfigError(
+                f"{what}: {path!r} holds object arrays (pickled Python objects), which are never loaded; "
+                "save plain numeric arrays (np.asarray(x, dtype=...))"
+            ) from None
+        raise ConfigError(f"{what}: cannot read {path!r} as numpy arrays: {e}") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"{what}: cannot read {path!r} as numpy arrays: {e}") from None
 
 
 class NpySource(Source):
@@ -131,9 +169,9 @@ class NpySource(Source):
     def load(self) -> Arrays:
         out: Arrays = {}
         for key, path in self.paths.items():
-            if not os.path.isfile(path):
-                raise ConfigError(f"NpySource.paths[{key!r}]: file not found: {path!r}")
-            out[key] = np.load(path, mmap_mode="r" if self.mmap else None, allow_pickle=False)
+            _check_file(f"NpySource.paths[{key!r}]", path)
+            with _readable(f"NpySource.paths[{key!r}]", path):
+                out[key] = np.load(path, mmap_mode="r" if self.mmap else None, allow_pickle=False)
         return check_arrays("NpySource", out)
 
     @classmethod

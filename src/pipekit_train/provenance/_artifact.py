@@ -92,6 +92,11 @@ class TrainingArtifact:
         imports: The user modules imported before the pipeline was read (``--import``, ``$PIPEKIT_IMPORT``), in
             import order: ``{"module": name, "file": absolute path or None, "sha256": hex digest of the file or
             None}``. ``reproduce`` imports them again by name.
+        forced_resume: What differed when a resume was forced past a changed configuration, else ``None``.
+        model_summary: The trained model's size: ``{"total_params", "total_bytes", "submodules": [{"name",
+            "params", "bytes"}, ...]}`` (per top-level submodule), or ``None`` (a record written before it existed,
+            or a model without plain weights). Left out of `to_dict` when ``None``, so older records read and
+            re-record byte for byte as they were.
     """
 
     artifact_id: str = dataclasses.field(default_factory=new_artifact_id)
@@ -116,6 +121,7 @@ class TrainingArtifact:
     run_dir: str | None = None
     imports: tuple[dict[str, Any], ...] = ()
     forced_resume: str | None = None
+    model_summary: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -145,6 +151,8 @@ class TrainingArtifact:
         out = dataclasses.asdict(self)
         out["parent_ids"] = list(self.parent_ids)
         out["imports"] = [dict(m) for m in self.imports]
+        if self.model_summary is None:
+            del out["model_summary"]  # optional: a record without one is the JSON it always was
         return out
 
     @classmethod

@@ -71,6 +71,28 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE artifacts ADD COLUMN digest TEXT",
         "UPDATE artifacts SET digest = pipekit_record_digest(record)",
     ),
+    # 4: evaluations of a trained model on a dataset (`pipekit-train evaluate`), linked to the artifact that trained
+    # it, each a JSON record with its digest like the artifacts; older stores hold none.
+    (
+        """CREATE TABLE evaluations (
+            evaluation_id TEXT PRIMARY KEY,
+            artifact_id TEXT,
+            model_hash TEXT NOT NULL,
+            dataset_hash TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            record TEXT NOT NULL,
+            digest TEXT NOT NULL
+        )""",
+        "CREATE INDEX evaluations_by_dataset ON evaluations(dataset_hash)",
+        "CREATE INDEX evaluations_by_artifact ON evaluations(artifact_id)",
+        """CREATE TABLE evaluation_metrics (
+            evaluation_id TEXT NOT NULL REFERENCES evaluations(evaluation_id),
+            name TEXT NOT NULL,
+            value REAL,
+            PRIMARY KEY (evaluation_id, name)
+        )""",
+        "CREATE INDEX evaluation_metrics_by_name ON evaluation_metrics(name, value)",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

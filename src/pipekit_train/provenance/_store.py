@@ -584,6 +584,82 @@ class ArtifactStore:
                     (problems if found[0] == "problem" else warnings).append((aid, found[1]))
         return {"store": str(self.path), "checked": len(rows), "problems": problems, "warnings": warnings}
 
+    # Evaluations ---------------------------------------------------------------------------------------------
+    def record_evaluation(self, record: dict[str, Any]) -> None:
+        """Add an evaluation record (`pipekit_train.evaluate`'s ``Evaluation.to_dict()``), with its digest.
+
+        It needs ``evaluation_id``, ``model_hash``, ``dataset_hash``, ``created_at`` and ``metrics`` (name to
+        number); ``artifact_id`` links it to the artifact that trained the model (``None`` for a bare model URI).
+        """
+        import json
+
+        missing = [
+            k for k in ("evaluation_id", "model_hash", "dataset_hash", "created_at", "metrics") if k not in record
+        ]
+        if missing:
+            raise ArtifactStoreError(f"an evaluation record needs {missing}; got keys {sorted(record)}")
+        doc = json.dumps(record, sort_keys=True)
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(
+                    "INSERT INTO evaluations (evaluation_id, artifact_id, model_hash, dataset_hash, created_at, "
+                    "record, digest) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        record["evaluation_id"],
+                        record.get("artifact_id"),
+                        record["model_hash"],
+                        record["dataset_hash"],
+                        time_key(record["created_at"]),
+                        doc,
+                        record_digest(doc),
+                    ),
+                )
+                conn.executemany(
+                    "INSERT INTO evaluation_metrics (evaluation_id, name, value) VALUES (?, ?, ?)",
+                    [(record["evaluation_id"], str(k), float(v)) for k, v in record["metrics"].items()],
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def evaluations(
+        self, *, dataset_hash: str | None = None, artifact_id: str | None = None, metric: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Evaluation records, oldest first: of models evaluated on `dataset_hash`, of the artifact `artifact_id`
+        (a unique prefix is enough), and/or holding `metric`. Each record's digest is checked."""
+        import json
+
+        where, args = [], []
+        with self._connect() as conn:
+            if dataset_hash is not None:
+                where.append("e.dataset_hash = ?")
+                args.append(dataset_hash)
+            if artifact_id is not None:
+                where.append("e.artifact_id = ?")
+                args.append(self._resolve_id(conn, artifact_id))
+            if metric is not None:
+                where.append(
+                    "EXISTS (SELECT 1 FROM evaluation_metrics m WHERE m.evaluation_id = e.evaluation_id AND m.name = ?)"
+                )
+                args.append(metric)
+            sql = "SELECT e.evaluation_id, e.digest, e.record FROM evaluations e"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            rows = conn.execute(sql + " ORDER BY e.created_at, e.evaluation_id", args).fetchall()
+        out = []
+        for evaluation_id, digest, doc in rows:
+            if record_digest(doc) != digest:
+                raise ArtifactIntegrityError(
+                    f"{self.path}: evaluation {evaluation_id} does not match its digest (the record was changed or "
+                    "damaged); restore the store from its backup",
+                    path=self.path,
+                )
+            out.append(json.loads(doc))
+        return out
+
 
 def _deps_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
     da, db = a.get("distributions") or {}, b.get("distributions") or {}

@@ -20,6 +20,10 @@ from ._model import registered_models as registered_models
 
 #: The packages this backend needs (checked when a stage first uses it).
 REQUIRES = ("equinox", "optax")
+#: The `TrainingLoop` recipe fields this backend honours (docs/recipes.md).
+RECIPES = ("gradient", "param_groups", "diagnostics")
+#: The scale settings this adapter honours (data parallel over a device mesh, mixed precision; docs/scale.md).
+SCALE = ("mesh", "shard_params", "precision")
 
 if TYPE_CHECKING:
     from ._factories import ACTIVATIONS as ACTIVATIONS

@@ -16,8 +16,21 @@ import numpy as np
 from pipekit import ConfigError, ShapeError, suggestion
 
 from ..._engine import AdapterResult, run_steps
-from ..optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
-from ._steps import Layout, LossSpec, combine, eval_batch, host_copy, partition, static_arg, train_chunk
+from ..._mesh import describe, mesh_plan
+from ..._precision import compute_dtype
+from ..optax import build_optimizer, get_lr_scale, learning_rate_at, reset_anchor, set_lr_scale
+from ._recipe_step import StepRecipe
+from ._steps import (
+    Layout,
+    LossSpec,
+    combine,
+    eval_batch,
+    host_copy,
+    partition,
+    sharded_train_chunk,
+    static_arg,
+    train_chunk,
+)
 from ._tree import apply_transfer
 
 if TYPE_CHECKING:
@@ -30,11 +43,15 @@ def _optimizer(loop: TrainingLoop) -> Any:
     """One optax object per distinct configuration, so the compiled step is reused across stages and runs."""
     from pipekit._operator import _canonical
 
-    key = (_canonical(loop.optimizer_config), loop.max_steps, loop.grad_clip_norm, loop.accum)
+    key = (_canonical(loop.optimizer_config), loop.max_steps, loop.grad_clip_norm, loop.accum, loop.param_groups)
     opt = _OPTIMIZERS.get(key)
     if opt is None:
         opt = build_optimizer(
-            loop.optimizer_config, max_steps=loop.max_steps, grad_clip_norm=loop.grad_clip_norm, accum=loop.accum
+            loop.optimizer_config,
+            max_steps=loop.max_steps,
+            grad_clip_norm=loop.grad_clip_norm,
+            accum=loop.accum,
+            groups=loop.param_groups,
         )
         _OPTIMIZERS[key] = opt
     return opt
@@ -51,6 +68,10 @@ class EquinoxBackend:
         from ...callbacks._controls import EMA
 
         self.loop = loop
+        # Data parallel (`_mesh`): None trains unsharded on the default device.
+        self.plan = mesh_plan(loop)
+        self.compute = compute_dtype(loop.precision)
+        self._sharded: dict[int, Any] = {}
         self.model_op = model_op
         self.optimizer = _optimizer(loop)
         params, consts, static = partition(module)
@@ -65,6 +86,11 @@ class EquinoxBackend:
         c_leaves, c_def = jax.tree.flatten(consts)
         self._state = (p_leaves, o_leaves, host_copy(p_leaves) if ema is not None else [])
         self._consts = c_leaves
+        if self.plan is not None:
+            self._state = (self._place(p_leaves), self._place(o_leaves), self._place(self._state[2]))
+            self._consts = self._place(c_leaves, replicate=True)
+            p_sh, o_sh, e_sh = (tuple(x.sharding for x in leaves) for leaves in self._state)
+            self._state_shardings = (p_sh, o_sh, e_sh)
         self.layout = static_arg(Layout(static=static, params=p_def, opt_state=o_def, ema=p_def, consts=c_def))
         self.base_key = base_key
         self.spec = static_arg(
@@ -74,6 +100,7 @@ class EquinoxBackend:
                 input_key=loop.input_key,
                 target_key=loop.target_key,
                 aux_prefix=getattr(loop.loss, "aux_prefix", "loss/"),
+                recipe=step_recipe(loop, params),
             )
         )
         self.static_arg = static_arg(static)
@@ -103,7 +130,15 @@ class EquinoxBackend:
             o = self._leaves_like(opt_state, self.layout.value.opt_state, "opt_state")
         if ema is not None and self.ema_config is not None:
             e = self._leaves_like(ema, self.layout.value.params, "ema")
-        self._state = (p, o, e)
+        self._state = (self._place(p), self._place(o), self._place(e))
+
+    def _place(self, leaves: list[Any], replicate: bool = False) -> list[Any]:
+        """`leaves` on the stage's mesh (replicated, or split for ``shard_params``); as they are without one."""
+        if self.plan is None:
+            return leaves
+        if replicate:
+            return [jax.device_put(x, self.plan.replicated) for x in leaves]
+        return self.plan.put(leaves)
 
     @staticmethod
     def _leaves_like(tree: Any, treedef: Any, what: str) -> list[Any]:
@@ -118,6 +153,8 @@ class EquinoxBackend:
         # NumPy arrays go straight into the compiled call: its C++ dispatch path transfers them far faster than
         # a separate `jax.device_put` (measured: ~300 µs vs a few µs per small batch on CPU).
         batch = batches[0] if n == 1 else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+        if self.plan is not None:
+            return self._train_sharded(batch, step, n)
         # `train_chunk` is jitted: it takes NumPy arrays as they are (its annotations say `jax.Array`).
         self._state, metrics = train_chunk(
             self._state,
@@ -130,8 +167,29 @@ class EquinoxBackend:
             optimizer=self.optimizer,
             n=n,
             ema_config=self.ema_config,
+            compute=self.compute,
         )
         return metrics
+
+    def _train_sharded(self, batch: dict[str, np.ndarray], step: int, n: int) -> dict[str, Any]:
+        """`train` on the mesh: the global batch goes in as NumPy and the compiled call splits it over ``data``."""
+        fn = self._sharded.get(n)
+        if fn is None:
+            fn = self._sharded[n] = sharded_train_chunk(
+                self.plan,
+                self._state_shardings,
+                layout=self.layout,
+                spec=self.spec,
+                optimizer=self.optimizer,
+                n=n,
+                ema_config=self.ema_config,
+                compute=self.compute,
+            )
+        loss_spec: LossSpec = self.spec.value
+        self._state, metrics = fn(
+            self._state, self._consts, loss_spec.task_arrays.leaves, batch, np.int32(step), self.base_key
+        )
+        return cast("dict[str, Any]", metrics)
 
     def _weights(self, use_ema: bool) -> Any:
         return self.ema if (use_ema and self.ema_config is not None) else self.params
@@ -159,7 +217,7 @@ class EquinoxBackend:
         params, consts, _ = partition(model_op.module)
         params = host_copy(params)
         self._set(params=params, ema=host_copy(params))
-        self._consts = self._leaves_like(consts, self.layout.value.consts, "consts")
+        self._consts = self._place(self._leaves_like(consts, self.layout.value.consts, "consts"), replicate=True)
 
     def get_lr_scale(self) -> float:
         return get_lr_scale(self.opt_state)
@@ -180,18 +238,53 @@ class EquinoxBackend:
 
     def load_state_tree(self, tree: Mapping[str, Any]) -> None:
         self._set(params=tree["params"], opt_state=tree["opt_state"], ema=tree.get("ema"))
-        self._consts = self._leaves_like(tree["consts"], self.layout.value.consts, "consts")
+        self._consts = self._place(self._leaves_like(tree["consts"], self.layout.value.consts, "consts"), True)
 
     def weights_tree(self) -> dict[str, Any]:
         """The model's weights, what a warm start (`init_from`) copies: parameters and non-trained arrays."""
         return {"params": self.params, "consts": self.consts}
 
     def load_weights_tree(self, tree: Mapping[str, Any]) -> None:
-        """Replace the weights only; the optimizer state stays, and EMA weights restart from the parameters."""
+        """Replace the weights only; the optimizer state stays, and EMA weights restart from the parameters.
+
+        L2-SP anchors (`ParamGroup.l2sp`) move to the new weights: the stage starts from them.
+        """
         params = host_copy(tree["params"])
         # Separate copies: the step donates every buffer of its state, and one buffer cannot be donated twice.
         self._set(params=params, ema=host_copy(params))
-        self._consts = self._leaves_like(tree["consts"], self.layout.value.consts, "consts")
+        if any(g.l2sp for g in self.loop.param_groups):
+            self._set(opt_state=reset_anchor(self.opt_state, self.optimizer.init(host_copy(params))))
+        self._consts = self._place(self._leaves_like(tree["consts"], self.layout.value.consts, "consts"), True)
+
+
+def step_recipe(loop: TrainingLoop, params: Any) -> StepRecipe | None:
+    """The static recipe part of the step (`SAM`, diagnostics per group), or ``None`` when the loop uses none."""
+    from ..._recipes import SAM, group_labels, param_path
+
+    if loop.gradient is None and not loop.diagnostics:
+        return None
+    sam = None
+    if isinstance(loop.gradient, SAM):
+        sam = (float(loop.gradient.rho), bool(loop.gradient.adaptive), float(loop.gradient.eps))
+    elif loop.gradient is not None:
+        raise ConfigError(f"backend 'equinox' has no step for TrainingLoop.gradient {loop.gradient!r}; it knows SAM")
+    groups: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
+    if loop.diagnostics and loop.param_groups:
+        paths = [param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        groups = (tuple(g.label for g in loop.param_groups), tuple(group_labels(paths, loop.param_groups)))
+    return StepRecipe(sam=sam, diagnostics=loop.diagnostics, groups=groups)
+
+
+def check_param_groups(loop: TrainingLoop, module: Any) -> None:
+    """Refuse a group pattern that matches no trained parameter (naming the model's parameter paths)."""
+    from ..._recipes import group_labels, param_path
+
+    if not loop.param_groups:
+        return
+    # The abstract module (`jax.ShapeDtypeStruct` leaves) works too: what counts is the dtype.
+    params = eqx.filter(module, lambda x: hasattr(x, "dtype") and jax.numpy.issubdtype(x.dtype, jax.numpy.inexact))
+    paths = [param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    group_labels(paths, loop.param_groups)
 
 
 def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
@@ -207,6 +300,10 @@ def check_before_compile(loop: TrainingLoop) -> None:
     Works on the architecture alone (`jax.eval_shape` of the model's `build`), so it runs before any weights
     exist; a `transfer` cannot change shapes (it refuses mismatched sub-trees itself).
     """
+    if loop.param_groups:
+        from ._tree import abstract
+
+        check_param_groups(loop, loop.model_op.module if loop.model_op.module is not None else abstract(loop.model_op))
     spec = loop.dataset.element_spec()
     for role, key in (("input_key", loop.input_key), ("target_key", loop.target_key)):
         if loop.task is None and key not in spec:
@@ -255,9 +352,11 @@ def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, h
     result.rng = np.asarray(jax.random.key_data(root)).tolist()
     result.backend_info = {
         **backend_info(),
+        **describe(loop),
         "num_params": int(sum(x.size for x in jax.tree.leaves(backend.params))),
         "steps": result.step,
         "steps_per_call": loop.steps_per_call,
+        "precision": backend.compute or "float32",
     }
     return result
 

@@ -102,7 +102,15 @@ class EquinoxModel(ModelOp):
         import equinox as eqx
         import jax
 
-        module = _builtins()[self.factory](jax.random.key(key) if isinstance(key, int) else key, **self.kwargs)
+        try:
+            module = _builtins()[self.factory](jax.random.key(key) if isinstance(key, int) else key, **self.kwargs)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as e:  # a kwarg of the wrong kind: `in_size: 4.5`
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ConfigError(
+                f"EquinoxModel: factory {self.factory!r} failed with kwargs {self.kwargs}: {type(e).__name__}: {first}"
+            ) from e
         if not isinstance(module, eqx.Module):
             raise ConfigError(
                 f"model factory {self.factory!r} returned {type(module).__name__}; it must return an equinox Module"

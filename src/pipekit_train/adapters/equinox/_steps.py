@@ -20,7 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from ..._losses import split_loss_output
+from ..._precision import cast_floating
 from ._primitives import task_loss
+from ._recipe_step import diagnostics, sam_gradient
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -70,6 +72,8 @@ class StepLoss(eqx.Module):
     input_key: str = eqx.field(static=True)
     target_key: str = eqx.field(static=True)
     aux_prefix: str = eqx.field(static=True)
+    #: The recipes' part of the step (`_recipe_step.StepRecipe`: SAM, diagnostics), or ``None``.
+    recipe: Any = eqx.field(static=True, default=None)
 
     def __call__(
         self, model: Any, batch: dict[str, jax.Array], key: jax.Array, task_leaves: list[jax.Array]
@@ -124,10 +128,12 @@ class LossSpec(eqx.Module):
     step_loss: Static = eqx.field(static=True)
     task_arrays: TaskArrays = eqx.field(static=True)
 
-    def __init__(self, loss: Any, task: Any, input_key: str, target_key: str, aux_prefix: str) -> None:
+    def __init__(
+        self, loss: Any, task: Any, input_key: str, target_key: str, aux_prefix: str, recipe: Any = None
+    ) -> None:
         arrays, rest = eqx.partition(task, eqx.is_array)
         leaves, task_def = jax.tree.flatten(arrays)
-        self.step_loss = static_arg(StepLoss(loss, rest, task_def, input_key, target_key, aux_prefix))
+        self.step_loss = static_arg(StepLoss(loss, rest, task_def, input_key, target_key, aux_prefix, recipe))
         self.task_arrays = TaskArrays(leaves)
 
     def __call__(self, model: Any, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
@@ -169,14 +175,29 @@ def _one_step(
     task_leaves: list[jax.Array],
     optimizer: optax.GradientTransformation,
     ema_config: tuple[float, bool] | None,
+    compute: str | None = None,
 ) -> tuple[Any, Any, Any, dict[str, jax.Array]]:
     key = jax.random.fold_in(base_key, step)
 
     def loss_of(p: Any) -> tuple[jax.Array, dict[str, Any]]:
-        return spec(combine(p, consts, static), batch, key, task_leaves)
+        if compute is None:
+            return spec(combine(p, consts, static), batch, key, task_leaves)
+        # Mixed precision (`_precision`): the float32 parameters are cast inside the differentiated function, so
+        # the gradient comes back through the cast in float32; the model input is cast, the target is not.
+        model = combine(cast_floating(p, compute), cast_floating(consts, compute), static)
+        low = dict(batch)
+        if spec.input_key in low:
+            low[spec.input_key] = cast_floating(low[spec.input_key], compute)
+        total, aux = spec(model, low, key, task_leaves)
+        return total.astype(jnp.float32), cast_floating(aux, "float32")
 
     grads, metrics = jax.grad(loss_of, has_aux=True)(params)
+    recipe = spec.recipe
+    if recipe is not None and recipe.sam is not None:
+        grads = sam_gradient(loss_of, params, grads, *recipe.sam)
     updates, opt_state = optimizer.update(grads, opt_state, params)
+    if recipe is not None and recipe.diagnostics:
+        metrics = {**metrics, **diagnostics(recipe, params, grads, updates)}
     params = eqx.apply_updates(params, updates)
     if ema_config is not None:
         d = ema_decay(*ema_config, step)
@@ -198,8 +219,7 @@ class Layout(eqx.Module):
     consts: Any = eqx.field(static=True)
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "spec", "optimizer", "n", "ema_config"), donate_argnums=(0,))
-def _train_chunk(
+def _train_chunk_impl(
     state: tuple[list[jax.Array], list[jax.Array], list[jax.Array]],
     consts: list[jax.Array],
     task_leaves: list[jax.Array],
@@ -212,6 +232,7 @@ def _train_chunk(
     optimizer: optax.GradientTransformation,
     n: int,
     ema_config: tuple[float, bool] | None = None,
+    compute: str | None = None,
 ) -> tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]]:
     lay: Layout = layout.value
     loss_spec: StepLoss = spec.value
@@ -222,7 +243,9 @@ def _train_chunk(
     static = lay.static
 
     def one(p: Any, o: Any, e: Any, batch: dict[str, jax.Array], s: jax.Array) -> tuple[Any, Any, Any, Any]:
-        return _one_step(p, o, e, const_tree, batch, s, base_key, static, loss_spec, task_leaves, optimizer, ema_config)
+        return _one_step(
+            p, o, e, const_tree, batch, s, base_key, static, loss_spec, task_leaves, optimizer, ema_config, compute
+        )
 
     if n == 1:
         params, opt_state, ema, metrics = one(params, opt_state, ema, batches, step)
@@ -238,6 +261,60 @@ def _train_chunk(
     return new_state, metrics
 
 
+_train_chunk = jax.jit(
+    _train_chunk_impl,
+    static_argnames=("layout", "spec", "optimizer", "n", "ema_config", "compute"),
+    donate_argnums=(0,),
+)
+
+#: The sharded steps (`sharded_train_chunk`), one `jax.jit` per mesh, state shardings and static configuration.
+_SHARDED_STEPS: dict[tuple[Any, ...], Any] = {}
+
+
+def sharded_train_chunk(
+    plan: Any,
+    state_shardings: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]],
+    *,
+    layout: Static,
+    spec: Static,
+    optimizer: optax.GradientTransformation,
+    n: int,
+    ema_config: tuple[float, bool] | None = None,
+    compute: str | None = None,
+) -> Any:
+    """The data-parallel chunk on `plan`'s mesh: ``fn(state, consts, task_leaves, batches, step, base_key)``.
+
+    The same step as `train_chunk`, compiled with explicit shardings: the batch split along ``data`` (axis 1 of
+    stacked batches), the state placed as `state_shardings` says (replicated, or split for ``shard_params``) and
+    returned the same way, everything else replicated; the state is donated. `jax.jit` takes no keyword arguments
+    with explicit shardings, so the static configuration is bound here and the function is cached by it: a
+    second stage with the same configuration compiles nothing new.
+    """
+    loss_spec: LossSpec = spec.value
+    key = (plan, state_shardings, n, layout, loss_spec.step_loss, optimizer, ema_config, compute)
+    fn = _SHARDED_STEPS.get(key)
+    if fn is None:
+        rep = plan.replicated
+        state = tuple(list(s) for s in state_shardings)
+        body = functools.partial(
+            _train_chunk_impl,
+            layout=layout,
+            spec=loss_spec.step_loss,
+            optimizer=optimizer,
+            n=n,
+            ema_config=ema_config,
+            compute=compute,
+        )
+        fn = jax.jit(
+            body,
+            in_shardings=(state, rep, rep, plan.batch(stacked=n > 1), rep, rep),
+            out_shardings=(state, rep),
+            donate_argnums=(0,),
+        )
+        _SHARDED_STEPS[key] = fn
+    return fn
+
+
 def train_chunk(
     state: tuple[list[jax.Array], list[jax.Array], list[jax.Array]],
     consts: list[jax.Array],
@@ -250,6 +327,7 @@ def train_chunk(
     optimizer: optax.GradientTransformation,
     n: int,
     ema_config: tuple[float, bool] | None = None,
+    compute: str | None = None,
 ) -> tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]]:
     """``n`` optimizer steps. With ``n == 1`` `batches` is one batch; else each leaf has a leading axis ``n``.
 
@@ -271,6 +349,7 @@ def train_chunk(
         optimizer=optimizer,
         n=n,
         ema_config=ema_config,
+        compute=compute,
     )
     return out
 

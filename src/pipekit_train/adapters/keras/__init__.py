@@ -27,6 +27,8 @@ from ._model import registered_keras_models as registered_keras_models
 #: The packages this backend needs (checked when a stage first uses it), and the extra that installs them.
 REQUIRES = ("keras",)
 EXTRA = "keras"
+#: The scale settings this adapter honours: data parallel with replicated variables (docs/scale.md).
+SCALE = ("mesh",)
 
 if TYPE_CHECKING:
     from ._env import import_keras as import_keras

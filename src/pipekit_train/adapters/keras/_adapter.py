@@ -17,6 +17,7 @@ import numpy as np
 from pipekit import ConfigError, ShapeError, suggestion
 
 from ..._engine import AdapterResult, run_steps
+from ..._mesh import mesh_plan
 from ..optax import learning_rate_at
 from ._env import import_keras
 from ._model import KerasModel, KerasState
@@ -42,6 +43,8 @@ class KerasBackend:
 
         self.loop = loop
         self.model_op = loop.model_op
+        # Data parallel (`_mesh`): None trains unsharded; otherwise the state lives replicated on the mesh.
+        self.plan = mesh_plan(loop)
         ema = next((cb for cb in loop.callbacks if isinstance(cb, EMA)), None)
         self.ema_callback = ema
         self.program = program(loop, state.model, (ema.decay, ema.warmup) if ema is not None else None)
@@ -53,13 +56,19 @@ class KerasBackend:
             self.program.initial_opt_vars(),
             _copy(trainable) if ema is not None else [],
         )
+        self._place()
         self.base_key = base_key
+
+    def _place(self) -> None:
+        """Put the state on the stage's mesh, replicated (nothing without a mesh)."""
+        if self.plan is not None:
+            self.state = jax.device_put(self.state, self.plan.replicated)
 
     # StepBackend -------------------------------------------------------------------------------------------
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Any:
         n = len(batches)
         batch = batches[0] if n == 1 else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-        self.state, metrics = self.program.train(self.state, batch, np.int32(step), self.base_key, n)
+        self.state, metrics = self.program.train(self.state, batch, np.int32(step), self.base_key, n, self.plan)
         return metrics
 
     def _trainable(self, use_ema: bool) -> list[jax.Array]:
@@ -88,6 +97,7 @@ class KerasBackend:
         t = _copy(trainable)
         e = _copy(ema if ema is not None else t) if self.ema_callback is not None else []
         self.state = (t, _copy(non_trainable), _copy(opt_vars) if opt_vars is not None else old[2], e)
+        self._place()
 
     def get_lr_scale(self) -> float:
         return float(self.state[2][self.program.scale_index])
@@ -98,6 +108,7 @@ class KerasBackend:
         opt_vars = list(self.state[2])
         opt_vars[self.program.scale_index] = jnp.asarray(value, jnp.float32)
         self.state = (self.state[0], self.state[1], opt_vars, self.state[3])
+        self._place()
 
     def learning_rate(self, step: int) -> float:
         return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()

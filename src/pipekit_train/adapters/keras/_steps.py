@@ -47,7 +47,7 @@ class Program:
     aux_prefix: str
     ema_config: tuple[float, bool] | None
     scale_index: int = 0
-    _train: dict[int, Any] = field(default_factory=dict)
+    _train: dict[Any, Any] = field(default_factory=dict)
     _eval: Any = None
 
     def __post_init__(self) -> None:
@@ -109,10 +109,26 @@ class Program:
         return self._loss(trainable, non_trainable, batch, False)[1][0]
 
     # Dispatch ------------------------------------------------------------------------------------------------
-    def train(self, state: State, batches: dict[str, Any], step: Any, base_key: jax.Array, n: int) -> Any:
-        fn = self._train.get(n)
+    def train(
+        self, state: State, batches: dict[str, Any], step: Any, base_key: jax.Array, n: int, plan: Any = None
+    ) -> Any:
+        """`n` steps; with a `plan` (data parallel, `pipekit_train._mesh`) the batch is split over the mesh's
+        ``data`` axis and the state stays replicated, in one `jax.jit` with explicit shardings."""
+        key = n if plan is None else (n, plan)
+        fn = self._train.get(key)
         if fn is None:
-            fn = self._train[n] = jax.jit(functools.partial(self._chunk, n=n), donate_argnums=(0,))
+            body = functools.partial(self._chunk, n=n)
+            if plan is None:
+                fn = jax.jit(body, donate_argnums=(0,))
+            else:
+                rep = plan.replicated
+                fn = jax.jit(
+                    body,
+                    in_shardings=(rep, plan.batch(stacked=n > 1), rep, rep),
+                    out_shardings=(rep, rep),
+                    donate_argnums=(0,),
+                )
+            self._train[key] = fn
         return fn(state, batches, step, base_key)
 
     def evaluate(self, trainable: list[Any], non_trainable: list[Any], batch: dict[str, Any]) -> Any:

@@ -1,8 +1,10 @@
 """The ``numpyro-mcmc`` adapter: NumPyro's NUTS/HMC kernels stepped in chunks by the engine.
 
 The chunk body is NumPyro's own ``fori_collect`` body (sample, then write the post-processed draw at
-``(i - start) // thinning``), so one chunk of ``num_warmup + num_samples`` iterations gives bitwise the draws of
-``MCMC(..., chain_method="vectorized").run``; the sampler state (adaptation included, and each chain's PRNG key)
+``(i - start) // thinning``), jitted on its own inside the chunk's ``lax.scan`` as NumPyro jits it inside its
+``fori_loop``, so one chunk of ``num_warmup + num_samples`` iterations gives bitwise the draws of
+``MCMC(..., chain_method="vectorized").run``, for one chain and for vectorized chains;
+the sampler state (adaptation included, and each chain's PRNG key)
 and the draw buffer are the checkpoint, so a resumed run continues bitwise.
 """
 
@@ -96,19 +98,29 @@ class MCMCBackend(SamplerControls):
     def _transform(self, state: Any) -> list[Any]:
         return [self._post(state.z), state.diverging]
 
+    def _iteration(self, i: Any, state: Any, collection: Any) -> Any:
+        """One iteration, NumPyro's ``fori_collect`` body: sample, then write the draw at ``(i - start) // thinning``.
+
+        Jitted on its own inside the chunk, as NumPyro jits its ``_body_fn`` inside the ``fori_loop``: the data the
+        kernel closes over are then literals of this inner program, which XLA constant-folds (``log(sigma)``, ...)
+        exactly as in ``MCMC.run``. Inlined into the scan body, JAX would hoist them into loop-carried operands that
+        are computed at run time instead; the compile-time and run-time values can differ in the last bit, and NUTS
+        turns one bit into different draws (single-chain eight schools: every draw). See design/numpyro_adapter.md.
+        """
+        state = self.kernel.sample(state, (), self.model_kwargs)
+        idx = (i - self.start_idx) // self.thinning
+
+        def update(c: Any, v: Any) -> Any:
+            return jax.lax.cond(idx >= 0, lambda c: c.at[idx].set(v), lambda c: c, c)
+
+        return state, jax.tree.map(update, collection, self._transform(state))
+
     def _chunk_impl(self, state: Any, collection: Any, first: Any, n: int) -> Any:
-        model_kwargs = self.model_kwargs
+        iteration = jax.jit(self._iteration)
 
         def body(carry: Any, j: Any) -> Any:
-            state, collection = carry
             i = first + j
-            state = self.kernel.sample(state, (), model_kwargs)
-            idx = (i - self.start_idx) // self.thinning
-
-            def update(c: Any, v: Any) -> Any:
-                return jax.lax.cond(idx >= 0, lambda c: c.at[idx].set(v), lambda c: c, c)
-
-            collection = jax.tree.map(update, collection, self._transform(state))
+            state, collection = iteration(i, *carry)
             metrics = {
                 "loss": jnp.mean(state.potential_energy),
                 "accept_prob": jnp.mean(state.accept_prob),

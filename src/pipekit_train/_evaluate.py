@@ -1,0 +1,197 @@
+"""Evaluate and predict with a trained model outside training, and record evaluations in the artifact store.
+
+`evaluate` runs accumulating metrics (`pipekit_train.Metric`) over a dataset with the model an artifact (or a model
+URI) names, and records an evaluation linked to that artifact, so a query can ask which models were evaluated on a
+dataset hash and how they scored (``ArtifactStore.evaluations(dataset_hash=...)``). `predict` writes the model's
+outputs for a dataset. ``pipekit-train evaluate`` and ``pipekit-train predict`` call these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pipekit import ConfigError
+
+__all__ = ["Evaluation", "evaluate", "load_data", "predict"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of a trained model on a dataset (what the store keeps, as plain data).
+
+    Attributes:
+        evaluation_id: Unique id (uuid4 hex).
+        artifact_id: The artifact that trained the model, or ``None`` for a model URI no artifact names.
+        model_uri: Where the weights are (``pipekit-model:sha256:<hex>...``).
+        model_hash: The weights' hash (``ModelOp.weights_hash()``).
+        dataset_hash: The evaluated dataset's ``content_hash()``.
+        data: The file the dataset came from, as given.
+        metrics: The results by name (``accuracy``, ``f1_macro``, ...).
+        records: How many records were evaluated.
+        created_at: ISO-8601 UTC time of the evaluation.
+    """
+
+    evaluation_id: str
+    artifact_id: str | None
+    model_uri: str
+    model_hash: str
+    dataset_hash: str
+    data: str
+    metrics: dict[str, float]
+    records: int
+    created_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_data(path: str | os.PathLike[str]) -> Any:
+    """A `TrainingDataset` (in record order) from an ``.npz`` file or a YAML file holding a `TrainingDataset`."""
+    import pipekit
+
+    from .data import NpzSource, TrainingDataset
+
+    text = os.fspath(path)
+    ext = os.path.splitext(text)[1].lower()
+    if ext == ".npz":
+        if not os.path.exists(text):
+            raise FileNotFoundError(f"--data {text}: no such file")
+        return TrainingDataset(source=NpzSource(path=text), shuffle=False)
+    if ext in (".yaml", ".yml"):
+        loaded = pipekit.load(text)
+        if not isinstance(loaded, TrainingDataset):
+            raise ConfigError(
+                f"--data {text}: the file must hold a TrainingDataset (type: TrainingDataset), got "
+                f"{type(loaded).__name__}"
+            )
+        return loaded.replace(shuffle=False)
+    raise ConfigError(f"--data {text}: expected an .npz file or a .yaml file holding a TrainingDataset, got {ext!r}")
+
+
+def _training_loop(artifact: Any) -> Any:
+    """The artifact's `TrainingLoop`, or ``None`` when its YAML cannot be loaded (in-memory data)."""
+    import pipekit
+
+    if artifact is None:
+        return None
+    try:
+        return pipekit.loads(artifact.training_pipeline_yaml)
+    except Exception:  # a stage trained on in-memory arrays records their shapes, not the arrays
+        return None
+
+
+def _keys(loop: Any, input_key: str | None, target_key: str | None) -> tuple[str, str]:
+    return (
+        input_key or getattr(loop, "input_key", None) or "x",
+        target_key or getattr(loop, "target_key", None) or "y",
+    )
+
+
+def evaluate(
+    model: str,
+    data: str | os.PathLike[str],
+    *,
+    metrics: Sequence[Any] | None = None,
+    batch_size: int = 256,
+    input_key: str | None = None,
+    target_key: str | None = None,
+    store: Any = None,
+    record: bool = True,
+) -> Evaluation:
+    """Evaluate the model `model` names on the dataset in `data` and record the evaluation in `store`.
+
+    Args:
+        model: An artifact id (or a unique prefix) in `store`, or a model URI (``pipekit-model:sha256:...``).
+        data: An ``.npz`` file, or a YAML file holding a `TrainingDataset` (its transforms apply).
+        metrics: `Metric` operators. Default: the ones the artifact's `TrainingLoop.metrics` names.
+        batch_size: Records per batch.
+        input_key: The model input entry of a batch. Default: the artifact's `input_key`, else ``"x"``.
+        target_key: The target entry. Default: the artifact's `target_key`, else ``"y"``.
+        store: The artifact store (a path, an `ArtifactStore`, or ``None`` for the default).
+        record: Whether to record the evaluation in `store`.
+    """
+    from ._export import _resolve
+    from ._metrics import Metric, evaluate_metrics
+    from .provenance._artifact import new_artifact_id, utc_now
+    from .provenance._store import ArtifactStore
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"evaluate: batch_size must be a positive int, got {batch_size!r}")
+    store = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
+    bound, artifact, uri = _resolve(model, store, None)
+    loop = _training_loop(artifact)
+    if metrics is None:
+        metrics = tuple(getattr(loop, "metrics", ()) or ())
+        if not metrics:
+            raise ConfigError(
+                f"evaluate {model}: name the metrics (--metric Accuracy, metrics=[Accuracy()]); the model's training "
+                "stage set no TrainingLoop.metrics to take them from"
+            )
+    for i, m in enumerate(metrics):
+        if not isinstance(m, Metric):
+            raise ConfigError(f"evaluate: metrics[{i}] must be a Metric operator (Accuracy, MAE, ...), got {m!r}")
+    dataset = load_data(data)
+    x_key, y_key = _keys(loop, input_key, target_key)
+    _check_keys(dataset, data, x_key, y_key)
+    results = evaluate_metrics(
+        bound, dataset.epoch_batches(batch_size), list(metrics), input_key=x_key, target_key=y_key
+    )
+    evaluation = Evaluation(
+        evaluation_id=new_artifact_id(),
+        artifact_id=artifact.artifact_id if artifact is not None else None,
+        model_uri=uri,
+        model_hash=bound.weights_hash(),
+        dataset_hash=dataset.content_hash(),
+        data=os.fspath(data),
+        metrics=results,
+        records=dataset.num_records(),
+        created_at=utc_now(),
+    )
+    if record:
+        with store:
+            store.record_evaluation(evaluation.to_dict())
+    return evaluation
+
+
+def _check_keys(dataset: Any, data: Any, *keys: str) -> None:
+    from pipekit import suggestion
+
+    spec = dataset.element_spec()
+    for key in keys:
+        if key not in spec:
+            raise ConfigError(
+                f"--data {os.fspath(data)}: no entry {key!r}{suggestion(key, list(spec))}; it holds {', '.join(spec)}"
+            )
+
+
+def predict(
+    model: str,
+    data: str | os.PathLike[str],
+    *,
+    output: str | os.PathLike[str] | None = None,
+    batch_size: int = 256,
+    input_key: str | None = None,
+    store: Any = None,
+) -> np.ndarray:
+    """The outputs of the model `model` names for every record of `data`, in order; written to `output` (an
+    ``.npz`` with ``predictions``) when given."""
+    from ._export import _resolve
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"predict: batch_size must be a positive int, got {batch_size!r}")
+    bound, artifact, _ = _resolve(model, store, None)
+    dataset = load_data(data)
+    x_key, _ = _keys(_training_loop(artifact), input_key, None)
+    _check_keys(dataset, data, x_key)
+    parts = [np.asarray(bound(batch[x_key])) for batch in dataset.epoch_batches(batch_size)]
+    predictions = np.concatenate(parts) if parts else np.zeros((0,))
+    if output is not None:
+        tmp = os.fspath(output) + ".tmp.npz"
+        np.savez(tmp, predictions=predictions)
+        os.replace(tmp, output)
+    return predictions

@@ -1,0 +1,75 @@
+"""The Lightning backend: PyTorch models (CPU torch here) trained by pipekit's own step loop.
+
+`TrainingLoop(backend="lightning")` finds this package through the ``pipekit_train.backends`` entry point.
+Importing it is cheap (it registers the ``TorchModel`` operator type); torch is imported when a model is built or a
+stage runs. The step is plain torch (forward, the mapped pipekit loss, ``backward``, a ``torch.optim`` step) driven
+by the backend-neutral engine: no ``Trainer.fit``, whose per-step overhead is not ours to pay. Users who want a
+``LightningModule`` get one from `build_lightning_module`. The contract functions (`preflight`, `run`,
+`backend_info`, `example_model`) are described in the repository's ``adapters/README.md``; ``docs/backends.md``
+says what this backend supports.
+
+Also public: `to_torch_loss` / `register_torch_loss` (a pipekit loss as a torch function), `build_torch_optimizer`
+(an ``optimizer_config`` for ``torch.optim``), and the ``mlp`` converters Equinox ⇄ torch and Keras ⇄ torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..._lazy import attach as _attach
+from . import _convert as _convert  # registers the mlp converters (imports no torch)
+from ._model import TorchModel as TorchModel
+from ._model import register_torch_model as register_torch_model
+from ._model import registered_torch_models as registered_torch_models
+
+#: The packages this backend needs (checked when a stage first uses it), and the extra that installs them.
+#: Lightning itself is needed only by `build_lightning_module`.
+REQUIRES = ("torch",)
+EXTRA = "lightning"
+
+if TYPE_CHECKING:
+    from ._adapter import build_lightning_module as build_lightning_module
+    from ._losses import register_torch_loss as register_torch_loss
+    from ._losses import to_torch_loss as to_torch_loss
+    from ._optimizers import TorchOptimizer as TorchOptimizer
+    from ._optimizers import build_torch_optimizer as build_torch_optimizer
+
+__getattr__, __dir__, _lazy_all = _attach(__name__, __file__, globals())
+__all__ = [
+    "EXTRA",
+    "REQUIRES",
+    "TorchModel",
+    "backend_info",
+    "example_model",
+    "preflight",
+    "register_torch_model",
+    "registered_torch_models",
+    "run",
+    *_lazy_all,
+]
+
+
+def preflight(loop: Any, incoming: Any, stage: str) -> Any:
+    """Check `loop` before anything trains; return the bound model the stage would start from."""
+    from ._adapter import preflight as impl
+
+    return impl(loop, incoming, stage)
+
+
+def run(loop: Any, incoming: Any, info: Any, hooks: Any) -> Any:
+    """Train one stage; see ``adapters/README.md``."""
+    from ._adapter import run as impl
+
+    return impl(loop, incoming, info, hooks)
+
+
+def backend_info() -> dict[str, Any]:
+    """The torch and Lightning versions and the thread count recorded in every artifact of this backend."""
+    from ._adapter import backend_info as impl
+
+    return impl()
+
+
+def example_model(in_size: int, out_size: int) -> TorchModel:
+    """A small model of ``in_size -> out_size`` for the conformance checks."""
+    return TorchModel(factory="mlp", kwargs={"in_size": in_size, "out_size": out_size, "width_size": 8, "depth": 1})

@@ -1,0 +1,154 @@
+"""A disk that fills up in the middle of a checkpoint save.
+
+The run directory lies on a small tmpfs (mounted here when the machine allows it; otherwise the save's write call
+gets an ``ENOSPC`` injected). Training fills the disk, all but a few kilobytes, just before the step-10 save, so
+Orbax has written part of that checkpoint when it runs out of space. Asserted: the run stops with one line naming
+the save, the step-5 checkpoint stays committed and intact, and once space is freed ``resume="auto"`` ends with the
+weights of an uninterrupted run, bit for bit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipekit_train import (
+    MSE,
+    ArraySource,
+    Callback,
+    Checkpoint,
+    Checkpointer,
+    CheckpointSaveError,
+    EquinoxModel,
+    Last,
+    TrainingDataset,
+    TrainingLoop,
+    run_settings,
+)
+
+X = np.random.default_rng(3).normal(size=(64, 3)).astype(np.float32)
+FREE_AFTER_FILL = 16 * 1024  # what the filler leaves: part of the step-10 checkpoint fits, the rest does not
+
+
+class FillDisk(Callback, register=False):
+    """At `step`, fills the file system holding `path`, leaving `FREE_AFTER_FILL` bytes (a test-only callback).
+
+    Only ever pointed at the test's own small tmpfs; with no `path` it does nothing.
+    """
+
+    step: int = 10
+    path: str = ""
+    order: int = -100  # before the checkpoint of the same step
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        if ctx.step != self.step or not self.path:
+            return
+        fs = os.statvfs(os.path.dirname(self.path))
+        assert fs.f_blocks * fs.f_frsize <= 64 << 20, "FillDisk only fills a small test file system"
+        block = b"\0" * (64 * 1024)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            written = 0
+            while True:
+                try:
+                    written += os.write(fd, block)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+                    break
+            os.ftruncate(fd, max(0, written - FREE_AFTER_FILL))
+        finally:
+            os.close(fd)
+
+    def fingerprint(self) -> None:
+        return None
+
+
+def _loop(*callbacks: Callback) -> TrainingLoop:
+    return TrainingLoop(
+        model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 3, "out_size": 1, "width_size": 8, "depth": 1}),
+        dataset=TrainingDataset(source=ArraySource(arrays={"x": X, "y": X[:, :1] * 2})),
+        loss=MSE(),
+        optimizer_config={"name": "adam", "lr": 0.01},
+        max_steps=20,
+        batch_size=8,
+        log_every_n_steps=5,
+        progress=False,
+        name="fit",
+        callbacks=(Checkpoint(every_n_steps=5, keep=(Last(n=2),), async_save=False), *callbacks),
+    )
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[tuple[Path, bool]]:
+    """A 4 MiB tmpfs at tmp_path/disk, and whether it is one (False: a plain folder; ENOSPC is injected)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = (
+        shutil.which("mount") is not None
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "pipekit-test", str(disk)], capture_output=True
+        ).returncode
+        == 0
+    )
+    try:
+        yield disk, mounted
+    finally:
+        if mounted and subprocess.run(["umount", str(disk)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(disk)], check=True)  # busy: detach it now, free it when unused
+
+
+def _inject_enospc(monkeypatch: pytest.MonkeyPatch, at_step: int) -> None:
+    """No tmpfs: make Orbax's write of `at_step` fail as a full disk does (the fallback of `small_disk`)."""
+    import orbax.checkpoint as ocp
+
+    save = ocp.CheckpointManager.save
+
+    def full(self: Any, step: int, *args: Any, **kwargs: Any) -> Any:
+        if step == at_step:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.directory))
+        return save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+
+
+def test_a_disk_full_mid_save_keeps_the_last_checkpoint_and_resumes_bitwise(
+    tmp_path: Path, small_disk: tuple[Path, bool]
+):
+    with run_settings(run_dir=str(tmp_path / "reference"), store=False):
+        _, reference = _loop().run()
+
+    disk, mounted = small_disk
+    run_dir, filler = disk / "run", disk / "filler"
+    ckpt_dir = run_dir / "fit" / "checkpoints"
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        run_settings(run_dir=str(run_dir), store=False),
+        pytest.raises(CheckpointSaveError) as failed,
+    ):
+        if not mounted:
+            _inject_enospc(patch, at_step=10)
+        _loop(FillDisk(path=str(filler) if mounted else "")).run()
+    message = str(failed.value)
+    print(message)
+    assert "\n" not in message and len(message) < 600 and "step 10" in message and str(ckpt_dir) in message, message
+    assert "No space left on device" in message or "ENOSPC" in message or "RESOURCE_EXHAUSTED" in message, message
+
+    # The step-5 checkpoint is committed, listed, and reads back against its checksums; step 10 never committed.
+    assert Checkpointer(ckpt_dir).steps() == [5]
+    state, _, meta = Checkpointer(ckpt_dir).restore(5)
+    assert meta["step"] == 5 and state
+
+    # Space is freed; the run continues from step 5 and ends where the uninterrupted one did.
+    filler.unlink(missing_ok=True)
+    with run_settings(run_dir=str(run_dir), store=False, resume="auto"):
+        _, resumed = _loop().run()
+    assert resumed.trained_model_hash == reference.trained_model_hash
+    assert resumed.backend_info["steps"] == 20

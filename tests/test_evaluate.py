@@ -1,0 +1,142 @@
+"""Evaluate and predict with a trained digits artifact: the recorded test accuracy again, an evaluation record the
+store can query by dataset hash, the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipekit_train import (
+    Accuracy,
+    ArtifactStore,
+    CrossEntropy,
+    EquinoxModel,
+    PrecisionRecallF1,
+    RegisteredSource,
+    TrainingDataset,
+    TrainingLoop,
+    evaluate,
+    predict,
+    run_settings,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_YAML = """\
+pipekit: 1
+type: TrainingDataset
+source: {type: RegisteredSource, name: digits, kwargs: {split: test}}
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict]:
+    """A digits classifier trained for 60 steps; its store, artifact id and final metrics."""
+    root = tmp_path_factory.mktemp("evaluate")
+    digits = TrainingDataset(source=RegisteredSource(name="digits", kwargs={"split": "train"}))
+    loop = TrainingLoop(
+        model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 64, "out_size": 10, "width_size": 32, "depth": 1}),
+        dataset=digits,
+        test_dataset=TrainingDataset(source=RegisteredSource(name="digits", kwargs={"split": "test"})),
+        loss=CrossEntropy(),
+        optimizer_config={"name": "adam", "lr": 0.01},
+        max_steps=60,
+        batch_size=64,
+        eval_batch_size=100,
+        metrics=(Accuracy(), PrecisionRecallF1(num_classes=10)),
+        progress=False,
+    )
+    store = root / "store.sqlite"
+    with run_settings(run_dir=str(root / "run"), store=str(store)):
+        _, artifact = loop.run()
+    (root / "test.yaml").write_text(TEST_YAML)
+    return root, artifact.artifact_id, artifact.final_metrics
+
+
+def test_evaluate_reproduces_the_recorded_test_accuracy_and_is_queryable(trained):
+    root, artifact_id, final = trained
+    result = evaluate(artifact_id[:10], root / "test.yaml", store=str(root / "store.sqlite"), batch_size=37)
+    assert result.metrics["accuracy"] == pytest.approx(final["test/accuracy"], abs=1e-12)
+    assert result.metrics["f1_macro"] == pytest.approx(final["test/f1_macro"], abs=1e-12)
+    test_set = TrainingDataset(source=RegisteredSource(name="digits", kwargs={"split": "test"}))
+    assert result.artifact_id == artifact_id and result.records == test_set.num_records() == 359
+    data_hash = test_set.content_hash()
+    assert result.dataset_hash == data_hash
+    with ArtifactStore(str(root / "store.sqlite")) as store:
+        found = store.evaluations(dataset_hash=data_hash)
+        assert [e["evaluation_id"] for e in found] == [result.evaluation_id]
+        assert found[0]["artifact_id"] == artifact_id and found[0]["metrics"]["accuracy"] == result.metrics["accuracy"]
+        assert store.evaluations(dataset_hash="sha256:" + "0" * 64) == []
+        assert len(store.evaluations(artifact_id=artifact_id[:8], metric="accuracy")) == 1
+
+
+def test_predict_writes_the_outputs_in_record_order(trained, tmp_path: Path):
+    root, artifact_id, _ = trained
+    x = RegisteredSource(name="digits", kwargs={"split": "test"}).load()
+    np.savez(tmp_path / "x.npz", x=x["x"][:50], y=x["y"][:50])
+    out = predict(artifact_id, tmp_path / "x.npz", output=tmp_path / "p.npz", store=str(root / "store.sqlite"))
+    assert out.shape == (50, 10)
+    with np.load(tmp_path / "p.npz") as saved:
+        assert np.array_equal(saved["predictions"], out)
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipekit_train.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
+    )
+
+
+@pytest.mark.slow
+def test_the_cli_evaluates_and_refuses_bad_input_in_one_line(trained):
+    root, artifact_id, final = trained
+    store = str(root / "store.sqlite")
+    done = _cli("evaluate", artifact_id, "--data", "test.yaml", "--store", store, "--json", cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["metrics"]["accuracy"] == pytest.approx(final["test/accuracy"], abs=1e-12)
+    bad = _cli("evaluate", artifact_id, "--data", "test.yaml", "--store", store, "--metric", "Acuracy", cwd=root)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "did you mean 'Accuracy'" in bad.stderr
+    listed = _cli("evaluations", "--store", store, "--metric", "accuracy", cwd=root)
+    assert listed.returncode == 0 and artifact_id[:12] in listed.stdout
+
+
+def test_data_must_be_npz_or_a_yaml_training_dataset(tmp_path: Path):
+    from pipekit import ConfigError
+    from pipekit_train._evaluate import load_data
+
+    with pytest.raises(ConfigError, match=r"--data test.csv: expected an .npz file or a .yaml file"):
+        load_data("test.csv")
+    (tmp_path / "loss.yaml").write_text("pipekit: 1\ntype: MSE\n")
+    with pytest.raises(ConfigError, match=r"loss.yaml: the file must hold a TrainingDataset .*got MSE"):
+        load_data(tmp_path / "loss.yaml")
+
+
+def test_a_version_3_store_gains_the_evaluation_tables_and_keeps_its_records(tmp_path: Path):
+    import sqlite3
+
+    from pipekit_train import TrainingArtifact
+    from pipekit_train.provenance._schema import MIGRATIONS, SCHEMA_VERSION
+
+    path = tmp_path / "v3.sqlite"
+    old = TrainingArtifact(artifact_id="0ld00001", run_id="r", final_metrics={"test/accuracy": 0.9})
+    ArtifactStore(str(path)).record(old)
+    with sqlite3.connect(path) as conn:  # take it back to what a version 3 store was
+        conn.execute("DROP TABLE evaluation_metrics")
+        conn.execute("DROP TABLE evaluations")
+        conn.execute("UPDATE schema_version SET version = 3")
+        before = conn.execute("SELECT record, digest FROM artifacts").fetchall()
+    assert SCHEMA_VERSION == len(MIGRATIONS) == 4
+    store = ArtifactStore(str(path))
+    assert store.schema_version() == 4 and store.evaluations() == []
+    assert store.get("0ld0") == old
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT record, digest FROM artifacts").fetchall() == before
