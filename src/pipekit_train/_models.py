@@ -19,7 +19,21 @@ import numpy as np
 
 from pipekit import ConfigError, Operator, PipekitError, field, suggestion
 
-__all__ = ["ModelOp", "Transfer", "check_factory_kwargs", "weights_digest"]
+__all__ = ["ACTIVATION_NAMES", "ModelOp", "Transfer", "check_activation", "check_factory_kwargs", "weights_digest"]
+
+#: The activations the built-in factories of the Keras and Lightning backends accept, by name (the names of the
+#: Equinox backend's `ACTIVATIONS`), so one pipeline file builds the same network on every backend.
+ACTIVATION_NAMES = ("relu", "gelu", "tanh", "silu", "identity")
+
+
+def check_activation(name: Any) -> str:
+    """`name` if it is one of `ACTIVATION_NAMES`; else a `ConfigError` with the closest name."""
+    if name not in ACTIVATION_NAMES:
+        raise ConfigError(
+            f"activation must be one of {', '.join(ACTIVATION_NAMES)}, got {name!r}"
+            f"{suggestion(str(name), list(ACTIVATION_NAMES))}"
+        )
+    return str(name)
 
 
 def weights_digest(arrays: Mapping[str, Any]) -> str:

@@ -9,23 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipekit import ConfigError, suggestion
+from pipekit import ConfigError
 
+from ..._models import ACTIVATION_NAMES, check_activation
 from ._model import register_torch_model
 
 __all__ = ["ACTIVATION_NAMES", "autoencoder", "check_activation", "classifier", "cnn", "mlp"]
-
-#: The activations a built-in factory accepts, by name (the same names as the Equinox backend's).
-ACTIVATION_NAMES = ("relu", "gelu", "tanh", "silu", "identity")
-
-
-def check_activation(name: Any) -> str:
-    if name not in ACTIVATION_NAMES:
-        raise ConfigError(
-            f"activation must be one of {', '.join(ACTIVATION_NAMES)}, got {name!r}"
-            f"{suggestion(str(name), list(ACTIVATION_NAMES))}"
-        )
-    return str(name)
 
 
 @register_torch_model("mlp")
