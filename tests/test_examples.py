@@ -24,4 +24,6 @@ def test_demo_pipeline_threads_pretrain_into_finetune():
     op = pipekit.load(Path(__file__).parent.parent / "examples/digits/pretrain_finetune.yaml")
     pretrain, finetune = op.stages
     assert finetune.transfer.paths == {"encoder": "encoder"}
-    assert pretrain.target_key == "x" and finetune.dataset.source.kwargs["label_fraction"] == 0.1
+    assert finetune.dataset.source.kwargs["label_fraction"] == 0.1
+    # A denoising autoencoder: noisy images in `x`, the clean ones in `x_clean` as the target (docs/recipes.md).
+    assert pretrain.target_key == "x_clean" and type(pretrain.dataset.transforms[0]).__name__ == "GaussianNoise"

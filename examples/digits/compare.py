@@ -5,8 +5,8 @@ Usage: python examples/digits/compare.py RUN_DIR SCRATCH_RUN_DIR [--seeds N]
 Seed 0 of each side is what `make demo` just trained with ``pipekit-train run`` (RUN_DIR, SCRATCH_RUN_DIR). The
 other seeds are trained here, in this process, into the same run directories: the finetune stages start from
 RUN_DIR's finished pretrain stage (``resume: auto`` finds it; it is not trained again). Each side's recipe was
-chosen by validation accuracy with examples/digits/select_recipe.py (docs/recipes.md); the test column is printed
-as it comes.
+chosen by validation accuracy with examples/digits/select_recipe.py, and the pretrain stage's denoising pretext
+with examples/digits/select_pretext.py (docs/recipes.md); the test column is printed as it comes.
 """
 
 from __future__ import annotations
@@ -92,7 +92,10 @@ def main(argv: list[str]) -> int:
         test = [m["test/accuracy"] for m in runs]
         print(f"{label:<34} {_ms(val):>12} {_ms(test):>12}")
     print(verdict([m["test/accuracy"] for m in tuned], [m["test/accuracy"] for m in plain]))
-    print("each side's recipe was chosen by validation accuracy (examples/digits/select_recipe.py, docs/recipes.md)")
+    print(
+        "each side's recipe and the pretext task were chosen by validation accuracy (examples/digits/select_recipe.py, "
+        "select_pretext.py, docs/recipes.md)"
+    )
     return 0
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ._backends import register_backend as register_backend
     from ._convert import convert_model as convert_model
     from ._convert import register_converter as register_converter
+    from ._distributed import initialize_distributed as initialize_distributed
     from ._engine import NonFiniteLossError as NonFiniteLossError
     from ._engine import NonFiniteWeightsError as NonFiniteWeightsError
     from ._evaluate import Evaluation as Evaluation
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from ._losses import Composite as Composite
     from ._losses import CrossEntropy as CrossEntropy
     from ._losses import Loss as Loss
+    from ._lr_find import LRFindResult as LRFindResult
+    from ._lr_find import lr_find as lr_find
     from ._metrics import MAE as MAE
     from ._metrics import RMSE as RMSE
     from ._metrics import Accuracy as Accuracy
@@ -50,12 +53,24 @@ if TYPE_CHECKING:
     from ._metrics import TopKAccuracy as TopKAccuracy
     from ._models import ModelOp as ModelOp
     from ._models import Transfer as Transfer
+    from ._presets import preset_fields as preset_fields
+    from ._presets import register_preset as register_preset
+    from ._presets import registered_presets as registered_presets
     from ._recipes import SAM as SAM
     from ._recipes import GradientRule as GradientRule
     from ._recipes import ParamGroup as ParamGroup
     from ._run import RunSettings as RunSettings
     from ._run import TrainingInterrupted as TrainingInterrupted
     from ._run import run_settings as run_settings
+    from ._schedules import Constant as Constant
+    from ._schedules import Cosine as Cosine
+    from ._schedules import Exponential as Exponential
+    from ._schedules import Linear as Linear
+    from ._schedules import Piecewise as Piecewise
+    from ._schedules import Schedule as Schedule
+    from ._schedules import current_step as current_step
+    from ._schedules import schedule_value as schedule_value
+    from ._schedules import step_context as step_context
     from ._warnings import PipekitTrainWarning as PipekitTrainWarning
     from ._writers import ConsoleWriter as ConsoleWriter
     from ._writers import JsonLinesWriter as JsonLinesWriter
@@ -91,6 +106,8 @@ if TYPE_CHECKING:
     from .data import BatchIterator as BatchIterator
     from .data import Cast as Cast
     from .data import Flatten as Flatten
+    from .data import GaussianNoise as GaussianNoise
+    from .data import MaskInputs as MaskInputs
     from .data import Normalize as Normalize
     from .data import NpySource as NpySource
     from .data import NpzSource as NpzSource

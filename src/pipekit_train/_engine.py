@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,8 +21,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ._distributed import is_primary, local_rows
 from ._progress import CompileWatch, PhaseClock, Progress, model_summary
-from ._writers import JsonLinesWriter, MetricWriter
+from ._writers import JsonLinesWriter, MetricWriter, NullWriter
 from .callbacks._base import Callback, TrainContext
 
 
@@ -31,6 +33,76 @@ class NonFiniteLossError(FloatingPointError):
 
 class NonFiniteWeightsError(FloatingPointError):
     """The weights hold NaN or infinity; nothing was saved or registered with them. The message names the array."""
+
+
+#: `steps_per_call: auto` fuses at most this many steps into one compiled call: enough that the dispatch costs
+#: nothing per step, few enough that a graceful stop (SIGTERM) or the progress display waits at most one chunk.
+AUTO_MAX_STEPS = 100
+
+#: ... and at most this many bytes of one call's stacked batches (on the host, or gathered on the device).
+AUTO_CHUNK_BYTES = 64 * 2**20
+
+
+def needs_every_step(cb: Callback) -> bool:
+    """Whether `cb` needs the host after every single step (`Callback.needs_every_step`; ``None``: inferred)."""
+    declared = type(cb).needs_every_step
+    if declared is not None:
+        return bool(declared)
+    return type(cb).on_step_end is not Callback.on_step_end
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    """The largest divisor of `n` that is at most `cap` (1 at least)."""
+    best = 1
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            for q in (d, n // d):
+                if best < q <= cap:
+                    best = q
+    return best
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How a stage cuts its steps into compiled calls (`Engine.next_chunk`).
+
+    Attributes:
+        size: The usual chunk: an explicit `steps_per_call`, or what `auto` resolved to. Chunks start at multiples
+            of it and never cross a boundary (log, eval, checkpoint, epoch end, `max_steps`).
+        small: With `auto`, what fills a stretch shorter than `size` (before a boundary that is not a multiple of
+            `size`, the tail before `max_steps`, after a resume between boundaries); then single steps. So an
+            `auto` stage compiles at most three chunk lengths: `size`, `small` and 1.
+        auto: Whether `steps_per_call` is `auto`.
+    """
+
+    size: int
+    small: int
+    auto: bool
+
+
+def chunk_plan(
+    loop: Any, periods: list[int], fuses: bool, batch_bytes: int, callbacks: tuple[Callback, ...]
+) -> ChunkPlan:
+    """Resolve `loop.steps_per_call` into a `ChunkPlan` (see docs/performance.md, "Fusion").
+
+    `periods` are the step multiples chunks must not cross (log, eval, epoch, checkpoint cadences); `fuses` says
+    whether the backend runs several steps per call at all (a backend that cannot treats `auto` as 1);
+    `batch_bytes` is one batch's size on the host. `auto` takes the largest divisor of the periods' (and
+    `max_steps`') common divisor that fits the caps (`AUTO_MAX_STEPS`, `AUTO_CHUNK_BYTES`), so every stretch
+    between two boundaries is a whole number of equal chunks; when that divisor is poor (periods 100 and 33), the
+    shortest period within the caps instead.
+    """
+    setting = loop.steps_per_call
+    if setting != "auto":
+        return ChunkPlan(int(setting), 1, False)
+    if not fuses or any(needs_every_step(cb) for cb in callbacks):
+        return ChunkPlan(1, 1, True)
+    cap = max(1, min(AUTO_MAX_STEPS, AUTO_CHUNK_BYTES // max(1, batch_bytes)))
+    every = [p for p in periods if p] + [int(loop.max_steps)]
+    divisor = _largest_divisor(math.gcd(*every), cap)
+    shortest = min(cap, *every)
+    size = divisor if 4 * divisor >= shortest else shortest
+    return ChunkPlan(size, max(1, size // 8), True)
 
 
 def callback_keys(callbacks: tuple[Callback, ...]) -> list[str]:
@@ -56,7 +128,13 @@ def first_nonfinite(tree: Any) -> str | None:
 
 
 class StepBackend(Protocol):
-    """What the engine needs from a backend adapter."""
+    """What the engine needs from a backend adapter.
+
+    Optional, read with ``getattr``: ``fuses_steps`` (default ``True``; ``False``: `steps_per_call: auto` means
+    one step per call, for a backend that steps in Python anyway), ``resident_data`` (default ``False``; ``True``:
+    the backend has ``train_window(window, n, step)`` taking a `pipekit_train.data._device.DeviceWindow`, so a
+    small in-memory training set can live on the device; see docs/performance.md).
+    """
 
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Mapping[str, Any]:
         """Run ``len(batches)`` optimizer steps starting at `step`; metrics with a leading axis when > 1."""
@@ -203,6 +281,47 @@ def _on_host(window: list[tuple[int, Mapping[str, Any]]]) -> list[dict[str, Any]
     ]
 
 
+def _columns(window: list[tuple[int, Mapping[str, Any]]]) -> dict[str, np.ndarray] | None:
+    """The window's per-step scalar metrics as one host array per name (in step order), or ``None`` when an entry
+    is not a slice of a chunk's scalars (a restored window, a metric with more than one value per step).
+
+    One transfer per chunk and one concatenation per metric: at 100 fused steps per log window, building a dict
+    per step and checking each step's loss on its own cost more host time than the chunk's dispatch.
+    """
+    import jax
+
+    segments: list[tuple[Mapping[str, Any], int | None, int]] = []  # (stacked, first index or None, count)
+    for _, m in window:
+        if not isinstance(m, _LazyStepMetrics):
+            return None
+        last = segments[-1] if segments else None
+        if last is not None and last[0] is m._stacked and last[1] is not None and m._index == last[1] + last[2]:
+            segments[-1] = (last[0], last[1], last[2] + 1)
+        else:
+            segments.append((m._stacked, m._index, 1))
+    chunks: dict[int, Mapping[str, Any]] = {}
+    for stacked, _, _ in segments:
+        chunks.setdefault(id(stacked), stacked)
+    host = dict(zip(chunks, jax.device_get(list(chunks.values())), strict=True))
+    keys = list(host[id(segments[0][0])])
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+    for stacked, first, count in segments:
+        values = host[id(stacked)]
+        if list(values) != keys:
+            return None
+        for k in keys:
+            v = np.asarray(values[k])
+            if first is None:
+                if v.ndim != 0:
+                    return None
+                parts[k].append(v.reshape(1))
+            else:
+                if v.ndim != 1:
+                    return None
+                parts[k].append(v[first : first + count])
+    return {k: np.concatenate(p) for k, p in parts.items()}
+
+
 class Engine:
     """Runs one stage's steps. Checkpointing and signal handling plug in through `hooks`."""
 
@@ -229,7 +348,9 @@ class Engine:
             key: dict(states.get(key, cb.initial_state()))
             for key, cb in zip(callback_keys(self.callbacks), self.callbacks)
         }
-        self.writer: MetricWriter = loop.metric_writer or JsonLinesWriter()
+        # Several processes: process 0 alone writes metrics and shows progress (`_distributed`).
+        self.primary = is_primary()
+        self.writer: MetricWriter = (loop.metric_writer or JsonLinesWriter()) if self.primary else NullWriter()
         self.ctx = TrainContext(
             loop=loop,
             stage=stage,
@@ -248,11 +369,24 @@ class Engine:
         self.clock = PhaseClock()
         self.progress: Progress | None = None
         self._saved = False
-        self.iterator = loop.dataset.iterator(loop.batch_size, loop.seed)
+        self.hooks = hooks
+        self.chunks = chunk_plan(
+            loop, self._periods(), getattr(backend, "fuses_steps", True), _batch_bytes(loop), self.callbacks
+        )
+        shard = local_rows()  # several processes: each reads its rows of every global batch
+        self.iterator: Any = self._resident_data(shard is None)
+        self.resident = self.iterator is not None
+        if self.iterator is None:
+            self.iterator = (
+                loop.dataset.iterator(loop.batch_size, loop.seed, shard=shard)
+                if shard
+                else loop.dataset.iterator(loop.batch_size, loop.seed)
+            )
         if data_state is not None:
             self.iterator.set_state(data_state)
-        self.hooks = hooks
         self.window: list[tuple[int, Mapping[str, Any]]] = []
+        # A log window whose record is written after the next chunk is dispatched (`_deferrable`), and its lr.
+        self._deferred: tuple[list[tuple[int, Mapping[str, Any]]], float] | None = None
         self.last_train: dict[str, Any] = {}
         self.eval_metrics: dict[str, Any] = {}
         self.evaluated_at: int | None = None
@@ -266,9 +400,10 @@ class Engine:
         spe = self.steps_per_epoch
         return step // spe if spe else 0
 
-    def _boundaries(self) -> list[int]:
+    def _periods(self) -> list[int]:
+        """The step multiples a chunk must not cross: log, eval, epoch (`steps_per_epoch`), checkpoint cadences."""
         loop = self.loop
-        every = [loop.log_every_n_steps, loop.steps_per_call]
+        every = [loop.log_every_n_steps]
         if loop.val_dataset is not None:
             every.append(loop.eval_every_n_steps)
         if loop.steps_per_epoch:
@@ -277,12 +412,40 @@ class Engine:
             every.extend(self.hooks.boundaries())
         return [e for e in every if e]
 
+    def _boundaries(self) -> list[int]:
+        return [*self._periods(), self.chunks.size]
+
     def next_chunk(self) -> int:
-        """How many steps the next dispatch runs: up to `steps_per_call`, never past a boundary."""
+        """How many steps the next dispatch runs: up to the `ChunkPlan`'s size, never past a boundary.
+
+        With `auto` a stretch shorter than the plan's size runs in chunks of its `small` size, then single steps,
+        so the stage compiles at most three chunk lengths.
+        """
         remaining: int = self.loop.max_steps - self.step
-        per_call: int = self.loop.steps_per_call
         stop = min(self.step + remaining, *(((self.step // e) + 1) * e for e in self._boundaries()))
-        return max(1, min(stop - self.step, per_call))
+        span = stop - self.step
+        plan = self.chunks
+        if not plan.auto or span >= plan.size:
+            return max(1, min(span, plan.size))
+        return plan.small if span >= plan.small else 1
+
+    def _resident_data(self, single_process: bool) -> Any:
+        """The device-resident training data (`pipekit_train.data._device.ResidentBatches`), or ``None``."""
+        loop = self.loop
+        dataset = loop.dataset
+        setting = getattr(dataset, "device_resident", False)
+        if setting is False:
+            return None
+        backend_ok = bool(getattr(self.backend, "resident_data", False)) and single_process
+        if not backend_ok and setting is not True:  # `auto` where it is not possible: the host path, quietly
+            return None
+        from .data._device import ResidentBatches, check_forced, resident_reason
+
+        reason = resident_reason(dataset, loop.batch_size, backend_ok)
+        check_forced(dataset, reason)
+        if reason is not None:
+            return None
+        return ResidentBatches(dataset, loop.batch_size, loop.seed, self.chunks.size)
 
     # The run -----------------------------------------------------------------------------------------------
     def run(self) -> AdapterResult:
@@ -291,7 +454,7 @@ class Engine:
         self.writer.open(ctx.run_dir)
         CompileWatch.install()
         progress = self.progress = Progress(
-            self.stage, loop.max_steps, self.step, enabled=loop.progress, batch_size=loop.batch_size
+            self.stage, loop.max_steps, self.step, enabled=loop.progress and self.primary, batch_size=loop.batch_size
         )
         status = "completed"
         try:
@@ -309,13 +472,23 @@ class Engine:
             while self.step < loop.max_steps and ctx.stop_reason is None:
                 n = self.next_chunk()
                 t0 = time.perf_counter()
-                batches = [next(self.iterator) for _ in range(n)]
+                if self.resident:  # the chunk gathers its own batches on the device
+                    data: Any = self.iterator.window(n)
+                else:
+                    data = [next(self.iterator) for _ in range(n)]
                 data_s = time.perf_counter() - t0
                 data_state = self.iterator.get_state()
                 first = self.step
                 compiles = CompileWatch.count - self.clock.eval_compiles
                 aside = self.clock.eval_s + self.clock.checkpoint_s
-                metrics = self.backend.train(batches, first)
+                if self.resident:
+                    metrics = self.backend.train_window(data, n, first)  # type: ignore[attr-defined]
+                else:
+                    metrics = self.backend.train(data, first)
+                # Compiles happen while dispatching: known now, before the chunk's own log decision.
+                compiled_now = CompileWatch.count - self.clock.eval_compiles != compiles
+                if self._deferred is not None:  # the previous log window: its chunk is done, this one is queued
+                    self._flush_deferred()
                 self.step += n
                 ctx.step, ctx.epoch = self.step, self.epoch_of(self.step)
                 # The divergence check reads the previous dispatch's loss only when it is already computed, so
@@ -323,7 +496,7 @@ class Engine:
                 if pending is not None and getattr(pending[1], "is_ready", lambda: True)():
                     self._check_finite(*pending)
                 pending = (self.step, metrics["loss"])
-                self._after_chunk(first, n, metrics)
+                self._after_chunk(first, n, metrics, may_defer=not compiled_now)
                 if self.hooks is not None and ctx.stop_reason is None:
                     self._checkpointing(self.hooks.after_chunk, self, data_state)
                 signal_name = self.hooks.stop_requested() if self.hooks is not None else None
@@ -356,6 +529,9 @@ class Engine:
             progress.close(status, final)
         except BaseException as exc:
             # Nothing below may hide the original error.
+            with contextlib.suppress(Exception):  # a deferred log record is written, as it would have been
+                if self._deferred is not None:
+                    self._flush_deferred()
             if self.hooks is not None:
                 with contextlib.suppress(Exception):
                     self.hooks.close()
@@ -388,7 +564,8 @@ class Engine:
             step=self.step,
             epoch=ctx.epoch,
             metrics=final,
-            backend_info={},
+            # What the engine resolved; adapters record it (`steps_per_call` after `auto`, the data path).
+            backend_info={"steps_per_call": self.chunks.size, "data": "device" if self.resident else "host"},
             artifact_fields=dict(ctx.artifact_fields),
             started_at=started,
             ended_at=now_iso(),
@@ -452,7 +629,7 @@ class Engine:
                 "or set stop_on_nonfinite: false to train on regardless."
             )
 
-    def _after_chunk(self, first: int, n: int, metrics: Mapping[str, Any]) -> None:
+    def _after_chunk(self, first: int, n: int, metrics: Mapping[str, Any], may_defer: bool = False) -> None:
         loop, ctx = self.loop, self.ctx
         for i in range(n):
             step_metrics = _LazyStepMetrics(metrics, i if n > 1 else None)
@@ -463,26 +640,73 @@ class Engine:
                     cb.on_step_end(ctx, step_metrics)
         ctx.step = self.step
         if self.step % loop.log_every_n_steps == 0 or self.step == loop.max_steps:
-            self._flush_window()
+            if may_defer and self._deferrable():
+                # The learning rate now (it reads this chunk's state, as the flush would have); the transfer,
+                # the records and the writer after the next dispatch, while the device runs the next chunk.
+                self._deferred = (self.window, self.backend.learning_rate(self.step))
+                self.window = []
+            else:
+                self._flush_window()
         if loop.val_dataset is not None and (self.step % loop.eval_every_n_steps == 0 or self.step == loop.max_steps):
             self._evaluate()
         if loop.steps_per_epoch and self.step % loop.steps_per_epoch == 0:
             for cb in self.callbacks:
                 cb.on_epoch_end(ctx)
 
+    def _deferrable(self) -> bool:
+        """Whether this log step's record may be written after the next chunk is dispatched.
+
+        Waiting for the chunk's metrics at every log step leaves the device idle while the host writes records
+        and dispatches the next chunk; with one chunk per log window (`auto`) that was the loop's largest cost
+        over a hand-written scan. Only where nothing else happens at this step: no evaluation, epoch end,
+        checkpoint cadence, last step or stop, and no callback reading records (`on_log`), so every record is
+        written with the same values and in the same order, only a chunk later.
+        """
+        loop, step = self.loop, self.step
+        if step >= loop.max_steps or self.ctx.stop_reason is not None:
+            return False
+        if loop.val_dataset is not None and step % loop.eval_every_n_steps == 0:
+            return False
+        if loop.steps_per_epoch and step % loop.steps_per_epoch == 0:
+            return False
+        if self.hooks is not None and any(b and step % b == 0 for b in self.hooks.boundaries()):
+            return False
+        return all(type(cb).on_log is Callback.on_log for cb in self.callbacks)
+
+    def _flush_deferred(self) -> None:
+        assert self._deferred is not None
+        window, lr = self._deferred
+        self._deferred = None
+        self._flush(window, lr)
+
     def _flush_window(self) -> None:
+        if self._deferred is not None:
+            self._flush_deferred()
         if not self.window:
             return
-        values = _on_host(self.window)
-        steps = [s for s, _ in self.window]
+        window, self.window = self.window, []
+        self._flush(window, None)
+
+    def _flush(self, window: list[tuple[int, Mapping[str, Any]]], lr: float | None) -> None:
+        """Write the train (and time) record of `window`; `lr`: the learning rate at its last step, if known."""
+        steps = [s for s, _ in window]
         step = steps[-1]
-        self.window = []
-        for s, v in zip(steps, values):
-            self._check_finite(s, v["loss"])
+        columns = _columns(window)
         record: dict[str, float] = {}
-        for key in values[0]:
-            record[key] = float(np.mean([v[key] for v in values]))
-        record["lr"] = self.backend.learning_rate(step)
+        if columns is not None:  # one array per metric: the same values and means, without a dict per step
+            losses = np.asarray(columns["loss"], dtype=np.float64)
+            if not np.isfinite(losses).all():
+                i = int(np.flatnonzero(~np.isfinite(losses))[0])
+                self._check_finite(steps[i], losses[i])
+            for key, column in columns.items():
+                record[key] = float(np.mean(column))
+        else:
+            values = _on_host(window)
+            for s, v in zip(steps, values):
+                self._check_finite(s, v["loss"])
+            for key in values[0]:
+                record[key] = float(np.mean([v[key] for v in values]))
+        record["lr"] = lr if lr is not None else self.backend.learning_rate(step)
         self.last_train = record
         epoch = self.epoch_of(step)
         self._emit({"type": "metrics", "context": "time", "step": step, "epoch": epoch, **self.clock.summary()})
@@ -494,6 +718,8 @@ class Engine:
         Called before a checkpoint is written: no checkpoint holds weights past a NaN loss, and the checkpoint
         carries the pending values so a resumed run writes the same train records as an uninterrupted one.
         """
+        if self._deferred is not None:  # its record is written before the checkpoint, as without deferring
+            self._flush_deferred()
         values = _on_host(self.window)
         pending: list[list[Any]] = [[s, {k: float(v) for k, v in m.items()}] for (s, _), m in zip(self.window, values)]
         for step, metrics in pending:
@@ -589,6 +815,16 @@ def evaluate(backend: StepBackend, dataset: Any, batch_size: int, loop: Any = No
     if wanted:
         out.update(compute_metrics(wanted, states))
     return out
+
+
+def _batch_bytes(loop: Any) -> int:
+    """Bytes of one training batch on the host after the transforms (0 when the dataset cannot say)."""
+    try:
+        spec = loop.dataset.element_spec()
+    except Exception:  # a dataset without a spec: no byte cap on fusion
+        return 0
+    record: int = sum(int(math.prod(shape)) * int(np.dtype(dtype).itemsize) for shape, dtype in spec.values())
+    return int(loop.batch_size) * record
 
 
 def _data_steps_per_epoch(loop: Any) -> int | None:

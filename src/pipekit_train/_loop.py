@@ -13,6 +13,7 @@ from ._backends import check_backend_name, get_backend
 from ._losses import Loss
 from ._metrics import Metric
 from ._models import ModelOp, Transfer
+from ._presets import with_presets
 from ._recipes import GradientRule, ParamGroup
 from ._writers import MetricWriter
 from .callbacks._base import Callback
@@ -35,6 +36,9 @@ class TrainerCarryState(CarryState):
         run_dir: Directory of the run's files.
         stage_index: How many training stages have run before the next one.
         artifact_id: The artifact recorded for the stage that produced this state (the next stage's parent).
+        checkpoint_dir: Where that stage's checkpoints are (``None`` without a `Checkpoint` callback): what the
+            next stage's `TrainingLoop.carry` reads its final optimizer state and EMA weights from.
+        has_ema: Whether that stage kept EMA weights (an `EMA` callback).
     """
 
     def __init__(
@@ -49,6 +53,8 @@ class TrainerCarryState(CarryState):
         run_dir: str | None = None,
         stage_index: int = 0,
         artifact_id: str | None = None,
+        checkpoint_dir: str | None = None,
+        has_ema: bool = False,
     ) -> None:
         self.model = model
         self.opt_state = opt_state
@@ -60,6 +66,8 @@ class TrainerCarryState(CarryState):
         self.run_dir = run_dir
         self.stage_index = stage_index
         self.artifact_id = artifact_id
+        self.checkpoint_dir = checkpoint_dir
+        self.has_ema = has_ema
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: the model as its YAML, optimizer state and weights left to checkpoints."""
@@ -131,9 +139,14 @@ class TrainingLoop(StatefulOperator):
         metrics: Whole-split metrics (`Accuracy`, `PrecisionRecallF1`, `MAE`, your own `Metric`) computed at every
             validation and at the test pass, next to the loss (docs/metrics.md).
         transfer: How weights from the previous stage enter this stage's model (below).
+        carry: What else to take from the previous stage: ``{optimizer_state: true}`` continues its optimizer
+            state, ``{weights: ema}`` starts from its EMA weights (``params``: its raw parameters; ``returned``,
+            the default: the model it returned). Read from its final checkpoint (docs/recipes.md).
         accum: Gradient accumulation: one optimizer update every `accum` steps (`optax.MultiSteps`).
         grad_clip_norm: Clip gradients to this global norm.
-        steps_per_call: Fuse this many steps into one compiled call (`lax.scan`); callbacks still see every step.
+        steps_per_call: `auto`: fuse every step between two boundaries (log, eval, checkpoint, epoch end, a
+            callback that needs the host every step) into one compiled call (`lax.scan`), up to a cap; an int:
+            at most this many steps per call. Callbacks still see every step (docs/performance.md).
         stop_on_nonfinite: Stop with an error naming the step when the loss or the weights become NaN or infinite.
         progress: A progress bar on a terminal, plain lines in logs or when `CI` is set (docs/metrics.md).
         resume: `auto`: continue the run in the run directory exactly (see checkpoints.md).
@@ -149,6 +162,9 @@ class TrainingLoop(StatefulOperator):
             learning-rate scale, weight decay, L2-SP or freezing (docs/recipes.md).
         diagnostics: Log gradient norm, parameter norm and update/parameter ratio, globally and per group,
             computed in the step (docs/recipes.md).
+        preset: A named set of fields (``finetune-small``, ``pretrain-autoencoder``, ``linear-probe``, or one
+            added with `register_preset`) that fills every field the stage does not set; never overrides a set one
+            (docs/recipes.md).
     """
 
     model_op: ModelOp
@@ -174,9 +190,10 @@ class TrainingLoop(StatefulOperator):
     eval_batch_size: int | None = None
     metrics: tuple[Metric, ...] = ()
     transfer: Transfer | None = None
+    carry: dict[str, Any] | None = None
     accum: int = 1
     grad_clip_norm: float | None = None
-    steps_per_call: int = 1
+    steps_per_call: int | Literal["auto"] = "auto"
     stop_on_nonfinite: bool = True
     progress: bool = True
     resume: Literal["never", "auto"] = "never"
@@ -187,12 +204,14 @@ class TrainingLoop(StatefulOperator):
     gradient: GradientRule | None = None
     param_groups: tuple[ParamGroup, ...] = ()
     diagnostics: bool = False
+    preset: str | None = None
 
     def validate(self) -> None:
         for name in ("max_steps", "batch_size", "eval_every_n_steps", "log_every_n_steps", "accum", "steps_per_call"):
             value = getattr(self, name)
-            if value <= 0:
-                raise ConfigError(f"TrainingLoop.{name} must be a positive int, got {value}")
+            if value != "auto" and value <= 0:
+                also = " or auto" if name == "steps_per_call" else ""
+                raise ConfigError(f"TrainingLoop.{name} must be a positive int{also}, got {value}")
         if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
             raise ConfigError(
                 f"TrainingLoop.steps_per_epoch must be a positive int or null, got {self.steps_per_epoch}"
@@ -213,6 +232,9 @@ class TrainingLoop(StatefulOperator):
         if self.name is not None and not self.name.replace("-", "_").isidentifier():
             raise ConfigError(f"TrainingLoop.name must be a simple name (letters, digits, _ or -), got {self.name!r}")
         check_backend_name(self.backend)
+        from ._carry import carry_settings
+
+        carry_settings(self.carry)
         from ._optim import resolve_optimizer_config
 
         resolve_optimizer_config(self.optimizer_config)  # keys, names and values now, with the file position
@@ -234,6 +256,20 @@ class TrainingLoop(StatefulOperator):
                 f"TrainingLoop.backend is {self.backend!r}; set backend: {model_backend} or choose a model of "
                 f"backend {self.backend!r}"
             )
+
+    def non_default_fields(self) -> dict[str, Any]:
+        """The fields a file must spell out: with a `preset`, those that differ from what the preset gives."""
+        from ._presets import explicit_fields
+
+        return explicit_fields(self, super().non_default_fields())
+
+    def replace(self, **changes: Any) -> TrainingLoop:
+        """A copy with some fields changed; a new `preset` fills again the fields the old one filled."""
+        if "preset" in changes and changes["preset"] != self.preset:
+            from ._presets import replace_with_preset
+
+            return replace_with_preset(self, changes)
+        return super().replace(**changes)
 
     @classmethod
     def example(cls) -> TrainingLoop:
@@ -267,6 +303,10 @@ class TrainingLoop(StatefulOperator):
     def run(self) -> TrainingResult:  # type: ignore[override]
         """Train from scratch (or resume), returning ``(trained_model_op, artifact)``."""
         return self._apply(None, self.initial_state())[0]
+
+
+# `preset` fills the fields a call does not pass, so it needs the call's keywords, which only `__init__` sees.
+TrainingLoop.__init__ = with_presets(TrainingLoop.__init__)  # type: ignore[method-assign]
 
 
 def _example_model() -> ModelOp:

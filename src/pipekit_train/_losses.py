@@ -20,6 +20,8 @@ import jax.numpy as jnp
 
 from pipekit import ConfigError, Operator, ShapeError
 
+from ._schedules import Schedule, schedule_value
+
 __all__ = ["KL", "MSE", "NLL", "Composite", "CrossEntropy", "Loss", "split_loss_output"]
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -267,8 +269,13 @@ class Composite(Loss):
     scalar. A component that returns ``(scalar, aux)`` contributes its scalar, and its aux metrics appear in
     `terms` as ``f"{type(L).__name__}_{i}/{name}"``.
 
+    A weight may be a `Schedule` (KL annealing: ``[{type: Linear, start: 0.0, end: 1.0, steps: 1000}, {type:
+    KL}]``): inside the train step it follows the step and is logged as ``schedule/weight/<term>``
+    (``schedule/weight/KL_1``); outside it (validation, test) it takes its final value.
+
     Args:
-        components: ``((weight, loss), ...)``, at least one; every loss must reduce to a scalar.
+        components: ``((weight, loss), ...)``, at least one; every loss must reduce to a scalar. A weight is a
+            float or a `Schedule`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -278,13 +285,13 @@ class Composite(Loss):
         (2.0, ['MSE_0', 'MSE_1'])
     """
 
-    components: tuple[tuple[float, Loss], ...]
+    components: tuple[tuple[float | Schedule, Loss], ...]
 
     def validate(self) -> None:
         if not self.components:
             raise ConfigError("Composite.components must hold at least one (weight, loss) pair, got ()")
         for i, (weight, loss) in enumerate(self.components):
-            if not math.isfinite(weight):
+            if not isinstance(weight, Schedule) and not math.isfinite(weight):
                 raise ConfigError(f"Composite.components[{i}] weight must be a finite float, got {weight!r}")
             if getattr(loss, "reduction", None) == "none":
                 raise ConfigError(
@@ -305,5 +312,5 @@ class Composite(Loss):
             terms[name] = value
             for k, v in aux.items():
                 terms[f"{name}/{k}"] = v
-            total = total + weight * value
+            total = total + schedule_value(weight, f"weight/{name}") * value
         return total, terms

@@ -1,4 +1,4 @@
-"""Data parallel over the local devices: the `TrainingLoop.mesh` setting, the device mesh and the shardings.
+"""Data parallel over the devices: the `TrainingLoop.mesh` setting, the device mesh and the shardings.
 
 A stage trains on a one-axis device mesh named ``data``. The global batch (`TrainingLoop.batch_size`) is split
 along that axis, one slice per device; parameters and optimizer state are replicated on every device, or, with
@@ -6,6 +6,9 @@ along that axis, one slice per device; parameters and optimizer state are replic
 divides). XLA inserts the gradient all-reduce (or the all-gathers and reduce-scatters) itself: the step is one
 `jax.jit` with explicit input and output shardings. With one device and no ``shard_params`` there is no mesh at
 all: the step is the unsharded one, bit for bit (design/scale.md).
+
+With several processes (`jax.distributed`, `pipekit_train._distributed`) the ``data`` axis spans the devices of
+every process, process by process; each process hands the step only its rows of the global batch (`MeshPlan.assemble`).
 """
 
 from __future__ import annotations
@@ -55,19 +58,45 @@ def mesh_settings(mesh: Any, where: str = "TrainingLoop.mesh") -> tuple[int | No
 
 
 def device_count(loop: TrainingLoop) -> int:
-    """How many devices the stage trains on: `mesh.devices`, or every local device."""
+    """How many devices the stage trains on: `mesh.devices` (or every local device) of every process."""
+    import jax
+
+    return len(_local_devices(loop)) * int(jax.process_count())
+
+
+def _local_devices(loop: TrainingLoop) -> list[Any]:
+    """This process's devices the stage trains on: the first `mesh.devices` local ones, or all of them."""
     import jax
 
     wanted, _ = mesh_settings(loop.mesh)
-    available = jax.local_device_count()
+    available = jax.local_devices()
     if wanted is None:
-        return available
-    if wanted > available:
+        return list(available)
+    if wanted > len(available):
         raise ConfigError(
-            f"TrainingLoop.mesh.devices is {wanted} but this process has {available} local device(s) "
-            f"({jax.default_backend()}); use devices: all or at most {available}"
+            f"TrainingLoop.mesh.devices is {wanted} but this process has {len(available)} local device(s) "
+            f"({jax.default_backend()}); use devices: all or at most {len(available)}"
         )
-    return wanted
+    return list(available[:wanted])
+
+
+def _mesh_devices(loop: TrainingLoop) -> tuple[Any, ...]:
+    """The mesh's devices in process order: the first `mesh.devices` local devices of process 0, then of 1, ...
+
+    With several processes (`jax.distributed`) the ``data`` axis spans every process's devices, so process `p`'s
+    devices hold the `p`-th contiguous part of each global batch: the rows that process reads (`local_rows`).
+    """
+    import jax
+
+    local = _local_devices(loop)
+    if jax.process_count() == 1:
+        return tuple(local)
+    per_process = len(local)
+    out: list[Any] = []
+    for p in range(jax.process_count()):
+        mine = sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+        out.extend(mine[:per_process])
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -109,6 +138,26 @@ class MeshPlan:
     def shardings(self, leaves: list[Any]) -> tuple[NamedSharding, ...]:
         return tuple(self.leaf(tuple(getattr(x, "shape", ()))) for x in leaves)
 
+    @property
+    def num_processes(self) -> int:
+        return len({d.process_index for d in self.mesh.devices.flat})
+
+    def assemble(self, batch: dict[str, Any], stacked: bool) -> dict[str, Any]:
+        """The global batch as the compiled step takes it: as it is for one process (the call splits the NumPy
+        arrays), else one global `jax.Array` per key made from this process's rows
+        (`jax.make_array_from_process_local_data`)."""
+        if self.num_processes == 1:
+            return batch
+        import jax
+
+        sharding, axis = self.batch(stacked), 1 if stacked else 0
+        out = {}
+        for key, local in batch.items():
+            shape = list(local.shape)
+            shape[axis] *= self.num_processes
+            out[key] = jax.make_array_from_process_local_data(sharding, local, tuple(shape))  # type: ignore[no-untyped-call]
+        return out
+
     def put(self, leaves: list[Any]) -> list[jax.Array]:
         """`leaves` placed on the mesh with their shardings (fresh arrays when they move)."""
         import jax
@@ -124,7 +173,6 @@ def mesh_plan(loop: TrainingLoop) -> MeshPlan | None:
 
     Refuses a global batch the device count does not divide, naming both.
     """
-    import jax
     import numpy as np
     from jax.sharding import Mesh
 
@@ -144,7 +192,7 @@ def mesh_plan(loop: TrainingLoop) -> MeshPlan | None:
             f"TrainingLoop.dataset keeps the short last batch of each epoch ({short} records, drop_remainder: "
             f"false), which the stage's {n} devices cannot split evenly; set drop_remainder: true on the dataset"
         )
-    devices = tuple(jax.local_devices()[:n])
+    devices = _mesh_devices(loop)
     key = (devices, shard)
     plan = _PLANS.get(key)
     if plan is None:
@@ -159,7 +207,7 @@ def check_mesh(loop: TrainingLoop) -> None:
         if (wanted is not None and wanted > 1) or shard:
             raise ConfigError(
                 f"TrainingLoop.mesh is {loop.mesh!r} but backend {loop.backend!r} trains on one device only "
-                "(data parallel: equinox, keras); remove mesh or set mesh: {devices: 1}"
+                "(data parallel: equinox, keras, numpyro-svi); remove mesh or set mesh: {devices: 1}"
             )
         return
     if shard and not supports(loop, "shard_params"):
@@ -169,10 +217,16 @@ def check_mesh(loop: TrainingLoop) -> None:
         )
     import jax
 
-    if jax.process_count() > 1:
+    processes = jax.process_count()
+    if processes > 1 and not supports(loop, "processes"):
         raise ConfigError(
-            f"this process is one of {jax.process_count()} (jax.distributed is initialized), but pipekit-train "
-            "trains on the devices of one process only; run one process per host (design/scale.md)"
+            f"this process is one of {processes} (jax.distributed is initialized) but backend {loop.backend!r} "
+            "trains in one process only (multi-process: equinox); run it without pipekit-train launch"
+        )
+    if processes > 1 and shard:
+        raise ConfigError(
+            f"TrainingLoop.mesh.shard_params is true but this run has {processes} processes; parameter sharding "
+            "works within one process only: remove shard_params (design/scale.md)"
         )
     mesh_plan(loop)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipekit import ConfigError, suggestion
 
-__all__ = ["check_optimizer_config", "check_schedule", "resolve_optimizer_config"]
+__all__ = ["check_optimizer_config", "check_schedule", "resolve_optimizer_config", "schedule_numbers"]
 
 # Keys each optimizer takes, with their defaults (optax's defaults where optax has one).
 _OPTIMIZERS: dict[str, dict[str, Any]] = {
@@ -170,6 +170,42 @@ def check_schedule(cfg: Mapping[str, Any], max_steps: int) -> tuple[int, int | N
             "before the learning rate reached lr; lower warmup_steps or raise max_steps"
         )
     return decay_steps, warmup
+
+
+def schedule_numbers(cfg: Mapping[str, Any], max_steps: int) -> dict[str, Any]:
+    """The numbers of a resolved config's learning-rate schedule for a stage of `max_steps` (checked first).
+
+    These are values, not structure: the JAX backends carry them in the optimizer state, so a stage with another
+    ``lr``, warm-up or horizon runs the same compiled step. Keys by schedule:
+
+    - every schedule but onecycle: ``lr``, ``warmup`` (steps of the linear warm-up from 0; 0 for none);
+    - ``warmup_cosine``: ``decay_steps`` (the total length, warm-up included) and ``alpha`` (``end_lr / lr``);
+    - ``exponential``: ``decay_steps``, ``decay_rate`` and ``bound``, the floor (decay) or ceiling (growth) the
+      rate is clipped to: ``end_lr``, or 0 / infinity when there is none (a clip that never acts);
+    - ``onecycle``: ``lr``, ``peak_at`` (the step of the peak), ``end_at`` (``decay_steps``) and ``final_div``
+      (``end = lr / 25 / final_div``), as ``optax.cosine_onecycle_schedule`` computes them.
+
+    Example:
+        >>> schedule_numbers(resolve_optimizer_config({"schedule": "warmup_cosine", "warmup_steps": 5}), 100)
+        {'lr': 0.001, 'warmup': 5, 'decay_steps': 100, 'alpha': 0.0}
+    """
+    decay_steps, warmup = check_schedule(cfg, max_steps)
+    lr, kind = float(cfg["lr"]), cfg["schedule"]
+    if kind == "onecycle":
+        assert warmup is not None
+        final_div = 1e4 if cfg["end_lr"] is None else (lr / 25.0) / cfg["end_lr"]
+        # optax places the peak at int(pct_start * steps); with pct_start = warmup / steps that can round down.
+        return {"lr": lr, "peak_at": int(warmup / decay_steps * decay_steps), "end_at": decay_steps,
+                "final_div": final_div}  # fmt: skip
+    out: dict[str, Any] = {"lr": lr, "warmup": warmup or 0}
+    if kind == "warmup_cosine":
+        out.update(decay_steps=decay_steps, alpha=cfg["end_lr"] / lr)
+    elif kind == "exponential":
+        rate, end = cfg["decay_rate"], cfg["end_lr"]
+        out.update(
+            decay_steps=decay_steps, decay_rate=rate, bound=end if end is not None else (0.0 if rate < 1 else math.inf)
+        )
+    return out
 
 
 def check_optimizer_config(config: Mapping[str, Any], max_steps: int | None = None) -> None:

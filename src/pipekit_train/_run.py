@@ -13,6 +13,8 @@ from urllib.parse import quote
 
 import pipekit
 
+from ._carry import handoff
+from ._distributed import allgather, barrier, initialize_distributed, is_primary, primary_holds
 from ._engine import NonFiniteWeightsError, first_nonfinite
 from ._jsonio import DamagedFileError, read_json, write_json
 from ._lock import DirectoryNotWritableError, check_writable, run_dir_lock
@@ -154,6 +156,7 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
         run_dir=info.run_dir,
         stage_index=info.stage_index + 1,
         artifact_id=artifact.artifact_id,
+        **handoff(loop, info.stage_dir),
     )
     return TrainingResult(model, artifact), state
 
@@ -195,10 +198,13 @@ def _write_final(info: RunInfo, result: Any, artifact: Any, model_uri: str) -> N
 
 def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[TrainingResult, TrainerCarryState]:
     """Train one stage. `state` is what the previous stage of a `Sequential` returned (or ``None``)."""
+    initialize_distributed()  # a multi-process environment ($PIPEKIT_NUM_PROCESSES, ...): connect once, first
     settings = current_settings()
     if loop.resume == "auto" and settings.resume != "auto":
         settings = replace(settings, resume="auto")
-    run_id, run_dir, stage_index = _run_identity(settings, state)
+    # Several processes: process 0 names the run (or finds it in the run directory) and tells the others.
+    identity = _run_identity(settings, state) if is_primary() else None
+    run_id, run_dir, stage_index = allgather("run-identity", identity)[0]
     stage = loop.name or f"stage{stage_index}"
     parents: tuple[str, ...] = ()
     if state is not None and state.artifact_id:
@@ -219,7 +225,9 @@ def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[Trai
     preflight_stage(loop, state, info.stage)
     _check_store(settings)
     _check_targets(loop, info)
-    with run_dir_lock(run_dir):  # one writer per run directory: a second process is refused, naming this one
+    # One writer per run directory: a second run is refused, naming the one that holds it. Several processes of one
+    # run (jax.distributed): process 0 holds the lock, the others wait until it does (or fail with its refusal).
+    with primary_holds("run-dir", lambda: run_dir_lock(run_dir)):
         return _run_locked(loop, state, info, settings)
 
 
@@ -228,7 +236,8 @@ def _run_locked(
 ) -> tuple[TrainingResult, TrainerCarryState]:
     run_id, run_dir, stage_index = info.run_id, info.run_dir, info.stage_index
     os.makedirs(info.stage_dir, exist_ok=True)
-    _write_run_meta(run_dir, run_id, settings)
+    if is_primary():
+        _write_run_meta(run_dir, run_id, settings)
     from .checkpoint._resume import make_hooks
 
     hooks = make_hooks(loop, info, settings)
@@ -243,16 +252,17 @@ def _run_locked(
                 f"stage {info.stage!r}: the final weights at {bad} are not finite (step {result.step}); they were not "
                 "registered and the stage is not marked finished. Lower the learning rate or set grad_clip_norm"
             )
-    model_uri = None if interrupted is not None else _keep_final_model(info, result)
+    model_uri = None if interrupted is not None or not is_primary() else _keep_final_model(info, result)
     artifact = _build_artifact(loop, result, info, settings, model_uri, forced=hooks.forced)
     if interrupted is not None:
         _record_in_store(artifact, settings, info)
         raise TrainingInterrupted(interrupted[0], artifact, interrupted[1])
-    assert model_uri is not None
     # final.json marks the stage finished: written before the store insert, so a crash between the two leaves one
     # artifact, which a resume finds in artifact.json and records (it never trains or records the stage again).
-    _write_final(info, result, artifact, model_uri)
+    if model_uri is not None:  # process 0 (or the only process) writes what the run keeps
+        _write_final(info, result, artifact, model_uri)
     _record_in_store(artifact, settings, info)
+    barrier("stage-end")  # several processes: none goes on before process 0 has recorded the stage
     new_state = TrainerCarryState(
         model=result.model,
         opt_state=result.opt_state,
@@ -264,6 +274,7 @@ def _run_locked(
         run_dir=run_dir,
         stage_index=stage_index + 1,
         artifact_id=artifact.artifact_id,
+        **handoff(loop, info.stage_dir),
     )
     return TrainingResult(result.model, artifact), new_state
 
@@ -286,7 +297,7 @@ def _check_targets(loop: TrainingLoop, info: RunInfo) -> None:
 
 def _check_store(settings: RunSettings) -> None:
     """Refuse before training when the artifact store cannot be written (it would fail after the whole run)."""
-    if settings.store is False:
+    if settings.store is False or not is_primary():
         return
     import sqlite3
 
@@ -328,6 +339,7 @@ def _build_artifact(
     model_uri: str | None,
     forced: str | None = None,
 ) -> Any:
+    from ._presets import preset_record
     from .provenance._artifact import TrainingArtifact, collect_deps_lock, git_state, new_artifact_id
 
     yaml_text = pipekit.dumps(loop, strict=False)
@@ -357,9 +369,11 @@ def _build_artifact(
         imports=settings.imports,
         forced_resume=forced,
         model_summary=fields.pop("model_summary", None),
+        preset=preset_record(loop),
     )
     # The stage's own record first: a store that fails later loses nothing (`artifacts import` records it).
-    write_json(os.path.join(info.stage_dir, "artifact.json"), artifact.to_dict())
+    if is_primary():
+        write_json(os.path.join(info.stage_dir, "artifact.json"), artifact.to_dict())
     return artifact
 
 
@@ -373,8 +387,9 @@ def _with_topology(loop: TrainingLoop, backend_info: dict[str, Any]) -> dict[str
 
 
 def _record_in_store(artifact: Any, settings: RunSettings, info: RunInfo) -> None:
-    """Add the stage's artifact to the store; a failure names the store and how to record it afterwards."""
-    if settings.store is False:
+    """Add the stage's artifact to the store (process 0 of several); a failure names the store and how to record
+    it afterwards."""
+    if settings.store is False or not is_primary():
         return
     import sqlite3
 

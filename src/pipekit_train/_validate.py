@@ -8,6 +8,7 @@ hand the next. A stage runs it again before it claims its run directory, so a fa
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from pipekit import ConfigError, Operator, Sequential
@@ -59,7 +60,7 @@ def preflight_stage(loop: TrainingLoop, state: TrainerCarryState | None, stage: 
 
 
 #: The `TrainingLoop` fields of docs/recipes.md; an adapter that honours some lists them in its ``RECIPES``.
-RECIPE_FIELDS = ("gradient", "param_groups", "diagnostics")
+RECIPE_FIELDS = ("gradient", "param_groups", "diagnostics", "carry")
 
 
 def _check_recipes_supported(loop: TrainingLoop, stage: str) -> None:
@@ -71,6 +72,16 @@ def _check_recipes_supported(loop: TrainingLoop, stage: str) -> None:
             raise ConfigError(
                 f"stage {stage!r}: backend {loop.backend!r} cannot honour TrainingLoop.{name} ({value!r}); "
                 "remove it or train this stage with backend: equinox (docs/recipes.md)"
+            )
+    if "schedules" not in supported:
+        from ._schedules import schedules_in
+
+        found = schedules_in(loop.loss, "loss") + schedules_in(loop.callbacks, "callbacks")
+        if found:
+            path, schedule = found[0]
+            raise ConfigError(
+                f"stage {stage!r}: backend {loop.backend!r} cannot follow a schedule (TrainingLoop.{path} is "
+                f"{schedule!r}); use a fixed value or train this stage with backend: equinox (docs/recipes.md)"
             )
 
 
@@ -96,6 +107,7 @@ def check_pipeline(op: Operator) -> str:
 
     Raises the same errors a run would raise before training.
     """
+    from ._carry import handoff
     from ._loop import TrainerCarryState, TrainingLoop
 
     loops = [s for s in _stages(op) if isinstance(s, TrainingLoop)]
@@ -103,7 +115,8 @@ def check_pipeline(op: Operator) -> str:
     steps = 0
     for index, loop in enumerate(loops):
         model = preflight_stage(loop, state, loop.name or f"stage{index}")
-        state = TrainerCarryState(model=model, stage_index=index + 1)
+        stage_dir = os.path.join("<run>", loop.name or f"stage{index}")
+        state = TrainerCarryState(model=model, stage_index=index + 1, **handoff(loop, stage_dir))
         steps += loop.max_steps
     plural = "s" if len(loops) != 1 else ""
     return f"{len(loops)} training stage{plural}, {steps} steps in all"

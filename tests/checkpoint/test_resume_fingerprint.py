@@ -185,8 +185,9 @@ HARMLESS: dict[str, dict[str, Any]] = {
     "resume": {"resume": "auto"},
 }
 # How and where a run is recorded, not what it computes; `init_from` is read only by a fresh start (a resume
-# continues its own checkpoint).
-HARMLESS_BY_NATURE = ("name", "checkpoint_dir", "backend", "init_from")
+# continues its own checkpoint), and so is `carry`; `preset` is a name: the fields it fills are compared by their
+# resolved values.
+HARMLESS_BY_NATURE = ("name", "checkpoint_dir", "backend", "init_from", "carry", "preset")
 
 
 @pytest.fixture(scope="module")

@@ -198,3 +198,37 @@ def test_migration_to_v3_adds_the_digest_of_the_records_it_trusted(tmp_path: Pat
     _flip_bit_in_dataset_hash(path, "0ld00001")
     with pytest.raises(ArtifactIntegrityError, match="0ld00001"):
         store.get("0ld00001")
+
+
+def _evaluation(evaluation_id: str, artifact_id: str | None, accuracy: float) -> dict:
+    return {
+        "evaluation_id": evaluation_id,
+        "artifact_id": artifact_id,
+        "model_hash": "sha256:" + "ab" * 32,
+        "dataset_hash": DATASET,
+        "created_at": "2026-05-03T00:00:00Z",
+        "metrics": {"accuracy": accuracy, "loss": float("nan")},
+    }
+
+
+def test_verify_checks_evaluation_records(store: ArtifactStore, capsys):
+    store.record_evaluation(_evaluation("eval0001", "aaaa0001", 0.9))
+    store.record_evaluation(_evaluation("eval0002", "aaaa0002", 0.8))
+    store.record_evaluation(_evaluation("eval0003", None, 0.7))
+    report = store.verify(models=False)
+    assert (report["evaluations"], report["problems"]) == (3, [])  # a NaN metric (NULL in SQLite) is not damage
+    assert store.verify("aaaa0002", models=False)["evaluations"] == 1
+    with sqlite3.connect(store.path) as conn:
+        conn.execute(
+            "UPDATE evaluation_metrics SET value = 0.99 WHERE evaluation_id = 'eval0001' AND name = 'accuracy'"
+        )
+        (doc,) = conn.execute("SELECT record FROM evaluations WHERE evaluation_id = 'eval0003'").fetchone()
+        conn.execute("UPDATE evaluations SET record = ? WHERE evaluation_id = 'eval0003'", (doc.replace("0.7", "0.8"),))
+    problems = sorted(f"{a} {t}" for a, t in store.verify(models=False)["problems"])
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("None evaluation eval0003: record does not match its digest"), problems
+    assert problems[1].startswith("aaaa0001 evaluation eval0001: its evaluation_metrics rows"), problems
+    code, out, _ = _cli(capsys, "verify", "--all", "--store", str(store.path), "--no-models")
+    assert code == 1
+    assert "verified 2 artifact(s) and 3 evaluation(s)" in out
+    assert "store  evaluation eval0003: record does not match its digest" in out

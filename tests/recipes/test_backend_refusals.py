@@ -32,7 +32,12 @@ def _svi(**changes) -> TrainingLoop:
 
 @pytest.mark.parametrize(
     "field,value",
-    [("gradient", SAM(rho=0.05)), ("param_groups", (ParamGroup(pattern="*"),)), ("diagnostics", True)],
+    [
+        ("gradient", SAM(rho=0.05)),
+        ("param_groups", (ParamGroup(pattern="*"),)),
+        ("diagnostics", True),
+        ("carry", {"optimizer_state": True}),
+    ],
 )
 def test_numpyro_svi_refuses_recipe_fields(field, value):
     with pytest.raises(ConfigError, match=rf"stage 'svi': backend 'numpyro-svi' cannot honour TrainingLoop.{field} "):

@@ -91,15 +91,16 @@ def test_more_devices_than_there_are_is_refused_before_training() -> None:
 
 
 def test_backends_without_a_mesh_refuse_one_and_mixed_precision() -> None:
-    """NumPyro trains on one device, Keras and NumPyro in float32: asking for more is a pre-flight error."""
+    """NumPyro MCMC trains on one device, Keras and NumPyro SVI in float32: asking for more is a pre-flight error
+    (NumPyro SVI trains on a mesh: tests/scale/test_svi_data_parallel.py)."""
     from pipekit_train._backends import get_backend
 
     def stage(backend: str, **kw: object) -> SimpleNamespace:  # what the checks read of a TrainingLoop
         return SimpleNamespace(backend=backend, adapter=lambda: get_backend(backend), **kw)
 
-    with pytest.raises(ConfigError, match=r"backend 'numpyro-svi' trains on one device only"):
-        check_mesh(stage("numpyro-svi", mesh={"devices": 4}, precision=None))  # type: ignore[arg-type]
-    check_mesh(stage("numpyro-svi", mesh={"devices": 1}, precision=None))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"backend 'numpyro-mcmc' trains on one device only"):
+        check_mesh(stage("numpyro-mcmc", mesh={"devices": 4}, precision=None))  # type: ignore[arg-type]
+    check_mesh(stage("numpyro-mcmc", mesh={"devices": 1}, precision=None))  # type: ignore[arg-type]
     for backend in ("keras", "numpyro-svi"):
         with pytest.raises(ConfigError, match=rf"backend '{backend}' trains in float32 only"):
             check_precision(stage(backend, mesh=None, precision={"compute": "bfloat16"}))
@@ -154,10 +155,13 @@ def test_a_second_sharded_stage_of_the_same_structure_compiles_nothing(tmp_path:
     dataset of the same shapes reuse it; the state's placement and the data split are done by the same program)."""
     from pipekit_train.adapters.equinox._steps import CompileCounter
 
+    # A width no other test here uses: the step is keyed by structure (hyperparameters are traced values), so the
+    # first run must be the first of its structure in this process to compile at all.
+    model = EquinoxModel(factory="mlp", kwargs={"in_size": 8, "out_size": 1, "width_size": 12, "depth": 1})
     with run_settings(run_dir=str(tmp_path / "a"), store=False), CompileCounter() as first:
-        _loop(mesh={"shard_params": True}, max_steps=10, seed=1).run()
+        _loop(model_op=model, mesh={"shard_params": True}, max_steps=10, seed=1).run()
     with run_settings(run_dir=str(tmp_path / "b"), store=False), CompileCounter() as second:
-        _loop(mesh={"shard_params": True}, max_steps=10, seed=2, dataset=_data(96)).run()
+        _loop(model_op=model, mesh={"shard_params": True}, max_steps=20, seed=2, dataset=_data(96)).run()
     assert first.count > 0
     assert second.count == 0
 

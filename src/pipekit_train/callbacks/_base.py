@@ -8,7 +8,8 @@ Hooks, in the order a run calls them:
 
 - ``on_train_start(ctx)``: once, after the model, optimizer and data are ready (and after a resume).
 - ``on_step_end(ctx, metrics)``: after every optimizer step. ``metrics`` maps names to scalars that may still be on
-  the device; reading one (``float(metrics["loss"])``) waits for the step, so read only when you need to.
+  the device; reading one (``float(metrics["loss"])``) waits for the step, so read only when you need to. Fused
+  steps (``steps_per_call``) are reported one by one after their compiled call; see `Callback.needs_every_step`.
 - ``on_eval_end(ctx, metrics)``: after each validation pass, with host floats named ``validate/<metric>``.
 - ``on_epoch_end(ctx)``: when ``step`` crosses a multiple of ``steps_per_epoch``.
 - ``on_checkpoint(ctx, step)``: after a checkpoint of ``step`` was handed to the checkpointer.
@@ -23,7 +24,7 @@ Hooks, in the order a run calls them:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipekit import Operator
 
@@ -36,6 +37,13 @@ class Callback(Operator, register=False):
 
     #: Lower runs earlier. Callbacks that change what others see (EMA swapping weights) run first.
     order: int = 0
+
+    #: Whether `on_step_end` needs the host after each single step (to stop the run at that step, or to read or
+    #: replace the model as it is then): `TrainingLoop.steps_per_call: auto` then runs one step per compiled call.
+    #: ``None`` infers it: a callback that overrides `on_step_end` needs it, one that does not never does. A
+    #: callback that only records the per-step metrics sets ``False`` and keeps the steps fused (it is still
+    #: called for every step, after the chunk).
+    needs_every_step: ClassVar[bool | None] = None
 
     def initial_state(self) -> dict[str, Any]:
         """The JSON-able run-time state this callback starts a run with."""

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pipekit import ConfigError, suggestion
 
+from .._schedules import Schedule
 from ._base import Callback, TrainContext
 
 Mode = Literal["min", "max"]
@@ -140,14 +141,24 @@ class EMA(Callback):
     ``ema = d * ema + (1 - d) * params`` with ``d = decay`` (or ``min(decay, (1 + t) / (10 + t))`` at step ``t``
     with `warmup`). With `evaluate_with_ema`, validation (and so best-checkpoint selection and early stopping)
     uses the EMA weights; with `return_ema`, the stage returns them. The EMA is checkpointed with the params.
+
+    `decay` may be a schedule (``decay: {type: Cosine, start: 0.9, end: 0.999, steps: 2000}``): a short memory
+    while the weights move fast, a long one later. It is evaluated in the compiled step at the traced step (no
+    recompile, exact on resume) and logged as ``schedule/ema_decay``; every value it takes must be in (0, 1).
     """
 
-    decay: float = 0.999
+    decay: float | Schedule = 0.999
     warmup: bool = True
     evaluate_with_ema: bool = True
     return_ema: bool = True
     order: int = -10
 
     def validate(self) -> None:
-        if not 0.0 < self.decay < 1.0:
+        if isinstance(self.decay, Schedule):
+            low, high = self.decay.bounds()
+            if not (low > 0.0 and high < 1.0):
+                raise ConfigError(
+                    f"EMA.decay must stay in (0, 1) at every step, but {self.decay!r} ranges over [{low}, {high}]"
+                )
+        elif not 0.0 < self.decay < 1.0:
             raise ConfigError(f"EMA.decay must be in (0, 1), got {self.decay}")

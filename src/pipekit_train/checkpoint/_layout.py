@@ -61,7 +61,12 @@ def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
                 rec["prng_impl"] = str(jax.random.key_impl(leaf))
                 leaf = jax.random.key_data(leaf)
             if not leaf.is_fully_addressable:
-                raise CheckpointError(f"Checkpointer.save: state leaf {name!r} spans processes; single-process only")
+                if not leaf.is_fully_replicated:
+                    raise CheckpointError(
+                        f"Checkpointer.save: state leaf {name!r} is split across processes; only arrays replicated "
+                        "on every process are saved in a multi-process run (remove mesh.shard_params)"
+                    )
+                leaf = np.asarray(leaf)  # replicated on every process (a multi-process run): this process's copy
         elif not isinstance(leaf, (np.ndarray, np.generic)):
             raise CheckpointError(
                 f"Checkpointer.save: state leaf {name!r} is a {type(leaf).__name__}; checkpoint state leaves must be "
@@ -76,9 +81,33 @@ def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
     if len(set(names)) != len(names):
         raise CheckpointError(f"Checkpointer.save: state has leaves with the same path name: {names}")
     # A real copy: the caller may donate or overwrite its buffers as soon as `save` returns. JAX arrays are
-    # copied on their device (Orbax moves them to the host in the background); NumPy arrays are copied here.
-    copies = [jnp.array(x, copy=True) if isinstance(x, jax.Array) else np.array(x, copy=True) for x in datas]
+    # copied on their device by one `device_put` for all of them (no dispatch or compile per leaf; the
+    # background thread moves them to the host); NumPy arrays are copied here.
+    on_device = [i for i, x in enumerate(datas) if isinstance(x, jax.Array)]
+    copies = [x if isinstance(x, jax.Array) else np.array(x, copy=True) for x in datas]
+    for i, copy in zip(on_device, jax.device_put([datas[i] for i in on_device], may_alias=False)):
+        copies[i] = copy
     return jax.tree_util.tree_unflatten(treedef, copies), dict(zip(names, records))
+
+
+def _to_host(tree: Any) -> Any:
+    """`tree` with its addressable JAX leaves as NumPy arrays (one transfer for the whole tree).
+
+    Orbax writes NumPy leaves in about half the time of JAX arrays of the same bytes (no replica slicing, no
+    transfer threads, no ``_sharding`` file; 27 against 51 ms for a 19-leaf tree of 19k floats here), and the
+    leaf digests need the host bytes anyway. In a multi-process run the tree is left as `_prepare_state` made it
+    (Orbax coordinates the processes' writes); leaves that span processes would stay JAX arrays in any case.
+    """
+    import jax
+
+    if jax.process_count() > 1:
+        return tree
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    local = [i for i, x in enumerate(leaves) if not isinstance(x, jax.Array) or x.is_fully_addressable]
+    hosts = jax.device_get([leaves[i] for i in local])
+    for i, host in zip(local, hosts):
+        leaves[i] = np.asarray(host)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def _add_digests(leaves: dict[str, Any], tree: Any) -> None:

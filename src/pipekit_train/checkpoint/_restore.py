@@ -24,6 +24,12 @@ from ._layout import (
     _uncommitted_reason,
 )
 
+#: Only the optimizer's numbers (`adapters.optax.Hyperparams`) are missing: a checkpoint of an older version.
+_MSG_BEFORE_HYPERPARAMS = (
+    "it was written before the optimizer's numbers (learning rate, betas, schedule) moved into the optimizer "
+    "state: resume it with the pipekit-train that wrote it, or start a new run from its weights with init_from"
+)
+
 
 # Restore internals -------------------------------------------------------------------------------------------
 def _restore_step(
@@ -107,6 +113,8 @@ def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -
     extra = sorted(set(leaves) - set(names))
     if missing:
         problems.append(f"not in the checkpoint: {missing}")
+        if not extra and all("hyper" in n.split("/") for n in missing):
+            problems.append(_MSG_BEFORE_HYPERPARAMS)
     if extra:
         problems.append(f"in the checkpoint but not in abstract_state: {extra}")
     targets: list[jax.ShapeDtypeStruct | None] = []
@@ -144,7 +152,9 @@ def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -
         raise CheckpointMismatchError(f"{step_dir} does not match abstract_state: " + "; ".join(problems))
 
     def finish(state: Any) -> Any:
-        restored = jax.tree_util.tree_leaves(state)
+        # Leaves saved from the host come back as NumPy arrays when the template gives no sharding: JAX arrays,
+        # as for leaves saved from a device.
+        restored = [jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in jax.tree_util.tree_leaves(state)]
         return jax.tree_util.tree_unflatten(treedef, [f(x) if f else x for f, x in zip(posts, restored)])
 
     return jax.tree_util.tree_unflatten(treedef, targets), finish

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._distributed import agree, barrier, gather_data_state, is_primary, local_data_state
 from .._warnings import PipekitTrainWarning
 
 if TYPE_CHECKING:
@@ -96,9 +97,12 @@ def fingerprint(loop: Any) -> dict[str, Any]:
     topology = describe(loop)
     if topology["num_devices"] > 1 or topology["shard_params"]:
         out["mesh"] = {"num_devices": topology["num_devices"], "shard_params": topology["shard_params"]}
+        if topology["num_processes"] > 1:
+            out["mesh"]["num_processes"] = topology["num_processes"]
     if compute_dtype(loop.precision) is not None:
         out["precision"] = compute_dtype(loop.precision)
-    if loop.steps_per_call > 1:  # fused chunks end at checkpoint steps: the cadence shapes the compiled calls
+    # Fused chunks end at checkpoint steps: the cadence shapes the compiled calls (`auto` fuses too).
+    if loop.steps_per_call == "auto" or loop.steps_per_call > 1:
         out["checkpoint_every"] = next((cb.every_n_steps for cb in loop.callbacks if isinstance(cb, Checkpoint)), None)
     return out
 
@@ -176,7 +180,9 @@ class CheckpointHooks:
             return 0, None, None
         ckpt = self.checkpointer
         step = ckpt.latest_step() if ckpt is not None else None
-        self._set_aside_uncommitted(step)
+        if is_primary():  # several processes: process 0 moves what never committed, the others wait for it
+            self._set_aside_uncommitted(step)
+        barrier("set-aside")
         if ckpt is None or step is None:
             where = self.directory if ckpt is not None else "this stage (it has no Checkpoint callback)"
             warnings.warn(
@@ -216,7 +222,8 @@ class CheckpointHooks:
             keys = callback_keys(tuple(sorted(self.loop.callbacks, key=lambda c: c.order)))
             callbacks = {keys[int(k)]: v for k, v in callbacks.items() if int(k) < len(keys)}
         self.restored_meta = meta
-        return int(meta["step"]), data_iter, callbacks
+        where = f"resuming stage {self.info.stage!r} from step {step} in {self.directory}"
+        return int(meta["step"]), local_data_state(data_iter, where), callbacks
 
     def _set_aside_uncommitted(self, latest: int | None) -> None:
         """Step directories newer than the latest committed checkpoint never committed (a crash during the save):
@@ -245,7 +252,10 @@ class CheckpointHooks:
     def after_chunk(self, engine: Engine, data_state: dict[str, Any]) -> None:
         # A signal seen now stops after this chunk and `at_end` writes the checkpoint with its stop_reason; one that
         # arrives during the save below is acted on after the next chunk, so the stop checkpoint always records it.
-        self.stopping = self.signals.reason
+        # Several processes stop together: a signal one of them saw stops every one after this chunk.
+        self.stopping = agree("stop", self.signals.reason)
+        if self.stopping is not None and self.signals.reason is None:
+            self.signals.reason, self.signals.signum = self.stopping, int(signal.Signals[self.stopping])
         if self.config is not None and self.config.should_save(engine.step) and self.stopping is None:
             self._save(engine, data_state)
 
@@ -304,7 +314,8 @@ class CheckpointHooks:
             "last_eval": snap.last_eval,
             "evaluated_at": snap.evaluated_at,
         }
-        if self.checkpointer.save(snap.step, state=engine.backend.state_tree(), data_iter=data_state, meta=meta):
+        data_iter = gather_data_state(data_state)  # several processes: every one's position, by process index
+        if self.checkpointer.save(snap.step, state=engine.backend.state_tree(), data_iter=data_iter, meta=meta):
             self.last_saved = snap.step
             engine.checkpoint_written(snap.step)
 

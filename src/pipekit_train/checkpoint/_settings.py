@@ -27,7 +27,7 @@ class Checkpoint(Callback):
             checkpoint has committed. The default keeps the best 3 by `monitor` plus the latest.
         monitor: The metric `Best` ranks by (the ``score`` a save is given).
         mode: ``"min"`` if lower `monitor` is better, ``"max"`` if higher is.
-        async_save: Write in the background; `save` returns once the arrays are copied to the host.
+        async_save: Write in the background; `save` returns once the arrays are copied (on their device).
         save_on_end: Also save when the run ends (completion or a requested stop).
     """
 

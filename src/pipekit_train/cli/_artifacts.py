@@ -339,6 +339,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             {
                 "store": report["store"],
                 "checked": report["checked"],
+                "evaluations": report.get("evaluations", 0),
                 "ok": not problems,
                 "problems": [{"artifact_id": a, "problem": t} for a, t in problems],
                 "warnings": [{"artifact_id": a, "warning": t} for a, t in warnings],
@@ -352,7 +353,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"{aid or 'store'}  warning: {text}")
         verdict = f"{len(problems)} problem(s)" if problems else "ok"
         extra = f", {len(warnings)} warning(s)" if warnings else ""
-        print(f"verified {report['checked']} artifact(s) in {report['store']}: {verdict}{extra}")
+        evaluations = f" and {report['evaluations']} evaluation(s)" if report.get("evaluations") else ""
+        print(f"verified {report['checked']} artifact(s){evaluations} in {report['store']}: {verdict}{extra}")
         if problems:
             print(
                 "to recover: restore the store from its backup, or record a damaged run again from its own "

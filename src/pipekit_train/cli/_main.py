@@ -26,6 +26,8 @@ Train JAX models from YAML pipelines.
 
   pipekit-train run PIPELINE.yaml              train (a TrainingLoop or a Sequential of them)
   pipekit-train validate PIPELINE.yaml         check a pipeline file without training
+  pipekit-train lr-find PIPELINE.yaml --stage 1   sweep one stage's learning rate and suggest one
+  pipekit-train launch --num-processes 2 P.yaml   train with 2 processes on this host (jax.distributed)
   pipekit-train artifacts list                 what was trained, from which data and code
   pipekit-train artifacts lineage ID           where a model came from, and what came from it
   pipekit-train reproduce ID                   train the recorded pipeline again
@@ -207,6 +209,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "starts in a new runs/<run id>)"
         )
     _check_paths(args)
+    from pipekit_train._distributed import initialize_distributed, is_primary
+
+    # One of several processes ($PIPEKIT_NUM_PROCESSES, `launch`): connect before JAX computes anything.
+    initialize_distributed()
     imports = import_modules(requested_imports(args.imports))
     op = _load_pipeline(args.pipeline, args.set or [])
     if args.print_config:
@@ -220,7 +226,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pipekit_train._lock import run_dir_lock
 
     # One writer per run directory for the whole pipeline, not only while each stage trains.
-    lock = run_dir_lock(run_dir) if run_dir and os.path.exists(run_dir) else contextlib.nullcontext()
+    # Several processes: process 0 holds it (`run_stage` makes the others wait for process 0).
+    held = run_dir and os.path.exists(run_dir) and is_primary()
+    lock = run_dir_lock(run_dir) if held else contextlib.nullcontext()
     try:
         with (
             lock,
@@ -237,11 +245,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except TrainingInterrupted as stop:
         _print_summary(stop.artifact, store)
         where = os.path.dirname(stop.artifact.run_dir) if stop.artifact.run_dir else run_dir
-        print(
-            f"pipekit-train: stopped by {stop.reason} after a committed checkpoint; continue exactly with:\n"
-            f"  pipekit-train run {args.pipeline} --run-dir {where} --resume auto",
-            file=sys.stderr,
-        )
+        if is_primary():
+            from pipekit_train.cli._launch import relaunch_command
+
+            print(
+                f"pipekit-train: stopped by {stop.reason} after a committed checkpoint; continue exactly with:\n"
+                f"  pipekit-train {relaunch_command()}{args.pipeline} --run-dir {where} --resume auto",
+                file=sys.stderr,
+            )
         return 128 + stop.signum
     artifact = result[1] if isinstance(result, tuple) and len(result) == 2 else None
     _print_summary(artifact, store)
@@ -249,7 +260,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(artifact: Any, store: Any) -> None:
-    if artifact is None:
+    from pipekit_train._distributed import is_primary
+
+    if artifact is None or not is_primary():  # several processes: process 0 speaks for the run
         return
     stage_dir = getattr(artifact, "run_dir", None)
     run_dir = os.path.dirname(stage_dir) if stage_dir else None
@@ -399,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     from pipekit_train.cli._evaluate import add_evaluate_commands
     from pipekit_train.cli._export import add_export_commands
     from pipekit_train.cli._history import add_history_commands
+    from pipekit_train.cli._launch import add_launch_commands
+    from pipekit_train.cli._lr_find import add_lr_find_commands
     from pipekit_train.cli._schema import add_schema_commands
 
     add_artifact_commands(sub)
@@ -407,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_commands(sub)
     add_evaluate_commands(sub)
     add_schema_commands(sub)
+    add_launch_commands(sub)
+    add_lr_find_commands(sub)
     return parser
 
 

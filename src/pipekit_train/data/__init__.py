@@ -11,8 +11,11 @@ from ._sources import Source as Source
 from ._sources import register_dataset as register_dataset
 from ._transforms import Cast as Cast
 from ._transforms import Flatten as Flatten
+from ._transforms import GaussianNoise as GaussianNoise
+from ._transforms import MaskInputs as MaskInputs
 from ._transforms import Normalize as Normalize
 from ._transforms import OneHot as OneHot
+from ._transforms import RandomTransform as RandomTransform
 from ._transforms import Rename as Rename
 from ._transforms import Reshape as Reshape
 from ._transforms import Select as Select

@@ -3,12 +3,13 @@
 The order of records is plain data: epoch ``e`` visits the records in
 ``np.random.default_rng([seed, e]).permutation(n)`` order (the identity when ``shuffle=False``), and batch ``b`` of
 epoch ``e`` is one fancy-index gather of ``perm[b*B:(b+1)*B]`` from each array, followed by the transforms on the
-whole batch. The batches are a Grain ``MapDataset`` with random access by global batch index
-``g = e * num_batches + b`` (`_BatchDataset`), mapped by the transforms; with ``prefetch > 0`` the iterator is
-Grain's own ``to_iter_dataset(ReadOptions(num_threads=1, prefetch_buffer_size=prefetch))`` over it, and its
+whole batch. The batches are a Grain data source with random access by global batch index
+``g = e * num_batches + b`` (`_BatchDataset`); with ``prefetch > 0`` it becomes a Grain ``MapDataset`` mapped by
+the transforms (Grain is imported only then), and the iterator is Grain's own
+``to_iter_dataset(ReadOptions(num_threads=1, prefetch_buffer_size=prefetch))`` over it, and its
 ``{"next_index": g}`` state is what `BatchIterator.get_state` reports as ``{"epoch": e, "batch": b}``.
 
-With ``prefetch=0`` (the default) `BatchIterator` calls ``_BatchDataset.__getitem__`` (Grain random access; it
+With ``prefetch=0`` (the default) `BatchIterator` calls ``_BatchDataset.__getitem__`` (random access; it
 keeps the current epoch's permutation) and the transforms itself, skipping the statistics bookkeeping that
 Grain's ``.map`` and ``to_iter_dataset`` add to every call. Measured on the 2-core build machine (numpy 2.4,
 grain 0.2.18): 32-row batches of ``x: float32 (32,)`` and ``y: int32`` from 32,768 in-memory records, best of 9
@@ -39,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -47,9 +49,8 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any
+from typing import Any, Literal
 
-import grain
 import numpy as np
 
 import pipekit
@@ -137,15 +138,33 @@ def _positive_int(where: str, name: str, value: Any) -> int:
 class _Plan:
     """Which records form batch `b` of epoch `e`: ``perm(e)[b * batch_size:(b + 1) * batch_size]``."""
 
-    __slots__ = ("batch_size", "identity", "n", "per_epoch", "seed", "shuffle")
+    __slots__ = ("batch_size", "identity", "local_batch_size", "n", "per_epoch", "seed", "shard", "shuffle")
 
-    def __init__(self, n: int, batch_size: int, per_epoch: int, shuffle: bool, seed: int) -> None:
+    def __init__(
+        self, n: int, batch_size: int, per_epoch: int, shuffle: bool, seed: int, shard: tuple[int, int] | None = None
+    ) -> None:
         self.n = n
         self.batch_size = batch_size
         self.per_epoch = per_epoch
         self.shuffle = shuffle
         self.seed = seed
         self.identity = None if shuffle else np.arange(n)
+        # Several processes (`TrainingDataset.iterator(shard=...)`): process `index` of `count` reads the
+        # `index`-th contiguous part of every batch, so together they read exactly the one-process batches.
+        self.shard = shard
+        self.local_batch_size = batch_size // shard[1] if shard else batch_size
+
+    def local(self, idx: np.ndarray) -> np.ndarray:
+        """This process's part of each batch in `idx` (whole batches of `batch_size`; the last may be short)."""
+        if self.shard is None:
+            return idx
+        index, count = self.shard
+        parts = []
+        for start in range(0, len(idx), self.batch_size):
+            rows = idx[start : start + self.batch_size]
+            size = len(rows) // count
+            parts.append(rows[index * size : (index + 1) * size])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def perm(self, epoch: int) -> np.ndarray:
         if self.identity is not None:
@@ -153,11 +172,15 @@ class _Plan:
         return np.random.default_rng([self.seed, epoch]).permutation(self.n)
 
 
-class _BatchDataset(grain.MapDataset):  # type: ignore[misc]
-    """Grain random access by global batch index ``g = epoch * per_epoch + batch`` to a gathered batch."""
+class _BatchDataset:
+    """Random access by global batch index ``g = epoch * per_epoch + batch`` to a gathered batch.
+
+    A Grain data source (``len`` and ``[]``), wrapped by ``grain.MapDataset.source`` only when prefetching: Grain
+    imports Orbax and TensorStore with it (about 60 MB and a second of start-up here), which a run without
+    prefetching never needs before its first step.
+    """
 
     def __init__(self, arrays: Arrays, plan: _Plan, length: int) -> None:
-        super().__init__()
         self.items = tuple(arrays.items())
         self.plan = plan
         self._length = length
@@ -172,9 +195,7 @@ class _BatchDataset(grain.MapDataset):  # type: ignore[misc]
         p = self.plan
         return f"_BatchDataset(records={p.n}, batch_size={p.batch_size}, shuffle={p.shuffle}, seed={p.seed})"
 
-    def __getitem__(self, index: Any) -> Any:
-        if index.__class__ is slice:
-            return self.slice(index)
+    def __getitem__(self, index: int) -> Batch:
         epoch, batch = divmod(index, self._per_epoch)
         return self.gather(epoch, batch, 1)
 
@@ -185,8 +206,24 @@ class _BatchDataset(grain.MapDataset):  # type: ignore[misc]
             perm = self.plan.perm(epoch)
             self._cached = (epoch, perm)  # one atomic store, safe with Grain's reader thread
         start = batch * self._batch_size
-        idx = perm[start : start + count * self._batch_size]
+        idx = self.plan.local(perm[start : start + count * self._batch_size])
         return {k: v[idx] for k, v in self.items}
+
+    def rows(self, index: int) -> tuple[np.ndarray, int]:
+        """The source indices of the records in global batch `index`, and its epoch (for random transforms)."""
+        epoch, batch = divmod(index, self._per_epoch)
+        start = batch * self._batch_size
+        cached_epoch, perm = self._cached
+        if cached_epoch != epoch or perm is None:
+            perm = self.plan.perm(epoch)
+            self._cached = (epoch, perm)
+        return self.plan.local(perm[start : start + self._batch_size]), epoch
+
+
+def _at(transform: Transform, ds: _BatchDataset, index: int, batch: Batch) -> Batch:
+    """`transform` on Grain's batch `index` (for ``map_with_index``), told where the batch comes from."""
+    rows, epoch = ds.rows(index)
+    return transform.apply_at(batch, rows, epoch, ds.plan.seed)
 
 
 class BatchIterator:
@@ -200,14 +237,18 @@ class BatchIterator:
     def __init__(self, dataset: _BatchDataset, transforms: tuple[Transform, ...], prefetch: int) -> None:
         self._ds = dataset
         self._fns = tuple(t.apply for t in transforms)
+        # Random transforms (`Transform.positional`) are told which records, epoch and seed each batch is.
+        self._positional = transforms if any(t.positional for t in transforms) else None
         self._per_epoch = dataset.plan.per_epoch
         self._next = 0  # the global index (epoch * per_epoch + batch) of the next batch
         self._ready: list[Batch] = []  # gathered batches not handed out yet, the next one last
         self._grain: Any = None
         if prefetch:
-            mapped: grain.MapDataset = dataset  # type: ignore[type-arg]
+            import grain
+
+            mapped = grain.MapDataset.source(dataset)
             for t in transforms:
-                mapped = mapped.map(t)
+                mapped = mapped.map_with_index(functools.partial(_at, t, dataset)) if t.positional else mapped.map(t)
             options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=prefetch)
             self._grain = iter(mapped.to_iter_dataset(options))
 
@@ -221,8 +262,13 @@ class BatchIterator:
         if not ready:
             self._gather_block()
         batch = ready.pop()
-        for fn in self._fns:
-            batch = fn(batch)
+        if self._positional is not None:
+            rows, epoch = self._ds.rows(self._next)
+            for t in self._positional:
+                batch = t.apply_at(batch, rows, epoch, self._ds.plan.seed)
+        else:
+            for fn in self._fns:
+                batch = fn(batch)
         self._next += 1
         return batch
 
@@ -235,7 +281,7 @@ class BatchIterator:
         epoch, batch = divmod(self._next, self._per_epoch)
         count = min(_BLOCK, self._per_epoch - batch)
         block = self._ds.gather(epoch, batch, count)
-        size = self._ds.plan.batch_size
+        size = self._ds.plan.local_batch_size
         self._ready[:] = [{k: v[i * size : (i + 1) * size] for k, v in block.items()} for i in reversed(range(count))]
 
     @property
@@ -304,6 +350,10 @@ class TrainingDataset(Operator):
         shuffle: visit each epoch in a fresh permutation (from the iterator's seed and the epoch); else in order.
         drop_remainder: drop the last, short batch of each epoch in `iterator` (`epoch_batches` always keeps it).
         prefetch: batches Grain prepares ahead in a background thread; 0 prepares each batch when asked.
+        device_resident: ``auto`` puts a training set below the threshold (`pipekit_train.data._device`: 256 MiB,
+            or a quarter of the device's memory) on the device once and gathers each step's batch inside the
+            compiled call, when the backend supports it; ``true`` insists (an error says why it cannot), ``false``
+            always uses the host path. The batches are the same either way (docs/performance.md).
     """
 
     source: Source
@@ -311,6 +361,7 @@ class TrainingDataset(Operator):
     shuffle: bool = True
     drop_remainder: bool = True
     prefetch: int = 0
+    device_resident: bool | Literal["auto"] = "auto"
 
     def validate(self) -> None:
         if self.prefetch < 0:
@@ -359,16 +410,25 @@ class TrainingDataset(Operator):
             )
         return n // batch_size
 
-    def iterator(self, batch_size: int, seed: int) -> BatchIterator:
-        """An endless `BatchIterator`: epoch after epoch, each in ``default_rng([seed, epoch])`` order."""
+    def iterator(self, batch_size: int, seed: int, shard: tuple[int, int] | None = None) -> BatchIterator:
+        """An endless `BatchIterator`: epoch after epoch, each in ``default_rng([seed, epoch])`` order.
+
+        `shard` ``(index, count)``: read only the `index`-th of `count` equal contiguous parts of every batch (one
+        process of a multi-process run; `batch_size` stays the global batch and must split evenly).
+        """
         batch_size = _positive_int("TrainingDataset.iterator", "batch_size", batch_size)
+        if shard is not None and (not 0 <= shard[0] < shard[1] or batch_size % shard[1]):
+            raise ConfigError(
+                f"TrainingDataset.iterator: shard {shard!r} must be (index, count) with 0 <= index < count and count "
+                f"dividing batch_size {batch_size}"
+            )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"TrainingDataset.iterator: seed must be a non-negative int, got {seed!r}")
         per_epoch = self.num_batches(batch_size)
         if per_epoch == 0:
             raise ConfigError("TrainingDataset.iterator: the source has no records, so there is nothing to iterate")
         arrays = self.arrays()
-        plan = _Plan(self.num_records(), batch_size, per_epoch, self.shuffle, int(seed))
+        plan = _Plan(self.num_records(), batch_size, per_epoch, self.shuffle, int(seed), shard)
         return BatchIterator(_BatchDataset(arrays, plan, sys.maxsize), self.transforms, self.prefetch)
 
     def epoch_batches(self, batch_size: int) -> Iterator[Batch]:
@@ -383,6 +443,12 @@ class TrainingDataset(Operator):
         fns = tuple(t.apply for t in self.transforms)
         for index in range(len(ds)):
             batch = ds[index]
+            if any(t.positional for t in self.transforms):
+                rows, _ = ds.rows(index)
+                for t in self.transforms:
+                    batch = t.apply_at(batch, rows, 0, 0)
+                yield batch
+                continue
             for fn in fns:
                 batch = fn(batch)
             yield batch

@@ -97,6 +97,9 @@ class TrainingArtifact:
             "params", "bytes"}, ...]}`` (per top-level submodule), or ``None`` (a record written before it existed,
             or a model without plain weights). Left out of `to_dict` when ``None``, so older records read and
             re-record byte for byte as they were.
+        preset: The stage's `TrainingLoop.preset`: ``{"name", "fields"}``, the fields it filled as YAML data (with
+            `training_pipeline_yaml`, which keeps ``preset:`` and the fields the file set, the whole resolved
+            configuration), or ``None``. Left out of `to_dict` when ``None``, like `model_summary`.
     """
 
     artifact_id: str = dataclasses.field(default_factory=new_artifact_id)
@@ -122,6 +125,7 @@ class TrainingArtifact:
     imports: tuple[dict[str, Any], ...] = ()
     forced_resume: str | None = None
     model_summary: dict[str, Any] | None = None
+    preset: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -153,6 +157,8 @@ class TrainingArtifact:
         out["imports"] = [dict(m) for m in self.imports]
         if self.model_summary is None:
             del out["model_summary"]  # optional: a record without one is the JSON it always was
+        if self.preset is None:
+            del out["preset"]
         return out
 
     @classmethod

@@ -526,12 +526,13 @@ class ArtifactStore:
         For each record: its digest, that its id, index columns, ``parents``, ``metrics`` and ``imports`` rows
         agree with it, that its parents are recorded, and (with `models`) that the model-registry entry it names
         loads with verified hashes and has its ``trained_model_hash``. For the whole store (no `artifact_id`):
-        SQLite's ``PRAGMA integrity_check`` and ``foreign_key_check`` too.
+        SQLite's ``PRAGMA integrity_check`` and ``foreign_key_check`` too. The evaluation records (all, or those
+        of `artifact_id`): their digests, the artifact each names, their ``evaluation_metrics`` rows.
 
         Returns:
-            ``{"store": path, "checked": number of records, "problems": [(artifact id or None, text), …],
-            "warnings": [(artifact id, text), …]}``. A warning is something that could not be checked (a model
-            registry folder that is gone), not damage.
+            ``{"store": path, "checked": number of records, "evaluations": number of evaluation records,
+            "problems": [(artifact id or None, text), …], "warnings": [(artifact id, text), …]}``. A warning is
+            something that could not be checked (a model registry folder that is gone), not damage.
         """
         problems: list[tuple[str | None, str]] = []
         warnings: list[tuple[str | None, str]] = []
@@ -563,6 +564,22 @@ class ArtifactStore:
                     "SELECT module, file, sha256 FROM imports WHERE artifact_id = ? ORDER BY position", (aid,)
                 ).fetchall()
                 rows.append((row, parents, metrics, imports))
+            if artifact_id is None:
+                evaluations = conn.execute(
+                    "SELECT evaluation_id, artifact_id, digest, record FROM evaluations"
+                ).fetchall()
+            else:
+                evaluations = conn.execute(
+                    "SELECT evaluation_id, artifact_id, digest, record FROM evaluations WHERE artifact_id = ?",
+                    (ids[0],),
+                ).fetchall()
+            evaluation_metrics = {
+                e[0]: dict(conn.execute("SELECT name, value FROM evaluation_metrics WHERE evaluation_id = ?", (e[0],)))
+                for e in evaluations
+            }
+        for evaluation_id, linked, digest, doc in evaluations:
+            for text in _evaluation_problems(doc, digest, linked, known, evaluation_metrics[evaluation_id]):
+                problems.append((linked, f"evaluation {evaluation_id}: {text}"))
         model_cache: dict[str, tuple[str, str] | None] = {}
         for row, parents, metrics, imports in rows:
             aid = row[0]
@@ -582,7 +599,13 @@ class ArtifactStore:
                 found = model_cache[uri]
                 if found is not None:
                     (problems if found[0] == "problem" else warnings).append((aid, found[1]))
-        return {"store": str(self.path), "checked": len(rows), "problems": problems, "warnings": warnings}
+        return {
+            "store": str(self.path),
+            "checked": len(rows),
+            "evaluations": len(evaluations),
+            "problems": problems,
+            "warnings": warnings,
+        }
 
     # Evaluations ---------------------------------------------------------------------------------------------
     def record_evaluation(self, record: dict[str, Any]) -> None:
@@ -659,6 +682,30 @@ class ArtifactStore:
                 )
             out.append(json.loads(doc))
         return out
+
+
+def _evaluation_problems(
+    doc: str, digest: str, linked: str | None, known: set[str], metrics: dict[str, float]
+) -> list[str]:
+    """What is wrong with one evaluation row: its digest, its link to an artifact, its ``evaluation_metrics`` rows."""
+    import json
+
+    if record_digest(doc) != digest:
+        return ["record does not match its digest (the record was changed or damaged)"]
+    record = json.loads(doc)
+    out = []
+    if linked is not None and linked not in known:
+        out.append(f"names artifact {linked}, which is not in this store")
+    if record.get("artifact_id") != linked:
+        out.append(f"its artifact_id column ({linked}) differs from its record ({record.get('artifact_id')})")
+    recorded = {str(k): float(v) for k, v in record.get("metrics", {}).items()}
+
+    def same(a: float, b: float | None) -> bool:  # SQLite keeps NaN as NULL
+        return a == b or (b is None and a != a) or (b is not None and a != a and b != b)
+
+    if set(recorded) != set(metrics) or not all(same(v, metrics[k]) for k, v in recorded.items()):
+        out.append(f"its evaluation_metrics rows {metrics} differ from its record {recorded}")
+    return out
 
 
 def _deps_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:

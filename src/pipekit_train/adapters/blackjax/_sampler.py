@@ -354,7 +354,7 @@ def run(loop: Any, incoming: Any, info: Any, hooks: Any = None) -> AdapterResult
     result.backend_info = {
         **backend_info(),
         "steps": result.step,
-        "steps_per_call": loop.steps_per_call,
+        "steps_per_call": result.backend_info["steps_per_call"],  # the engine's chunk size (`auto` resolved)
         "kernel": type(setup.kernel).__name__,
         "num_chains": setup.kernel.num_chains,
         "num_warmup": setup.kernel.num_warmup,

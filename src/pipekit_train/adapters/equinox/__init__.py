@@ -20,10 +20,12 @@ from ._model import registered_models as registered_models
 
 #: The packages this backend needs (checked when a stage first uses it).
 REQUIRES = ("equinox", "optax")
-#: The `TrainingLoop` recipe fields this backend honours (docs/recipes.md).
-RECIPES = ("gradient", "param_groups", "diagnostics")
-#: The scale settings this adapter honours (data parallel over a device mesh, mixed precision; docs/scale.md).
-SCALE = ("mesh", "shard_params", "precision")
+#: The `TrainingLoop` recipe fields this backend honours (docs/recipes.md); ``schedules``: values that follow the
+#: step (a `Schedule` in the loss or the EMA decay).
+RECIPES = ("gradient", "param_groups", "diagnostics", "schedules", "carry")
+#: The scale settings this adapter honours (data parallel over a device mesh, mixed precision, several processes
+#: with jax.distributed; docs/scale.md).
+SCALE = ("mesh", "shard_params", "precision", "processes")
 
 if TYPE_CHECKING:
     from ._factories import ACTIVATIONS as ACTIVATIONS
@@ -37,7 +39,16 @@ if TYPE_CHECKING:
     from ._tree import apply_transfer as apply_transfer
 
 __getattr__, __dir__, _lazy_all = _attach(__name__, __file__, globals())
-__all__ = ["EquinoxModel", "backend_info", "example_model", "preflight", "register_model", "run", *_lazy_all]
+__all__ = [
+    "EquinoxModel",
+    "backend_info",
+    "example_model",
+    "preflight",
+    "register_model",
+    "run",
+    "step_backend",
+    *_lazy_all,
+]
 
 
 def preflight(loop: Any, incoming: Any, stage: str) -> Any:
@@ -52,6 +63,13 @@ def run(loop: Any, incoming: Any, info: Any, hooks: Any) -> Any:
     from ._adapter import run as impl
 
     return impl(loop, incoming, info, hooks)
+
+
+def step_backend(loop: Any, incoming: Any, stage: str) -> Any:
+    """Optional contract function: the stage's `StepBackend` at its start, stepped by hand (`lr_find`)."""
+    from ._adapter import step_backend as impl
+
+    return impl(loop, incoming, stage)
 
 
 def backend_info() -> dict[str, Any]:

@@ -15,10 +15,12 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError, suggestion
 
+from ..._carry import check_carry_source
 from ..._engine import AdapterResult, run_steps
 from ..._mesh import describe, mesh_plan
 from ..._precision import compute_dtype
-from ..optax import build_optimizer, get_lr_scale, learning_rate_at, reset_anchor, set_lr_scale
+from ..optax import build_optimizer, get_lr_scale, learning_rate_at, refresh_hyperparams, reset_anchor, set_lr_scale
+from ._carry import carry_in, continue_optimizer_state
 from ._recipe_step import StepRecipe
 from ._steps import (
     Layout,
@@ -40,7 +42,8 @@ _OPTIMIZERS: dict[Any, Any] = {}
 
 
 def _optimizer(loop: TrainingLoop) -> Any:
-    """One optax object per distinct configuration, so the compiled step is reused across stages and runs."""
+    """One optax object per distinct configuration. It compares equal to any other of the same structure (its
+    numbers live in the optimizer state), so the compiled step is reused across stages, runs and sweeps."""
     from pipekit._operator import _canonical
 
     key = (_canonical(loop.optimizer_config), loop.max_steps, loop.grad_clip_norm, loop.accum, loop.param_groups)
@@ -148,6 +151,15 @@ class EquinoxBackend:
         return leaves
 
     # StepBackend -------------------------------------------------------------------------------------------
+    @property
+    def resident_data(self) -> bool:
+        """Whether `train_window` can take device-resident data: on one device (no mesh), yes."""
+        return self.plan is None
+
+    def train_window(self, window: Any, n: int, step: int) -> dict[str, Any]:
+        """`train` for device-resident data: `window` (a `DeviceWindow`) is gathered inside the compiled chunk."""
+        return self._chunk(window, step, n)
+
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> dict[str, Any]:
         n = len(batches)
         # NumPy arrays go straight into the compiled call: its C++ dispatch path transfers them far faster than
@@ -155,6 +167,10 @@ class EquinoxBackend:
         batch = batches[0] if n == 1 else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
         if self.plan is not None:
             return self._train_sharded(batch, step, n)
+        return self._chunk(batch, step, n)
+
+    def _chunk(self, batch: Any, step: int, n: int) -> dict[str, Any]:
+        """`n` steps through the unsharded compiled chunk; `batch` is stacked batches or a `DeviceWindow`."""
         # `train_chunk` is jitted: it takes NumPy arrays as they are (its annotations say `jax.Array`).
         self._state, metrics = train_chunk(
             self._state,
@@ -186,6 +202,8 @@ class EquinoxBackend:
                 compute=self.compute,
             )
         loss_spec: LossSpec = self.spec.value
+        assert self.plan is not None
+        batch = self.plan.assemble(batch, stacked=n > 1)  # several processes: this process's rows → one global array
         self._state, metrics = fn(
             self._state, self._consts, loss_spec.task_arrays.leaves, batch, np.int32(step), self.base_key
         )
@@ -237,7 +255,9 @@ class EquinoxBackend:
         return tree
 
     def load_state_tree(self, tree: Mapping[str, Any]) -> None:
-        self._set(params=tree["params"], opt_state=tree["opt_state"], ema=tree.get("ema"))
+        # The optimizer's numbers (`Hyperparams`) are this configuration's, not the checkpoint's (`--force-resume`).
+        opt_state = refresh_hyperparams(tree["opt_state"], self.optimizer.init(tree["params"]))
+        self._set(params=tree["params"], opt_state=opt_state, ema=tree.get("ema"))
         self._consts = self._place(self._leaves_like(tree["consts"], self.layout.value.consts, "consts"), True)
 
     def weights_tree(self) -> dict[str, Any]:
@@ -340,13 +360,23 @@ def check_before_compile(loop: TrainingLoop) -> None:
         ) from None
 
 
+def step_backend(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> EquinoxBackend:
+    """The stage's `StepBackend` at its start, without the engine: what `pipekit-train lr-find` steps by hand."""
+    check_before_compile(loop)
+    init_key, step_key = jax.random.split(jax.random.key(loop.seed))
+    return EquinoxBackend(loop, loop.model_op, initial_module(loop, incoming, init_key, stage), step_key)
+
+
 def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, hooks: Any = None) -> AdapterResult:
     """Train one stage and return the trained model, its final metrics and what the artifact needs."""
     check_before_compile(loop)
     root = jax.random.key(loop.seed)
     init_key, step_key = jax.random.split(root)
+    incoming, carried_opt_state = carry_in(loop, incoming, info.stage)  # `TrainingLoop.carry`
     module = initial_module(loop, incoming, init_key, info.stage)
     backend = EquinoxBackend(loop, loop.model_op, module, step_key)
+    if carried_opt_state is not None:
+        continue_optimizer_state(backend, carried_opt_state, info.stage)
     result = run_steps(loop, backend, info, hooks)
     result.opt_state = backend.opt_state
     result.rng = np.asarray(jax.random.key_data(root)).tolist()
@@ -355,7 +385,8 @@ def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, h
         **describe(loop),
         "num_params": int(sum(x.size for x in jax.tree.leaves(backend.params))),
         "steps": result.step,
-        "steps_per_call": loop.steps_per_call,
+        "steps_per_call": result.backend_info["steps_per_call"],  # what `auto` resolved to
+        "data": result.backend_info["data"],  # device-resident or host batches
         "precision": backend.compute or "float32",
     }
     return result
@@ -373,5 +404,6 @@ def backend_info() -> dict[str, Any]:
 def preflight(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> Any:
     """Check shapes and the hand-off from `incoming` without compiling; the bound model the stage starts from."""
     check_before_compile(loop)
+    check_carry_source(loop, incoming, stage)
     init_key = jax.random.split(jax.random.key(loop.seed))[0]
     return loop.model_op.bind(initial_module(loop, incoming, init_key, stage))

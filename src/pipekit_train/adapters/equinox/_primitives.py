@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-import orbax.checkpoint as ocp
 
 from pipekit import ConfigError, ShapeError
 
 from ..._losses import Loss, split_loss_output
+
+if TYPE_CHECKING:  # Orbax (and TensorStore with it) is imported when a checkpoint is saved or restored
+    import orbax.checkpoint as ocp
 
 __all__ = [
     "LossTask",
@@ -169,13 +171,16 @@ def train_step(
     task: TrainTask,
     optimizer: optax.GradientTransformation,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimisation step. Pure function."""
+    """One optimisation step. Pure function. A `Schedule` in the loss follows `state.step` (``schedule/<name>``)."""
+    from ..._schedules import step_context
 
     @eqx.filter_grad(has_aux=True)
     def grad_fn(model: Any, batch: Any, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         return task.loss_fn(model, batch, key)
 
-    grads, metrics = grad_fn(state.model, batch, key)
+    with step_context(state.step) as ctx:
+        grads, metrics = grad_fn(state.model, batch, key)
+    metrics = {**metrics, **ctx.metrics()}
     params = eqx.filter(state.model, eqx.is_array)
     updates, new_opt_state = optimizer.update(grads, state.opt_state, params)
     new_model = eqx.apply_updates(state.model, updates)
@@ -187,6 +192,8 @@ def train_step(
 
 def save_state(mngr: ocp.CheckpointManager, state: TrainState, step: int) -> None:
     """Save the array leaves of `state` as checkpoint `step` (asynchronously: `mngr.wait_until_finished()`)."""
+    import orbax.checkpoint as ocp
+
     arrays, _ = eqx.partition(state, eqx.is_array)
     mngr.save(step, args=ocp.args.StandardSave(arrays))
 
@@ -197,6 +204,8 @@ def restore_state(
     step: int,
 ) -> TrainState:
     """Restore checkpoint `step` into the structure of `template` (whose array values are ignored)."""
+    import orbax.checkpoint as ocp
+
     arrays, static = eqx.partition(template, eqx.is_array)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, arrays)
     restored = mngr.restore(step, args=ocp.args.StandardRestore(abstract))

@@ -21,6 +21,7 @@ import optax
 
 from ..._losses import split_loss_output
 from ..._precision import cast_floating
+from ..._schedules import schedule_value, step_context
 from ._primitives import task_loss
 from ._recipe_step import diagnostics, sam_gradient
 
@@ -153,13 +154,15 @@ def combine(params: Any, consts: Any, static: Any) -> Any:
     return eqx.combine(params, consts, static)
 
 
-def ema_decay(decay: float, warmup: bool, step: jax.Array) -> jax.Array:
+def ema_decay(decay: Any, warmup: bool, step: jax.Array) -> jax.Array:
     """The EMA decay used after `step` (0-based) updates: ``decay``, or ``min(decay, (1 + t) / (10 + t))``
-    with warmup so early averages are not dominated by the random initial weights."""
+    with warmup so early averages are not dominated by the random initial weights. `decay` may be a `Schedule`
+    (read through `schedule_value`: logged as ``schedule/ema_decay``)."""
+    base = jnp.asarray(schedule_value(decay, "ema_decay"), jnp.float32)
     if not warmup:
-        return jnp.asarray(decay, jnp.float32)
+        return base
     t = step.astype(jnp.float32) + 1.0
-    return jnp.minimum(jnp.float32(decay), (1.0 + t) / (10.0 + t))
+    return jnp.minimum(base, (1.0 + t) / (10.0 + t))
 
 
 def _one_step(
@@ -174,7 +177,7 @@ def _one_step(
     spec: StepLoss,
     task_leaves: list[jax.Array],
     optimizer: optax.GradientTransformation,
-    ema_config: tuple[float, bool] | None,
+    ema_config: tuple[Any, bool] | None,
     compute: str | None = None,
 ) -> tuple[Any, Any, Any, dict[str, jax.Array]]:
     key = jax.random.fold_in(base_key, step)
@@ -231,7 +234,7 @@ def _train_chunk_impl(
     spec: Static,
     optimizer: optax.GradientTransformation,
     n: int,
-    ema_config: tuple[float, bool] | None = None,
+    ema_config: tuple[Any, bool] | None = None,
     compute: str | None = None,
 ) -> tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]]:
     lay: Layout = layout.value
@@ -243,12 +246,19 @@ def _train_chunk_impl(
     static = lay.static
 
     def one(p: Any, o: Any, e: Any, batch: dict[str, jax.Array], s: jax.Array) -> tuple[Any, Any, Any, Any]:
-        return _one_step(
-            p, o, e, const_tree, batch, s, base_key, static, loss_spec, task_leaves, optimizer, ema_config, compute
-        )
+        # The loss and the EMA read the traced step through the context (`_schedules`): every schedule they read
+        # comes back as a `schedule/<name>` metric, computed from the step outside `jax.grad`.
+        with step_context(s) as ctx:
+            p, o, e, m = _one_step(
+                p, o, e, const_tree, batch, s, base_key, static, loss_spec, task_leaves, optimizer, ema_config, compute
+            )
+        return p, o, e, {**m, **ctx.metrics()}
 
+    # Device-resident data (`data._device.DeviceWindow`): the chunk gathers its own batches, all n at once.
+    window: Any = batches if hasattr(batches, "stacked") else None
     if n == 1:
-        params, opt_state, ema, metrics = one(params, opt_state, ema, batches, step)
+        batch = window.take(0) if window is not None else batches
+        params, opt_state, ema, metrics = one(params, opt_state, ema, batch, step)
     else:
 
         def body(carry: tuple[Any, Any, Any, jax.Array], batch: dict[str, jax.Array]) -> tuple[Any, Any]:
@@ -256,7 +266,8 @@ def _train_chunk_impl(
             p, o, e, m = one(p, o, e, batch, s)
             return (p, o, e, s + 1), m
 
-        (params, opt_state, ema, _), metrics = jax.lax.scan(body, (params, opt_state, ema, step), batches)
+        xs = window.stacked(n) if window is not None else batches
+        (params, opt_state, ema, _), metrics = jax.lax.scan(body, (params, opt_state, ema, step), xs)
     new_state = (jax.tree.leaves(params), jax.tree.leaves(opt_state), jax.tree.leaves(ema) if ema is not None else [])
     return new_state, metrics
 
@@ -279,7 +290,7 @@ def sharded_train_chunk(
     spec: Static,
     optimizer: optax.GradientTransformation,
     n: int,
-    ema_config: tuple[float, bool] | None = None,
+    ema_config: tuple[Any, bool] | None = None,
     compute: str | None = None,
 ) -> Any:
     """The data-parallel chunk on `plan`'s mesh: ``fn(state, consts, task_leaves, batches, step, base_key)``.
@@ -326,7 +337,7 @@ def train_chunk(
     spec: Static,
     optimizer: optax.GradientTransformation,
     n: int,
-    ema_config: tuple[float, bool] | None = None,
+    ema_config: tuple[Any, bool] | None = None,
     compute: str | None = None,
 ) -> tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]]:
     """``n`` optimizer steps. With ``n == 1`` `batches` is one batch; else each leaf has a leading axis ``n``.
@@ -413,8 +424,22 @@ class CompileCounter:
 
 
 def host_copy(tree: Any) -> Any:
-    """A fresh device copy of every array leaf, so donation never deletes arrays the caller still holds."""
-    return jax.tree.map(lambda x: jnp.array(x, copy=True) if eqx.is_array(x) else x, tree)
+    """A fresh device copy of every array leaf, so donation never deletes arrays the caller still holds.
+
+    One ``device_put(..., may_alias=False)`` for all leaves: a copy on the leaf's own sharding that compiles
+    nothing (``jnp.array(x, copy=True)`` compiled one XLA ``copy`` per leaf shape before the first step).
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    arrays = [i for i, x in enumerate(leaves) if eqx.is_array(x)]
+    values = [leaves[i] for i in arrays]
+    if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in values):
+        # Several processes (jax.distributed): a global array is copied onto its own sharding, named explicitly.
+        copies = [jax.device_put(x, x.sharding, may_alias=False) if isinstance(x, jax.Array) else x for x in values]
+    else:
+        copies = jax.device_put(values, may_alias=False)
+    for i, copy in zip(arrays, copies):
+        leaves[i] = copy
+    return jax.tree.unflatten(treedef, leaves)
 
 
 def is_hashable(value: Any) -> bool:

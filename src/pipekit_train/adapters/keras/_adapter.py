@@ -39,6 +39,7 @@ class KerasBackend:
     """The `StepBackend` of the Keras adapter: the model's variables, the optimizer's and the EMA, as arrays."""
 
     def __init__(self, loop: TrainingLoop, state: KerasState, base_key: jax.Array) -> None:
+        from ..._schedules import fixed_value
         from ...callbacks._controls import EMA
 
         self.loop = loop
@@ -47,7 +48,8 @@ class KerasBackend:
         self.plan = mesh_plan(loop)
         ema = next((cb for cb in loop.callbacks if isinstance(cb, EMA)), None)
         self.ema_callback = ema
-        self.program = program(loop, state.model, (ema.decay, ema.warmup) if ema is not None else None)
+        ema_config = (fixed_value(ema.decay, "EMA.decay"), ema.warmup) if ema is not None else None
+        self.program = program(loop, state.model, ema_config)
         self.model = state.model
         trainable = _copy(state.trainable)
         self.state = (
@@ -192,7 +194,7 @@ def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, h
         **backend_info(),
         "num_params": int(sum(int(np.size(a)) for a in backend.state[0])),
         "steps": result.step,
-        "steps_per_call": loop.steps_per_call,
+        "steps_per_call": result.backend_info["steps_per_call"],  # the engine's chunk size (`auto` resolved)
     }
     return result
 

@@ -23,6 +23,7 @@ from torch import nn
 from pipekit import ConfigError, ShapeError, suggestion
 
 from ..._engine import AdapterResult, run_steps
+from ..._schedules import fixed_value
 from ._losses import split, to_torch_loss
 from ._model import TorchModel
 from ._optimizers import TorchOptimizer, check_torch_optimizer_config, schedule_table
@@ -71,6 +72,9 @@ def _step_seed(seed: int, step: int) -> int:
 
 class TorchBackend:
     """The `StepBackend` of the Lightning adapter: a torch module trained in place by a `TorchOptimizer`."""
+
+    #: Torch steps one at a time in Python: `steps_per_call: auto` means one step per call here.
+    fuses_steps = False
 
     def __init__(self, loop: TrainingLoop, module: nn.Module) -> None:
         from ...callbacks._controls import EMA
@@ -123,7 +127,8 @@ class TorchBackend:
     def _update_ema(self, step: int) -> None:
         cb = self.ema_callback
         assert cb is not None
-        d = float(cb.decay) if not cb.warmup else min(float(cb.decay), (2.0 + step) / (11.0 + step))
+        decay = fixed_value(cb.decay, "EMA.decay")
+        d = decay if not cb.warmup else min(decay, (2.0 + step) / (11.0 + step))
         with torch.no_grad():
             for e, p in zip(self.ema, self.params):
                 e.mul_(d).add_(p, alpha=1.0 - d)
@@ -281,7 +286,7 @@ def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, h
         **backend_info(),
         "num_params": int(sum(p.numel() for p in backend.params)),
         "steps": result.step,
-        "steps_per_call": loop.steps_per_call,
+        "steps_per_call": result.backend_info["steps_per_call"],  # the engine's chunk size (`auto` resolved)
     }
     return result
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from pipekit import ConfigError, ShapeError
 
 from ..._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss
+from ..._schedules import fixed_value
 
 __all__ = ["register_torch_loss", "to_torch_loss", "torch_loss_types"]
 
@@ -184,7 +185,10 @@ def _cross_entropy(loss: CrossEntropy) -> TorchLoss:
 
 @register_torch_loss(Composite)
 def _composite(loss: Composite) -> TorchLoss:
-    parts = [(float(w), f"{type(c).__name__}_{i}", to_torch_loss(c)) for i, (w, c) in enumerate(loss.components)]
+    parts = [
+        (fixed_value(w, f"Composite.components[{i}] weight"), f"{type(c).__name__}_{i}", to_torch_loss(c))
+        for i, (w, c) in enumerate(loss.components)
+    ]
 
     def fn(predicted: Any, target: Any) -> Any:
         terms: dict[str, Any] = {}

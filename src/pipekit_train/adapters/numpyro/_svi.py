@@ -4,6 +4,10 @@ Mini-batches come from the engine (so checkpoints hold the data position); the o
 scaled by ``num_records / batch_size`` (priors are not), so each step's loss estimates the whole data's negative
 ELBO. The logged ``loss`` is that estimate divided by the number of records. The SVI state (unconstrained
 parameters, optax state, step count, PRNG key) is the checkpoint, so a resumed run continues bitwise.
+
+Data parallel (`TrainingLoop.mesh`, docs/scale.md): with more than one local device the SVI state is replicated on a
+one-axis ``data`` mesh and each step's global batch is split along it; the step is the same function compiled with
+explicit shardings, and XLA all-reduces the ELBO's gradient (a sum over the records in the plate).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 from pipekit import ConfigError, PipekitError
 
 from ..._engine import AdapterResult, run_steps
+from ..._mesh import describe, mesh_plan
 from ..optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
 from ._data import check_data, check_sites, full_data
 from ._ops import _ELBO, GuideParams, NumpyroGuide
@@ -142,9 +147,22 @@ class SVIBackend:
             jax.random.PRNGKey(loop.seed), init_params=init_params, **op.model_kwargs(first), **{SCALE: 1.0}
         )
         self.treedef = jax.tree.structure(self.state)
-        self._chunk = jax.jit(self._chunk_impl)
-        self._step = jax.jit(self._step_impl)
+        self.plan = mesh_plan(loop)  # None: one device, the unsharded steps
+        if self.plan is None:
+            self._chunk = jax.jit(self._chunk_impl)
+            self._step = jax.jit(self._step_impl)
+        else:
+            rep = self.plan.replicated
+            self.state = self._placed(self.state)
+            for name, stacked in (("_chunk", True), ("_step", False)):
+                impl = self._chunk_impl if stacked else self._step_impl
+                shardings = (rep, self.plan.batch(stacked), rep)
+                setattr(self, name, jax.jit(impl, in_shardings=shardings, out_shardings=(rep, rep)))
         self._eval = jax.jit(self._eval_impl)
+
+    def _placed(self, state: Any) -> Any:
+        """`state` replicated on the stage's mesh (as it is without one): what the sharded steps take."""
+        return state if self.plan is None else jax.device_put(state, self.plan.replicated)
 
     def _step_impl(self, state: Any, batch: Any, scale: Any) -> Any:
         state, loss = self.svi.update(state, **self.op.model_kwargs(batch), **{SCALE: scale})
@@ -188,7 +206,7 @@ class SVIBackend:
         return get_lr_scale(self.state.optim_state)
 
     def set_lr_scale(self, value: float) -> None:
-        self.state = self.state._replace(optim_state=set_lr_scale(self.state.optim_state, value))
+        self.state = self._placed(self.state._replace(optim_state=set_lr_scale(self.state.optim_state, value)))
 
     def learning_rate(self, step: int) -> float:
         return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
@@ -210,8 +228,8 @@ class SVIBackend:
         opt, mutable = jax.tree.unflatten(rest_def, [jnp.asarray(o[k]) for k in sorted(o)])
         params = {k: jnp.asarray(tree["params"][k]) for k in params}
         i = jnp.asarray(tree["step"], dtype=jnp.result_type(self.state.optim_state[0]))
-        self.state = self.state._replace(
-            optim_state=(i, (params, opt)), mutable_state=mutable, rng_key=jnp.asarray(tree["rng"])
+        self.state = self._placed(
+            self.state._replace(optim_state=(i, (params, opt)), mutable_state=mutable, rng_key=jnp.asarray(tree["rng"]))
         )
 
     def weights_tree(self) -> dict[str, Any]:
@@ -220,7 +238,7 @@ class SVIBackend:
     def load_weights_tree(self, tree: Mapping[str, Any]) -> None:
         i, (params, opt) = self.state.optim_state
         params = {k: jnp.asarray(tree["params"][k]) for k in params}
-        self.state = self.state._replace(optim_state=(i, (params, opt)))
+        self.state = self._placed(self.state._replace(optim_state=(i, (params, opt))))
 
 
 def run(loop: Any, incoming: Any, info: Any, hooks: Any = None) -> AdapterResult:
@@ -232,8 +250,9 @@ def run(loop: Any, incoming: Any, info: Any, hooks: Any = None) -> AdapterResult
     result.rng = [0, int(loop.seed)]
     result.backend_info = {
         **backend_info(),
+        **describe(loop),
         "steps": result.step,
-        "steps_per_call": loop.steps_per_call,
+        "steps_per_call": result.backend_info["steps_per_call"],  # the engine's chunk size (`auto` resolved)
         "guide": op.guide,
         "elbo": type(loop.loss).__name__,
         "num_particles": loop.loss.num_particles,

@@ -9,6 +9,8 @@ from ._ops import NumpyroGuide
 #: The packages this backend needs (checked when a stage first uses it).
 REQUIRES = ("numpyro", "optax")
 EXTRA = "numpyro"
+#: The scale settings this adapter honours: data parallel over the local devices (docs/scale.md).
+SCALE = ("mesh",)
 
 #: The conformance kit trains a regression with MSE and SGD, which a variational fit cannot do. tests/bayes/ checks
 #: the same properties for this backend: determinism for a seed, bitwise resume after SIGKILL, callbacks, artifacts

@@ -1,0 +1,70 @@
+"""`TrainingLoop.carry` on the Equinox backend: the previous stage's EMA weights or parameters as the starting
+model, and its optimizer state continued (see `pipekit_train._carry`)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jax
+
+from pipekit import ConfigError
+
+from ..._carry import carry_settings, check_carry_source, match_by_path, read_final_state, wants_checkpoint
+from ..optax import FrozenUntilState, LrScaleState, reset_anchor
+from ._steps import combine, partition
+
+__all__ = ["carry_in", "continue_optimizer_state"]
+
+
+def _is_hyper(name: str) -> bool:
+    """A leaf of a `Hyperparams` node (the optimizer's numbers): this stage's configuration decides them."""
+    return "hyper" in name.split("/")
+
+
+def carry_in(loop: Any, incoming: Any, stage: str) -> tuple[Any, Any]:
+    """``(incoming, opt_state)``: the carry-state with the model `carry.weights` asks for, and the previous stage's
+    final optimizer state as saved when `carry.optimizer_state` (else ``None``)."""
+    if not wants_checkpoint(loop.carry):
+        return incoming, None
+    check_carry_source(loop, incoming, stage)
+    optimizer_state, weights = carry_settings(loop.carry)
+    saved = read_final_state(incoming, stage)
+    if weights != "returned":
+        key = "ema" if weights == "ema" else "params"
+        previous = incoming.model
+        if getattr(previous, "backend", None) != "equinox" or key not in saved:
+            raise ConfigError(
+                f"stage {stage!r}: TrainingLoop.carry.weights is {weights!r} but the previous stage's final "
+                f"checkpoint holds no {key!r} of an Equinox model (it has {sorted(saved)})"
+            )
+        params, consts, static = partition(previous.module)
+        what = "EMA weights" if key == "ema" else "parameters"
+        chosen = match_by_path(saved[key], params, what, stage)
+        incoming = copy.copy(incoming)
+        incoming.model = previous.bind(combine(chosen, consts, static))
+    return incoming, (saved["opt_state"] if optimizer_state else None)
+
+
+def _restart(carried: Any, fresh: Any) -> Any:
+    """`carried` with this stage's own per-stage state from `fresh`: the learning-rate schedule's count and
+    run-time factor, the unfreezing counters and (below) the L2-SP anchors."""
+
+    def is_node(node: Any) -> bool:
+        return isinstance(node, (LrScaleState, FrozenUntilState))
+
+    def pick(old: Any, new: Any) -> Any:
+        if isinstance(old, LrScaleState):
+            return new
+        if isinstance(old, FrozenUntilState):
+            return old._replace(count=new.count, inner=_restart(old.inner, new.inner))
+        return old
+
+    return jax.tree.map(pick, carried, fresh, is_leaf=is_node)
+
+
+def continue_optimizer_state(backend: Any, saved: Any, stage: str) -> None:
+    """Put the previous stage's optimizer state (restored as saved) into `backend`, leaf by leaf by path."""
+    fresh = backend.opt_state
+    carried = match_by_path(saved, fresh, "optimizer state", stage, skip=_is_hyper)
+    backend._set(opt_state=reset_anchor(_restart(carried, fresh), fresh))

@@ -1,0 +1,281 @@
+"""Device-resident training data: the arrays go to the device once and each fused chunk gathers its own batches.
+
+For an in-memory training set small enough (`DEVICE_RESIDENT_MAX_BYTES`, or a quarter of the device's memory when
+the device reports it), `ResidentBatches` stands in for the host `BatchIterator`: the engine asks it for a
+`DeviceWindow` of ``n`` steps, the backend's compiled chunk calls `DeviceWindow.stacked` once, before its
+``lax.scan``, and the host does no work per step at all (no gather, no stacking, no transfer).
+
+The order of records is the host path's, bit for bit: epoch ``e`` visits ``np.random.default_rng([seed, e])
+.permutation(n)`` (`_dataset._Plan.perm`, the very same function). The permutation is drawn on the host once per
+epoch (a few hundred microseconds for 16k records, once every few hundred steps) and sent to the device as int32
+indices; the gather ``perm[b * B:(b + 1) * B]`` of every step happens in the compiled call. So a batch on the
+device path holds the same rows as on the host path, and the data position (`get_state` / `set_state`, ``{"epoch":
+e, "batch": b}``) means exactly what it means there: a checkpoint written on one path resumes on the other.
+
+Transforms are per-record operations (`Normalize`, `Cast`, `OneHot`, ...), so they are applied once to the whole
+arrays before the upload; a user transform takes the device path only when it says it is per-record
+(``per_record = True`` as a class attribute), otherwise the stage falls back to the host path.
+
+Example:
+    >>> import numpy as np
+    >>> from pipekit_train.data import ArraySource, TrainingDataset
+    >>> ds = TrainingDataset(source=ArraySource(arrays={"x": np.arange(12.0).reshape(6, 2)}))
+    >>> resident_reason(ds, batch_size=2, backend_ok=True)   # None: the device path is possible
+    >>> resident_reason(ds.replace(device_resident=False), batch_size=2, backend_ok=True)
+    'TrainingDataset.device_resident is false'
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from pipekit import ConfigError
+
+from ._dataset import TrainingDataset, _Plan
+from ._transforms import Cast, Flatten, Normalize, OneHot, Rename, Reshape, Select, Transform
+
+__all__ = ["DEVICE_RESIDENT_MAX_BYTES", "DeviceWindow", "ResidentBatches", "resident_reason"]
+
+#: The largest training set (after transforms) that ``device_resident: auto`` puts on the device: 256 MiB, or a
+#: quarter of the device's memory when that is smaller and the device reports it.
+DEVICE_RESIDENT_MAX_BYTES = 256 * 2**20
+
+#: The built-in transforms, all per-record: applying one to the whole arrays equals applying it batch by batch.
+_PER_RECORD: tuple[type[Transform], ...] = (Normalize, Cast, OneHot, Select, Rename, Flatten, Reshape)
+
+
+def _per_record(t: Transform) -> bool:
+    # Exact types: a subclass that overrides `apply` may not be per-record any more.
+    return type(t) in _PER_RECORD or getattr(type(t), "per_record", False) is True
+
+
+def _limit_bytes() -> int:
+    """`DEVICE_RESIDENT_MAX_BYTES`, or a quarter of the default device's memory when that is smaller."""
+    import jax
+
+    limit = DEVICE_RESIDENT_MAX_BYTES
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # a backend without memory statistics (CPU): the fixed threshold
+        stats = {}
+    total = stats.get("bytes_limit")
+    if isinstance(total, int) and total > 0:
+        limit = min(limit, total // 4)
+    return limit
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes} bytes"
+
+
+def _resident_arrays(dataset: TrainingDataset) -> dict[str, np.ndarray]:
+    """The source's arrays with the (per-record) transforms applied to all records at once."""
+    arrays = dataset.arrays()
+    for t in dataset.transforms:
+        arrays = t.apply(arrays)
+    return arrays
+
+
+def resident_reason(
+    dataset: TrainingDataset, batch_size: int, backend_ok: bool, *, size_check: bool = True
+) -> str | None:
+    """Why `dataset` cannot (or must not) be device-resident for this stage, or ``None`` when it can.
+
+    `backend_ok` says whether the backend and the stage's topology support it (the Equinox backend on one device).
+    With ``device_resident: auto`` a reason means the host path; with ``true`` it is an error (`check_forced`).
+    """
+    setting = dataset.device_resident
+    if setting is False:
+        return "TrainingDataset.device_resident is false"
+    if not backend_ok:
+        return (
+            "the stage's backend or mesh cannot gather batches on the device (only the Equinox backend on one device)"
+        )
+    bad = [type(t).__name__ for t in dataset.transforms if not _per_record(t)]
+    if bad:
+        return f"transform {bad[0]} must run on the host (it does not declare per_record = True)"
+    if dataset.prefetch:
+        return f"TrainingDataset.prefetch is {dataset.prefetch}: prefetching is a host-path setting"
+    n = dataset.num_records()
+    if not dataset.drop_remainder and n % batch_size:
+        return (
+            f"drop_remainder is false and the {n} records leave a short last batch of {n % batch_size} "
+            f"(batch_size {batch_size}); compiled chunks need batches of one size"
+        )
+    if size_check and setting == "auto":
+        spec = dataset.element_spec()
+        nbytes = sum(n * math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in spec.values())
+        limit = _limit_bytes()
+        if nbytes > limit:
+            return f"the training set is {_size(nbytes)}, above the {_size(limit)} threshold"
+    return None
+
+
+def check_forced(dataset: TrainingDataset, reason: str | None) -> None:
+    """With ``device_resident: true``, a reason the device path is impossible is an error naming it."""
+    if dataset.device_resident is True and reason is not None:
+        raise ConfigError(
+            f"TrainingDataset.device_resident is true but the training set cannot be device-resident: {reason}; "
+            "set device_resident: auto (or false) to use the host path"
+        )
+
+
+class DeviceWindow:
+    """The batches of ``n`` consecutive steps as device data: what a fused chunk receives instead of batches.
+
+    A JAX pytree: the arrays (the whole training set), the permutations of the epochs the window touches
+    (``(epochs, records)`` int32), the first batch's index in the first of them and the batches per epoch are its
+    leaves, so every window of a stage has the same structure and the compiled chunk is reused; the batch size is
+    static. `take` is called inside the compiled chunk.
+    """
+
+    __slots__ = ("arrays", "batch_size", "first", "per_epoch", "perms")
+
+    def __init__(self, arrays: dict[str, Any], perms: Any, first: Any, per_epoch: Any, batch_size: int) -> None:
+        self.arrays = arrays
+        self.perms = perms
+        self.first = first
+        self.per_epoch = per_epoch
+        self.batch_size = batch_size
+
+    def stacked(self, n: int) -> dict[str, Any]:
+        """The window's `n` batches stacked (leading axis `n`), gathered in one go inside the compiled chunk.
+
+        One gather before the chunk's ``lax.scan``, not one per step inside it: on CPU, a gather from the whole
+        training set inside the loop body made a small MLP's step 2-3x slower (the loop carries the arrays it
+        reads); gathered up front, the chunk runs at the speed of a scan over batches passed in.
+        """
+        import jax.numpy as jnp
+
+        b = self.first + jnp.arange(n, dtype=jnp.int32)
+        epoch = b // self.per_epoch
+        starts = epoch * self.perms.shape[1] + (b - epoch * self.per_epoch) * self.batch_size
+        idx = self.perms.reshape(-1)[starts[:, None] + jnp.arange(self.batch_size, dtype=jnp.int32)[None, :]]
+        return {k: v[idx] for k, v in self.arrays.items()}
+
+    def take(self, i: Any) -> dict[str, Any]:
+        """Batch `i` of the window (a traced int): ``perm[b * B:(b + 1) * B]`` gathered from each array."""
+        import jax
+
+        b = self.first + i
+        epoch = b // self.per_epoch
+        within = b - epoch * self.per_epoch
+        # One slice of the flattened permutations: indexing the epoch's row first copied the whole row every step.
+        flat = self.perms.reshape(-1)
+        start = epoch * self.perms.shape[1] + within * self.batch_size
+        idx = jax.lax.dynamic_slice_in_dim(flat, start, self.batch_size)
+        # Plain indexing, not `jnp.take`: with `take` (its default out-of-bounds mode) the trained weights came
+        # out a few ulps off the host path's on CPU; with indexing they are bitwise equal
+        # (tests/data/test_device_resident.py).
+        return {k: v[idx] for k, v in self.arrays.items()}
+
+    def tree_flatten(self) -> tuple[tuple[Any, ...], int]:
+        return (self.arrays, self.perms, self.first, self.per_epoch), self.batch_size
+
+    @classmethod
+    def tree_unflatten(cls, batch_size: int, children: tuple[Any, ...]) -> DeviceWindow:
+        arrays, perms, first, per_epoch = children
+        return cls(arrays, perms, first, per_epoch, batch_size)
+
+
+_REGISTERED: list[bool] = []
+
+
+def _register() -> None:
+    """Make `DeviceWindow` a JAX pytree, once, when the first one is needed (this module does not import JAX)."""
+    if not _REGISTERED:
+        import jax
+
+        jax.tree_util.register_pytree_node(DeviceWindow, DeviceWindow.tree_flatten, DeviceWindow.tree_unflatten)
+        _REGISTERED.append(True)
+
+
+class ResidentBatches:
+    """The device path's stand-in for `BatchIterator`: the same position and state, windows instead of batches.
+
+    Args:
+        dataset: the training set (its arrays are uploaded once, transforms applied).
+        batch_size: records per step.
+        seed: the iterator seed (the permutation of epoch ``e`` is ``default_rng([seed, e])``'s).
+        max_steps_per_window: the longest window the engine will ask for; fixes how many epochs' permutations
+            a window carries (so every window has one shape).
+    """
+
+    def __init__(self, dataset: TrainingDataset, batch_size: int, seed: int, max_steps_per_window: int) -> None:
+        import jax
+
+        _register()
+        n = dataset.num_records()
+        self._per_epoch = dataset.num_batches(batch_size)
+        self._plan = _Plan(n, batch_size, self._per_epoch, dataset.shuffle, int(seed))
+        self._arrays = {k: jax.device_put(np.ascontiguousarray(v)) for k, v in _resident_arrays(dataset).items()}
+        # A window of `w` steps starting anywhere in an epoch touches at most this many epochs.
+        self._epochs = 1 + math.ceil((max(1, max_steps_per_window) - 1) / self._per_epoch)
+        self._next = 0  # the global batch index (epoch * per_epoch + batch) of the next step
+        self._perms: tuple[int, Any] = (-1, None)  # (first epoch, its device permutations)
+        self.nbytes = sum(int(a.nbytes) for a in self._arrays.values())
+
+    def _device_perms(self, epoch: int) -> Any:
+        import jax
+
+        first, perms = self._perms
+        if first != epoch or perms is None:
+            host = np.stack([self._plan.perm(e) for e in range(epoch, epoch + self._epochs)]).astype(np.int32)
+            perms = jax.device_put(host)
+            self._perms = (epoch, perms)
+        return perms
+
+    def window(self, steps: int) -> DeviceWindow:
+        """The next `steps` batches as a `DeviceWindow`; the position moves past them."""
+        epoch, batch = divmod(self._next, self._per_epoch)
+        window = DeviceWindow(
+            self._arrays, self._device_perms(epoch), np.int32(batch), np.int32(self._per_epoch), self._plan.batch_size
+        )
+        self._next += steps
+        return window
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        """One batch on the host, as the host path would gather it (for tests and debugging; not the fast path)."""
+        epoch, batch = divmod(self._next, self._per_epoch)
+        size = self._plan.batch_size
+        idx = self._plan.perm(epoch)[batch * size : (batch + 1) * size]
+        self._next += 1
+        return {k: np.asarray(v)[idx] for k, v in self._arrays.items()}
+
+    @property
+    def batch_size(self) -> int:
+        return self._plan.batch_size
+
+    def get_state(self) -> dict[str, int]:
+        """``{"epoch": e, "batch": b}``: the next step trains on batch `b` of epoch `e` (as `BatchIterator`)."""
+        epoch, batch = divmod(self._next, self._per_epoch)
+        return {"epoch": epoch, "batch": batch}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Resume at ``state`` (checked like `BatchIterator.set_state`)."""
+        if not isinstance(state, dict) or set(state) != {"epoch", "batch"}:
+            raise ConfigError(f"ResidentBatches.set_state expects {{'epoch': int, 'batch': int}}, got {state!r}")
+        epoch, batch = state["epoch"], state["batch"]
+        for name, value in (("epoch", epoch), ("batch", batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"ResidentBatches.set_state: {name} must be a non-negative int, got {value!r}")
+        if batch >= self._per_epoch:
+            raise ConfigError(
+                f"ResidentBatches.set_state: batch must be below the {self._per_epoch} batches per epoch, got "
+                f"{batch}; was the state saved with another batch_size or dataset?"
+            )
+        self._next = epoch * self._per_epoch + batch
+
+    def close(self) -> None:
+        """Nothing to stop (no thread); drops the device arrays' references."""
+        self._perms = (-1, None)
+
+    def __repr__(self) -> str:
+        state = self.get_state()
+        return (
+            f"ResidentBatches(batch_size={self._plan.batch_size}, seed={self._plan.seed}, epoch={state['epoch']}, "
+            f"batch={state['batch']}, bytes={self.nbytes})"
+        )
