@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -40,3 +40,39 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         suffix = "@" + "_".join(names)
         if names and not item.nodeid.endswith(suffix):
             item._id = NodeId.parse(item.nodeid + suffix)
+
+
+@pytest.fixture
+def interrupted_and_resumed(tmp_path):
+    """``run(loop, crash_at) -> (reference, resumed)`` trained models: `loop` run uninterrupted in ``tmp_path/ref``;
+    then in ``tmp_path/cut`` with a callback that raises at step `crash_at` (after the checkpoints `loop` writes
+    before it), and once more there with ``resume="auto"``. For "a resumed run is bitwise the uninterrupted one"."""
+    from pipekit_train import run_settings
+    from pipekit_train.callbacks import Callback
+
+    class CrashAt(Callback, register=False):
+        armed: ClassVar[list[bool]] = [False]
+
+        def fingerprint(self) -> None:  # not part of what a resume must match
+            return None
+
+        def on_step_end(self, ctx, metrics):
+            if self.armed[0] and ctx.step == crash_step[0]:
+                raise RuntimeError("crash")
+
+    crash_step = [0]
+
+    def run(loop, crash_at):
+        crash_step[0] = crash_at
+        loop = loop.replace(callbacks=(*loop.callbacks, CrashAt()))
+        with run_settings(run_dir=str(tmp_path / "ref"), store=False):
+            reference, _ = loop.run()
+        CrashAt.armed[0] = True
+        with run_settings(run_dir=str(tmp_path / "cut"), store=False), pytest.raises(RuntimeError, match="crash"):
+            loop.run()
+        CrashAt.armed[0] = False
+        with run_settings(run_dir=str(tmp_path / "cut"), store=False, resume="auto"):
+            resumed, _ = loop.run()
+        return reference, resumed
+
+    return run

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 import pytest
 
 import pipekit
 from pipekit import ConfigError
-from pipekit_train import MSE, Callback, Checkpoint, EquinoxModel, TrainingLoop, read_jsonl, run_settings
+from pipekit_train import MSE, Checkpoint, EquinoxModel, TrainingLoop, read_jsonl, run_settings
 from pipekit_train.data import ArraySource, GaussianNoise, MaskInputs, TrainingDataset
 from pipekit_train.data._transforms import hashed_uniform
 
@@ -116,20 +114,7 @@ def test_spec_and_errors():
         pipekit.loads("type: GaussianNoise\nkey: x\nstdev: 0.1\n")
 
 
-class _CrashOnce(Callback, register=False):
-    """Raises at step 7 while `armed`: an interrupted run (its checkpoint at step 4 committed)."""
-
-    armed: ClassVar[list[bool]] = [True]
-
-    def fingerprint(self) -> None:
-        return None
-
-    def on_step_end(self, ctx, metrics):
-        if self.armed[0] and ctx.step == 7:
-            raise RuntimeError("crash")
-
-
-def test_an_interrupted_denoising_stage_resumes_bitwise(tmp_path):
+def test_an_interrupted_denoising_stage_resumes_bitwise(interrupted_and_resumed):
     """4 batches per epoch: the crash and the resume cross an epoch boundary, where the noise changes."""
     loop = TrainingLoop(
         model_op=EquinoxModel(factory="autoencoder", kwargs={"in_size": 16, "latent_size": 4, "hidden": [8]}),
@@ -141,17 +126,9 @@ def test_an_interrupted_denoising_stage_resumes_bitwise(tmp_path):
         batch_size=16,
         log_every_n_steps=5,
         progress=False,
-        callbacks=(Checkpoint(every_n_steps=4, async_save=False), _CrashOnce()),
+        callbacks=(Checkpoint(every_n_steps=4, async_save=False),),
     )
-    _CrashOnce.armed[0] = False
-    with run_settings(run_dir=str(tmp_path / "ref"), store=False):
-        reference, _ = loop.run()
-    _CrashOnce.armed[0] = True
-    with run_settings(run_dir=str(tmp_path / "cut"), store=False), pytest.raises(RuntimeError, match="crash"):
-        loop.run()
-    _CrashOnce.armed[0] = False
-    with run_settings(run_dir=str(tmp_path / "cut"), store=False, resume="auto"):
-        resumed, _ = loop.run()
+    reference, resumed = interrupted_and_resumed(loop, crash_at=7)
     assert resumed.weights_hash() == reference.weights_hash()
 
 

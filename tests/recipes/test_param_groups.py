@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -16,7 +14,6 @@ from pipekit import ConfigError
 from pipekit_train import (
     SAM,
     ArraySource,
-    Callback,
     Checkpoint,
     CheckpointMismatchError,
     CrossEntropy,
@@ -186,36 +183,15 @@ def test_bad_groups_are_one_line_errors_before_compiling():
         pipekit.loads("type: ParamGroup\npattern: 'x'\nlr_scale: -1\n")
 
 
-class _CrashOnce(Callback, register=False):
-    """Raises at step 5 while `armed`: an interrupted run (its checkpoint at step 4 committed)."""
-
-    armed: ClassVar[list[bool]] = [True]
-
-    def fingerprint(self) -> None:
-        return None
-
-    def on_step_end(self, ctx, metrics):
-        if self.armed[0] and ctx.step == 5:
-            raise RuntimeError("crash")
-
-
-def test_sam_groups_l2sp_and_unfreezing_resume_bitwise(tmp_path):
+def test_sam_groups_l2sp_and_unfreezing_resume_bitwise(tmp_path, interrupted_and_resumed):
     """Interrupted after the step-4 checkpoint and resumed: the same weights as the uninterrupted run."""
     loop = _loop(
         max_steps=8,
         gradient=SAM(rho=0.05),
         param_groups=(ParamGroup(pattern="encoder.*", frozen=True, unfreeze_at=3, l2sp=1.0),),
-        callbacks=(Checkpoint(every_n_steps=4, async_save=False), _CrashOnce()),
+        callbacks=(Checkpoint(every_n_steps=4, async_save=False),),
     )
-    with run_settings(run_dir=str(tmp_path / "ref"), store=False):
-        _CrashOnce.armed[0] = False
-        reference, _ = loop.run()
-    _CrashOnce.armed[0] = True
-    with run_settings(run_dir=str(tmp_path / "cut"), store=False), pytest.raises(RuntimeError, match="crash"):
-        loop.run()
-    _CrashOnce.armed[0] = False
-    with run_settings(run_dir=str(tmp_path / "cut"), store=False, resume="auto"):
-        resumed, _ = loop.run()
+    reference, resumed = interrupted_and_resumed(loop, crash_at=5)
     assert resumed.weights_hash() == reference.weights_hash()
     changed = run_settings(run_dir=str(tmp_path / "cut"), store=False, resume="auto")
     with pytest.raises(CheckpointMismatchError, match=r'\+\s+"lr_scale": 0.5'), changed:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,6 @@ from pipekit import ConfigError
 from pipekit_train import (
     EMA,
     ArraySource,
-    Callback,
     Checkpoint,
     Composite,
     Constant,
@@ -212,36 +210,14 @@ def test_ema_decay_schedule_must_stay_in_its_range():
     assert EMA(decay=Linear(start=0.5, end=0.9, steps=10)).decay.final() == 0.9
 
 
-class _CrashOnce(Callback, register=False):
-    """Raises at step 7 while `armed`: an interrupted run (its checkpoint at step 4 committed)."""
-
-    armed: ClassVar[list[bool]] = [True]
-
-    def fingerprint(self) -> None:
-        return None
-
-    def on_step_end(self, ctx, metrics):
-        if self.armed[0] and ctx.step == 7:
-            raise RuntimeError("crash")
-
-
-def test_resume_after_a_checkpoint_is_bitwise_the_uninterrupted_run(tmp_path):
+def test_resume_after_a_checkpoint_is_bitwise_the_uninterrupted_run(tmp_path, interrupted_and_resumed):
     loop = _loop(
         callbacks=(
             EMA(decay=COSINE_DECAY, warmup=False),  # the same step as the EMA test's: compiled once
             Checkpoint(every_n_steps=4, async_save=False),
-            _CrashOnce(),
         ),
     )
-    _CrashOnce.armed[0] = False
-    with run_settings(run_dir=str(tmp_path / "ref"), store=False):
-        reference, _ = loop.run()
-    _CrashOnce.armed[0] = True
-    with run_settings(run_dir=str(tmp_path / "cut"), store=False), pytest.raises(RuntimeError, match="crash"):
-        loop.run()
-    _CrashOnce.armed[0] = False
-    with run_settings(run_dir=str(tmp_path / "cut"), store=False, resume="auto"):
-        resumed, _ = loop.run()
+    reference, resumed = interrupted_and_resumed(loop, crash_at=7)
     assert resumed.weights_hash() == reference.weights_hash()
     ref = {r["step"]: r for r in _train_records(tmp_path / "ref")}
     cut = {r["step"]: r for r in _train_records(tmp_path / "cut")}

@@ -226,6 +226,23 @@ def _at(transform: Transform, ds: _BatchDataset, index: int, batch: Batch) -> Ba
     return transform.apply_at(batch, rows, epoch, ds.plan.seed)
 
 
+def position_index(state: Any, per_epoch: int, owner: str) -> int:
+    """The flat batch index of a data position ``{"epoch": e, "batch": b}``, checked: one-line `ConfigError`s
+    naming `owner`'s ``set_state``, the rule and the value (a position from another batch size or dataset)."""
+    if not isinstance(state, dict) or set(state) != {"epoch", "batch"}:
+        raise ConfigError(f"{owner}.set_state expects {{'epoch': int, 'batch': int}}, got {state!r}")
+    epoch, batch = state["epoch"], state["batch"]
+    for name, value in (("epoch", epoch), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{owner}.set_state: {name} must be a non-negative int, got {value!r}")
+    if batch >= per_epoch:
+        raise ConfigError(
+            f"{owner}.set_state: batch must be below the {per_epoch} batches per epoch, got {batch}; "
+            "was the state saved with another batch_size or dataset?"
+        )
+    return int(epoch * per_epoch + batch)
+
+
 class BatchIterator:
     """An endless, checkpointable iterator of batches over epochs (like Grain's ``DatasetIterator``).
 
@@ -302,18 +319,7 @@ class BatchIterator:
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Resume so that the next batch is batch ``state["batch"]`` of epoch ``state["epoch"]``."""
-        if not isinstance(state, dict) or set(state) != {"epoch", "batch"}:
-            raise ConfigError(f"BatchIterator.set_state expects {{'epoch': int, 'batch': int}}, got {state!r}")
-        epoch, batch = state["epoch"], state["batch"]
-        for name, value in (("epoch", epoch), ("batch", batch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"BatchIterator.set_state: {name} must be a non-negative int, got {value!r}")
-        if batch >= self._per_epoch:
-            raise ConfigError(
-                f"BatchIterator.set_state: batch must be below the {self._per_epoch} batches per epoch, got {batch}; "
-                "was the state saved with another batch_size or dataset?"
-            )
-        index = epoch * self._per_epoch + batch
+        index = position_index(state, self._per_epoch, "BatchIterator")
         if self._grain is not None:
             self._grain.set_state({"next_index": index})
         else:

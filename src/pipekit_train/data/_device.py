@@ -34,7 +34,7 @@ import numpy as np
 
 from pipekit import ConfigError
 
-from ._dataset import TrainingDataset, _Plan
+from ._dataset import TrainingDataset, _Plan, position_index
 from ._transforms import Cast, Flatten, Normalize, OneHot, Rename, Reshape, Select, Transform
 
 __all__ = ["DEVICE_RESIDENT_MAX_BYTES", "DeviceWindow", "ResidentBatches", "resident_reason"]
@@ -256,18 +256,7 @@ class ResidentBatches:
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Resume at ``state`` (checked like `BatchIterator.set_state`)."""
-        if not isinstance(state, dict) or set(state) != {"epoch", "batch"}:
-            raise ConfigError(f"ResidentBatches.set_state expects {{'epoch': int, 'batch': int}}, got {state!r}")
-        epoch, batch = state["epoch"], state["batch"]
-        for name, value in (("epoch", epoch), ("batch", batch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"ResidentBatches.set_state: {name} must be a non-negative int, got {value!r}")
-        if batch >= self._per_epoch:
-            raise ConfigError(
-                f"ResidentBatches.set_state: batch must be below the {self._per_epoch} batches per epoch, got "
-                f"{batch}; was the state saved with another batch_size or dataset?"
-            )
-        self._next = epoch * self._per_epoch + batch
+        self._next = position_index(state, self._per_epoch, "ResidentBatches")
 
     def close(self) -> None:
         """Nothing to stop (no thread); drops the device arrays' references."""
