@@ -72,12 +72,12 @@ class Size:
     short: int  # steps of the short run (run-difference method)
     long: int  # steps of the long run; the hand-written loops run long - short steps
     ck_every: int  # the checkpointing comparison saves every `ck_every` steps (a realistic cadence) ...
-    ck_short: int  # ... in a short and a long run
-    ck_long: int
+    ck_short: int  # ... in a short and a long run; both end the same number of steps after their last periodic
+    ck_long: int  # save (or start), so the end-of-run save finds the same state of the writer in both
 
 
 SIZES = (
-    Size("small", 64, 2, 32, short=200, long=2000, ck_every=1000, ck_short=200, ck_long=3200),
+    Size("small", 64, 2, 32, short=200, long=2000, ck_every=1000, ck_short=500, ck_long=3500),
     Size("medium", 256, 3, 128, short=100, long=600, ck_every=1000, ck_short=200, ck_long=2200),
     Size("compute-bound", 1024, 4, 256, short=4, long=24, ck_every=100, ck_short=20, ck_long=220),
 )

@@ -19,6 +19,28 @@ def _isolated_run_dirs(tmp_path, monkeypatch):
     yield
 
 
+@pytest.fixture(scope="session")
+def xla_cache_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment variables that give a test's subprocesses one persistent XLA compilation cache for the whole run.
+
+    The training processes the tests start (kill and resume, the CLI, several processes or devices) compile the same
+    few programs again and again; with the cache all but the first load them, which is most of a small process's
+    CPU time. A loaded program is the compiled one, bit for bit, so no result changes. The directory is one per
+    pytest run, shared by the xdist workers (the parent of a worker's base temp dir) and removed with the run's
+    temp dirs. Only for subprocesses: this process's JAX never reads it (a persistent-cache hit is not a backend
+    compile, and tests here count those).
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    cache = root / "xla-cache"
+    cache.mkdir(exist_ok=True)
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """Make ``--dist loadgroup`` honour ``xdist_group`` marks again.
 

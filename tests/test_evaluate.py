@@ -25,6 +25,8 @@ from pipekit_train import (
     run_settings,
 )
 
+pytestmark = pytest.mark.xdist_group("evaluate")  # one worker (--dist loadgroup): the module fixture is built once
+
 ROOT = Path(__file__).resolve().parents[1]
 TEST_YAML = """\
 pipekit: 1

@@ -38,6 +38,8 @@ from pipekit_train._export import (
 from pipekit_train.cli._common import run_commands
 from pipekit_train.cli._export import add_export_commands
 
+pytestmark = pytest.mark.xdist_group("export")  # one worker (--dist loadgroup): the module fixture is built once
+
 MODEL = EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 2, "width_size": 8, "depth": 1})
 
 # Runs in a fresh interpreter: loads the export with jax.export and calls it on each batch of inputs.npz.

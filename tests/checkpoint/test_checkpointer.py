@@ -1,4 +1,5 @@
-"""Checkpoints: real Orbax writes on tmp_path; retention, manifest, crash safety, corruption, averaging, runs."""
+"""Checkpoints: real writes on tmp_path, in both layouts (flat, the one-process default, and orbax); retention,
+manifest, crash safety, corruption, averaging, runs."""
 
 from __future__ import annotations
 
@@ -74,9 +75,18 @@ def step_dirs(directory: Path) -> list[int]:
 
 
 def state_data_files(step_dir: Path) -> list[Path]:
-    """The array data files of a checkpoint's state item, largest first."""
+    """The array data files of a checkpoint's state item, largest first (``state.bin`` in the flat layout)."""
+    if (step_dir / "state.bin").is_file():
+        return [step_dir / "state.bin"]
     files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
     return sorted(files, key=lambda p: p.stat().st_size, reverse=True)
+
+
+LAYOUTS = pytest.mark.parametrize("layout", ["flat", "orbax"])
+ITEM_FILE = {  # where each item's JSON lives, by layout
+    "flat": {"meta": "meta.json", "data_iter": "data_iter.json", "state": "state.bin"},
+    "orbax": {"meta": "meta/metadata", "data_iter": "data_iter/metadata", "state": "state"},
+}
 
 
 # Operators ------------------------------------------------------------------------------------------------
@@ -130,8 +140,9 @@ def test_selectors_pick_from_entries():
 
 
 # Save / restore -------------------------------------------------------------------------------------------
+@LAYOUTS
 @pytest.mark.parametrize("async_save", [True, False])
-def test_save_restore_is_a_bitwise_round_trip(tmp_path, async_save):
+def test_save_restore_is_a_bitwise_round_trip(tmp_path, async_save, layout):
     state = make_state(7)
     data_iter = {"next_index": 12, "epoch": 3, "nested": {"order": [3, 1, 2], "seed": None}}
     meta = {
@@ -143,7 +154,7 @@ def test_save_restore_is_a_bitwise_round_trip(tmp_path, async_save):
         "callbacks": [{"best": float("inf"), "bad_epochs": 2}],
         "config_sha256": "ab" * 32,
     }
-    with Checkpointer(tmp_path / "ck", keep=(Last(n=1),), async_save=async_save) as ckpt:
+    with Checkpointer(tmp_path / "ck", keep=(Last(n=1),), async_save=async_save, layout=layout) as ckpt:
         assert ckpt.save(40, state=state, data_iter=data_iter, meta=meta) is True
         got_state, got_iter, got_meta = ckpt.restore("latest", abstract_of(state))
     assert_bitwise_equal(got_state, state)
@@ -151,31 +162,38 @@ def test_save_restore_is_a_bitwise_round_trip(tmp_path, async_save):
     assert got_meta == meta
     assert jax.dtypes.issubdtype(got_state["rng"].dtype, jax.dtypes.prng_key)
     assert (jax.random.normal(got_state["rng"], (3,)) == jax.random.normal(state["rng"], (3,))).all()
-    # the three items are one Orbax checkpoint: no side-car beside the step directory
+    # the three items are one checkpoint: no side-car beside the step directory
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["40", MANIFEST]
-    assert {"state", "data_iter", "meta"} <= {p.name for p in (tmp_path / "ck" / "40").iterdir()}
+    names = {p.name for p in (tmp_path / "ck" / "40").iterdir()}
+    if layout == "flat":
+        assert names == {"state.bin", "data_iter.json", "meta.json", "commit_success.txt"}
+    else:
+        assert {"state", "data_iter", "meta", "_CHECKPOINT_METADATA", "commit_success.txt"} <= names
 
 
-def test_restore_in_a_new_process_object_with_concrete_template_and_as_saved(tmp_path):
+@LAYOUTS
+def test_restore_in_a_new_process_object_with_concrete_template_and_as_saved(tmp_path, layout):
     state = make_state(1)
-    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+    with Checkpointer(tmp_path, keep=(Last(n=1),), layout=layout) as ckpt:
         ckpt.save(5, state=state, data_iter={}, meta={})
     reader = Checkpointer(tmp_path)  # a reader changes nothing on disk
     got, _, _ = reader.restore(5, state)
     assert_bitwise_equal(got, state)
     as_saved, _, _ = reader.restore("latest")
     assert set(as_saved) == {"params", "opt", "rng"}
+    assert_bitwise_equal(as_saved, {**state, "params": dict(state["params"]), "opt": list(state["opt"])})
     assert jax.dtypes.issubdtype(as_saved["rng"].dtype, jax.dtypes.prng_key)
     f32 = [jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((2, 3), jnp.float32)]
     cast, _, _ = reader.restore(5, {**abstract_of(state), "opt": f32})
     assert cast["opt"][0].dtype == jnp.float32 and float(cast["opt"][0]) == 1.0
 
 
-def test_loading_never_unpickles(tmp_path, monkeypatch):
+@LAYOUTS
+def test_loading_never_unpickles(tmp_path, monkeypatch, layout):
     import pickle
 
     state = make_state(3)
-    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+    with Checkpointer(tmp_path, keep=(Last(n=1),), layout=layout) as ckpt:
         ckpt.save(1, state=state, data_iter={"i": 1}, meta={"epoch": 0})
 
     def refuse(*args, **kwargs):
@@ -294,7 +312,10 @@ def test_manifest_records_each_checkpoint_and_lookups_use_it(tmp_path):
     assert entries[200]["score"] == 0.8 and entries[200]["epoch"] == 2 and entries[200]["run_id"] == "run-a"
     assert entries[200]["metric"] == "validate/acc" and entries[200]["stage"] == "s0" and entries[200]["time"] > 0
     assert entries[500]["stop_reason"] == "max_steps"
-    assert {"state/manifest.ocdbt", "meta/metadata", "data_iter/metadata"} <= set(entries[300]["files"])
+    files = entries[300]["files"]  # the default (flat) layout: state.bin's bytes are pinned by the leaf digests
+    assert set(files) == {"state.bin", "meta.json", "data_iter.json", "commit_success.txt"}
+    assert files["state.bin"][1] is None and all(len(files[f][1]) == 64 for f in ("meta.json", "data_iter.json"))
+    assert files["state.bin"][0] == (tmp_path / "300" / "state.bin").stat().st_size
     # a new object answers from the manifest, following its monitor and mode
     reader = Checkpointer(tmp_path)
     assert (reader.monitor, reader.mode, reader.best_step(), reader.latest_step()) == ("validate/acc", "max", 200, 500)
@@ -329,7 +350,7 @@ def test_a_manifest_lost_after_commit_is_rebuilt_from_the_checkpoints(tmp_path):
 
 # Crashes mid-save ------------------------------------------------------------------------------------------
 def test_missing_commit_marker_or_tmp_dir_is_ignored_and_the_previous_one_used(tmp_path):
-    ckpt = Checkpointer(tmp_path, keep=(Last(n=5),))
+    ckpt = Checkpointer(tmp_path, keep=(Last(n=5),), layout="orbax")
     save_scores(ckpt, {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.2})
     ckpt.close()
     (tmp_path / "4" / "commit_success.txt").unlink()  # the step marker of the newest
@@ -346,12 +367,51 @@ def test_missing_commit_marker_or_tmp_dir_is_ignored_and_the_previous_one_used(t
             reader.restore(3)
 
 
+def test_flat_missing_commit_marker_or_tmp_dir_is_ignored_and_the_previous_one_used(tmp_path):
+    ckpt = Checkpointer(tmp_path, keep=(Last(n=5),))
+    save_scores(ckpt, {1: 0.5, 2: 0.4, 3: 0.3})
+    ckpt.close()
+    (tmp_path / "3" / "commit_success.txt").unlink()  # the marker of the newest (a deletion cut short)
+    (tmp_path / "2").rename(tmp_path / ".pipekit-tmp-2-123-abcdef")  # never renamed into place
+    for reader in (ckpt, Checkpointer(tmp_path)):
+        assert reader.latest_step() == 1 and reader.steps() == [1] and reader.best_step() == 1
+        assert reader.restore("latest")[1] == {"next_index": 1}
+        with pytest.raises(CheckpointNotFoundError, match=r"step 3 in .* \(missing commit_success.txt\)"):
+            reader.restore(3)
+    with Checkpointer(tmp_path, keep=(Last(n=5),)) as writer:  # the first save clears what a killed writer left
+        writer.save(4, state={"w": jnp.ones(2)}, data_iter={}, meta={})
+    assert not list(tmp_path.glob(".pipekit-tmp-*")) and Checkpointer(tmp_path).latest_step() == 4
+
+
+def test_flat_killed_before_the_rename_leaves_the_previous_checkpoint(tmp_path):
+    """The flat writer dies after writing state.bin, before the rename (its first fsync exits the process)."""
+    script = textwrap.dedent(
+        f"""
+        import os, jax.numpy as jnp
+        from pipekit_train.checkpoint import Checkpointer, Last, _flat
+        ck = Checkpointer({str(tmp_path)!r}, keep=(Last(n=1),))
+        ck.save(1, state={{"w": jnp.ones((4, 4))}}, data_iter={{"i": 1}}, meta={{}})
+        ck.wait()
+        _flat.os.fsync = lambda fd: os._exit(0)  # SIGKILL-like: no wait, no close, no cleanup
+        ck.save(2, state={{"w": jnp.zeros((400, 100))}}, data_iter={{"i": 2}}, meta={{}})
+        ck.wait()
+        """
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120, env=env, capture_output=True)
+    (tmp,) = tmp_path.glob(".pipekit-tmp-2-*")  # state.bin written, never renamed into place
+    assert (tmp / "state.bin").stat().st_size == 400 * 100 * 4 and not (tmp / "commit_success.txt").exists()
+    reader = Checkpointer(tmp_path)
+    assert reader.latest_step() == 1 and step_dirs(tmp_path) == [1] and manifest_steps(tmp_path) == [1]
+    assert reader.restore("latest", {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32)})[1] == {"i": 1}
+
+
 def test_killed_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
     script = textwrap.dedent(
         f"""
         import os, jax, jax.numpy as jnp
         from pipekit_train.checkpoint import Checkpointer, Last
-        ck = Checkpointer({str(tmp_path)!r}, keep=(Last(n=1),))
+        ck = Checkpointer({str(tmp_path)!r}, keep=(Last(n=1),), layout="orbax")
         ck.save(1, state={{"w": jnp.ones((4, 4))}}, data_iter={{"i": 1}}, meta={{}})
         ck.wait()
         ck.save(2, state={{"w": jax.random.normal(jax.random.key(0), (4000, 1000))}}, data_iter={{"i": 2}}, meta={{}})
@@ -370,7 +430,7 @@ def test_killed_during_an_async_save_leaves_the_previous_checkpoint(tmp_path):
     assert reader.restore("latest", {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32)})[1] == {"i": 1}
     assert manifest_steps(tmp_path) == [1]
     # a new writer cleans up the interrupted write and carries on
-    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+    with Checkpointer(tmp_path, keep=(Last(n=1),), layout="orbax") as ckpt:
         ckpt.save(2, state={"w": jnp.zeros((4, 4))}, data_iter={"i": 2}, meta={})
     assert step_dirs(tmp_path) == [2] and not list(tmp_path.glob("*orbax-checkpoint-tmp*"))
 
@@ -409,7 +469,7 @@ def test_a_failed_background_write_surfaces_at_the_next_wait_and_keeps_the_old_o
     ckpt.save(3, state=big, data_iter={}, meta={})
     ckpt.close()
     assert ckpt.steps() == [3] and step_dirs(tmp_path) == [3]
-    assert not list(tmp_path.glob("*orbax-checkpoint-tmp*"))  # the failed write's leftovers were cleaned up
+    assert not list(tmp_path.glob("*orbax-checkpoint-tmp*")) and not list(tmp_path.glob(".pipekit-tmp-*"))
 
 
 def test_async_save_then_immediate_second_save(tmp_path):
@@ -426,9 +486,10 @@ def test_async_save_then_immediate_second_save(tmp_path):
 
 
 # Corruption ------------------------------------------------------------------------------------------------
-def test_flipped_bytes_raise_corrupted_naming_the_file(tmp_path):
+@LAYOUTS
+def test_flipped_bytes_raise_corrupted_naming_the_file(tmp_path, layout):
     state = make_state(0)
-    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+    with Checkpointer(tmp_path, keep=(Last(n=1),), layout=layout) as ckpt:
         ckpt.save(1, state=state, data_iter={}, meta={})
     victim = state_data_files(tmp_path / "1")[0]
     data = bytearray(victim.read_bytes())
@@ -440,9 +501,10 @@ def test_flipped_bytes_raise_corrupted_naming_the_file(tmp_path):
     assert info.value.files == [str(victim)] and info.value.step == 1
 
 
-def test_truncated_file_raises_corrupted_naming_the_file(tmp_path):
+@LAYOUTS
+def test_truncated_file_raises_corrupted_naming_the_file(tmp_path, layout):
     state = make_state(0)
-    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+    with Checkpointer(tmp_path, keep=(Last(n=1),), layout=layout) as ckpt:
         ckpt.save(1, state=state, data_iter={}, meta={})
     victim = state_data_files(tmp_path / "1")[0]
     size = victim.stat().st_size
@@ -452,10 +514,11 @@ def test_truncated_file_raises_corrupted_naming_the_file(tmp_path):
         Checkpointer(tmp_path).restore(1, abstract_of(state))
 
 
-def test_corruption_is_caught_without_recorded_file_digests(tmp_path):
+@LAYOUTS
+def test_corruption_is_caught_without_recorded_file_digests(tmp_path, layout):
     """A checkpoint re-listed after a lost manifest has no file digests: the leaf checksums still catch it."""
     state = make_state(0)
-    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+    with Checkpointer(tmp_path, keep=(Last(n=1),), layout=layout) as ckpt:
         ckpt.save(1, state=state, data_iter={"i": 1}, meta={})
     (tmp_path / MANIFEST).unlink()
     victim = state_data_files(tmp_path / "1")[0]
@@ -465,21 +528,30 @@ def test_corruption_is_caught_without_recorded_file_digests(tmp_path):
     victim.write_bytes(bytes(data))
     with pytest.warns(PipekitTrainWarning, match=r"missing from manifest.json"):
         reader = Checkpointer(tmp_path)
-    with pytest.raises(CheckpointCorruptedError, match=r"leaf checksum mismatch at \['params/w'\]; in .*1/state"):
+    state_file = ITEM_FILE[layout]["state"]
+    with pytest.raises(
+        CheckpointCorruptedError, match=rf"leaf checksum mismatch at \['params/w'\]; in .*1/{state_file}"
+    ):
         reader.restore(1, abstract_of(state))
     victim.write_bytes(original)
-    iter_file = tmp_path / "1" / "data_iter" / "metadata"
+    iter_file = tmp_path / "1" / ITEM_FILE[layout]["data_iter"]
     iter_file.write_text(iter_file.read_text().replace("1", "2"))  # still valid JSON, another position
-    with pytest.raises(CheckpointCorruptedError, match=r"data_iter checksum mismatch; in .*1/data_iter"):
+    with pytest.raises(
+        CheckpointCorruptedError,
+        match=rf"data_iter checksum mismatch; in .*1/{ITEM_FILE[layout]['data_iter'].split('/')[0]}",
+    ):
         Checkpointer(tmp_path).restore(1, abstract_of(state))
 
 
-def test_corrupted_meta_item_is_named(tmp_path):
-    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+@LAYOUTS
+def test_corrupted_meta_item_is_named(tmp_path, layout):
+    with Checkpointer(tmp_path, keep=(Last(n=1),), layout=layout) as ckpt:
         ckpt.save(1, state={"w": jnp.ones(3)}, data_iter={}, meta={"epoch": 1})
-    meta_file = tmp_path / "1" / "meta" / "metadata"
+    meta_file = tmp_path / "1" / ITEM_FILE[layout]["meta"]
     meta_file.write_text(meta_file.read_text().replace('"epoch": 1', '"epoch": 7'))
-    with pytest.raises(CheckpointCorruptedError, match=r"meta checksum mismatch; damaged file\(s\): .*meta/metadata"):
+    with pytest.raises(
+        CheckpointCorruptedError, match=rf"meta checksum mismatch; damaged file\(s\): .*{meta_file.name}"
+    ):
         Checkpointer(tmp_path).restore(1)
 
 
@@ -562,3 +634,42 @@ def test_io_retry_retries_transient_errors_only():
     with pytest.raises(PermissionError, match="Permission denied"):
         _with_io_retry(denied, backoff=0)
     assert len(calls) == 1
+
+
+# Layouts -----------------------------------------------------------------------------------------------------
+def test_one_directory_may_hold_both_layouts_and_every_reader_takes_either(tmp_path):
+    states = {s: make_state(s, n=8) for s in (1, 2, 3, 4)}
+    with Checkpointer(tmp_path, keep=(Last(n=3),), layout="orbax") as ckpt:
+        for s in (1, 2):
+            ckpt.save(s, state=states[s], data_iter={"i": s}, meta={"score": 1.0 / s})
+    with Checkpointer(tmp_path, keep=(Last(n=3),)) as ckpt:  # a resumed run, now writing the default layout
+        assert ckpt.layout == "flat" and ckpt.steps() == [1, 2]
+        for s in (3, 4):
+            ckpt.save(s, state=states[s], data_iter={"i": s}, meta={"score": 1.0 / s})
+    assert step_dirs(tmp_path) == [2, 3, 4]  # retention spans both layouts
+    assert (tmp_path / "2" / "state").is_dir() and (tmp_path / "3" / "state.bin").is_file()
+    reader = Checkpointer(tmp_path)
+    for s in (2, 3, 4):
+        got, data_iter, _ = reader.restore(s, abstract_of(states[s]))
+        assert_bitwise_equal(got, states[s])
+        assert data_iter == {"i": s}
+    averaged = average_checkpoints(tmp_path, [2, 3])  # one Orbax and one flat checkpoint
+    np.testing.assert_array_equal(
+        np.asarray(averaged["params"]["w"]),
+        (np.asarray(states[2]["params"]["w"]) + np.asarray(states[3]["params"]["w"])) / 2,
+    )
+    assert list_runs(tmp_path)[0]["steps"] == [2, 3, 4]
+
+
+def test_a_misspelled_layout_is_refused_naming_the_field_and_the_nearest():
+    with pytest.raises(
+        ConfigError,
+        match=r"Checkpoint.layout must be one of 'auto', 'flat', 'orbax' \(did you mean 'flat'\?\), got 'flta'",
+    ):
+        Checkpoint(layout="flta").validate()
+    with pytest.raises(
+        ConfigError, match=r"Checkpointer.layout must be one of .* \(did you mean 'orbax'\?\), got 'obrax'"
+    ):
+        Checkpointer("/nonexistent", layout="obrax")
+    with pytest.raises(ConfigError, match=r"layout"):
+        pipekit.loads("pipekit: 1\ntype: Checkpoint\nlayout: zarr\n").validate()

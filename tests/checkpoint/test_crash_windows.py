@@ -46,7 +46,7 @@ def test_opening_the_directory_lists_the_step_again_and_says_so(tmp_path: Path):
 def test_a_damaged_record_of_an_unlisted_step_is_ignored_not_trusted(tmp_path: Path):
     _saved(tmp_path / "ck")
     _forget(tmp_path / "ck", 20)
-    record = tmp_path / "ck" / "20" / "meta" / "metadata"
+    record = tmp_path / "ck" / "20" / "meta.json"  # the record, in the default (flat) layout
     record.write_text(record.read_text().replace('"run_id": "r"', '"run_id": "x"'))
     (row,) = list_runs(tmp_path)
     assert row["steps"] == [10]

@@ -28,6 +28,8 @@ from pipekit_train import (
     run_settings,
 )
 
+pytestmark = pytest.mark.xdist_group("resume-fingerprint")  # one worker: its module fixtures are built once
+
 X = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
 
 

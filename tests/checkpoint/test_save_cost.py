@@ -1,7 +1,7 @@
 """What a save costs the training thread, and that the cheaper save keeps the atomic commit.
 
-Counted, never timed: the files one checkpoint writes, which thread does Orbax's work, and what is on disk while
-an asynchronous save is still waiting to be written or was killed in the middle of its commit.
+Counted, never timed: the files one checkpoint writes (in each layout), which thread does the writing, and what
+is on disk while an asynchronous save is still waiting to be written or was killed in the middle of its commit.
 """
 
 from __future__ import annotations
@@ -37,10 +37,26 @@ def files_of(step_dir: Path) -> list[str]:
     return sorted(re.sub(r"/d/[0-9a-f]{32}$", "/d/<hash>", n) for n in names)
 
 
-def test_one_checkpoint_is_ten_fixed_files_and_a_few_data_files_whatever_the_number_of_leaves(tmp_path):
+def test_a_flat_checkpoint_is_four_files_whatever_the_number_of_leaves(tmp_path):
     for n_leaves in (3, 12):
         state = {f"w{i}": jnp.full((i + 1, 5), float(i)) for i in range(n_leaves)}
         with Checkpointer(tmp_path / str(n_leaves), keep=(Last(n=1),)) as ckpt:
+            ckpt.save(1, state=state, data_iter={"i": 1}, meta={})
+        assert files_of(tmp_path / str(n_leaves) / "1") == [
+            "commit_success.txt",
+            "data_iter.json",
+            "meta.json",
+            "state.bin",
+        ]
+        size = (tmp_path / str(n_leaves) / "1" / "state.bin").stat().st_size
+        nbytes = [(i + 1) * 5 * 4 for i in range(n_leaves)]
+        assert sum(nbytes) <= size < sum(nbytes) + 64 * n_leaves  # the leaves' bytes, 64-byte aligned
+
+
+def test_an_orbax_checkpoint_is_ten_fixed_files_and_a_few_data_files_whatever_the_number_of_leaves(tmp_path):
+    for n_leaves in (3, 12):
+        state = {f"w{i}": jnp.full((i + 1, 5), float(i)) for i in range(n_leaves)}
+        with Checkpointer(tmp_path / str(n_leaves), keep=(Last(n=1),), layout="orbax") as ckpt:
             ckpt.save(1, state=state, data_iter={"i": 1}, meta={})
         files = files_of(tmp_path / str(n_leaves) / "1")
         fixed = [f for f in files if not f.endswith("/d/<hash>")]
@@ -63,7 +79,8 @@ def test_one_checkpoint_is_ten_fixed_files_and_a_few_data_files_whatever_the_num
         assert 1 <= len(data) <= 8, files  # 12 leaves: fewer files than leaves
 
 
-def test_an_async_save_returns_before_anything_is_written_and_commits_whole(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layout", ["flat", "orbax"])
+def test_an_async_save_returns_before_anything_is_written_and_commits_whole(tmp_path, monkeypatch, layout):
     gate, started = threading.Event(), threading.Event()
     threads: dict[str, str] = {}
     to_host = _checkpointer._to_host
@@ -75,7 +92,7 @@ def test_an_async_save_returns_before_anything_is_written_and_commits_whole(tmp_
         return to_host(tree)
 
     monkeypatch.setattr(_checkpointer, "_to_host", gated)
-    ckpt = Checkpointer(tmp_path, keep=(Last(n=1),), async_save=True)
+    ckpt = Checkpointer(tmp_path, keep=(Last(n=1),), async_save=True, layout=layout)
     try:
         first = small_state()
         ckpt.save(1, state=first, data_iter={"i": 1}, meta={})
@@ -98,7 +115,7 @@ def test_an_async_save_returns_before_anything_is_written_and_commits_whole(tmp_
     finally:
         gate.set()
         ckpt.close()
-    assert threads["host copy and write"] == "pipekit-checkpoint-1"  # not the training thread
+    assert threads["host copy and write"] == "pipekit-checkpoint-writer"  # not the training thread
 
 
 def test_orbax_works_in_the_background_thread_only(tmp_path, monkeypatch):
@@ -112,13 +129,15 @@ def test_orbax_works_in_the_background_thread_only(tmp_path, monkeypatch):
         return save(self, *args, **kwargs)
 
     monkeypatch.setattr(ocp.CheckpointManager, "save", recording)
-    with Checkpointer(tmp_path / "async", keep=(Last(n=1),), async_save=True) as ckpt:
+    with Checkpointer(tmp_path / "async", keep=(Last(n=1),), async_save=True, layout="orbax") as ckpt:
         for step in (1, 2, 3):
             ckpt.save(step, state=small_state(), data_iter={}, meta={})
-    with Checkpointer(tmp_path / "sync", keep=(Last(n=1),), async_save=False) as ckpt:
+    with Checkpointer(tmp_path / "sync", keep=(Last(n=1),), async_save=False, layout="orbax") as ckpt:
+        ckpt.save(1, state=small_state(), data_iter={}, meta={})
+    with Checkpointer(tmp_path / "flat", keep=(Last(n=1),)) as ckpt:  # the default layout never calls Orbax
         ckpt.save(1, state=small_state(), data_iter={}, meta={})
     main = threading.current_thread().name
-    assert callers == ["pipekit-checkpoint-1", "pipekit-checkpoint-2", "pipekit-checkpoint-3", main]
+    assert callers == ["pipekit-checkpoint-writer"] * 3 + [main]  # one long-lived writer thread, not one per save
 
 
 CHILD = textwrap.dedent(
@@ -128,16 +147,18 @@ CHILD = textwrap.dedent(
     from pipekit_train import Checkpointer, Last
     from pipekit_train.checkpoint import _checkpointer
 
-    directory, window = sys.argv[1], sys.argv[2]
-    ckpt = Checkpointer(directory, keep=(Last(n=1),), async_save=True)
+    directory, window, layout = sys.argv[1], sys.argv[2], sys.argv[3]
+    ckpt = Checkpointer(directory, keep=(Last(n=1),), async_save=True, layout=layout)
     ckpt.save(1, state={"w": jnp.full((1000, 1000), 1.0)}, data_iter={"i": 1}, meta={})
     ckpt.wait()
 
     def kill(*_):
         os.kill(os.getpid(), signal.SIGKILL)
 
-    if window == "after-commit":  # Orbax renamed step 2 into place; the manifest does not list it yet
-        _checkpointer._file_digests = kill
+    if window == "after-commit":  # step 2 was renamed into place; the manifest does not list it yet
+        _checkpointer._write_manifest = kill
+    elif layout == "flat":  # state.bin of step 2 is written into the temporary directory, not yet renamed
+        _checkpointer.write_flat.__globals__["os"].fsync = kill
     else:  # Orbax is writing step 2 into its temporary directory
         def watch():
             while not any(".orbax-checkpoint-tmp" in name for name in os.listdir(directory)):
@@ -151,12 +172,17 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("layout", ["flat", "orbax"])
 @pytest.mark.parametrize("window", ["during-write", "after-commit"])
-def test_a_sigkill_during_an_async_commit_leaves_the_previous_checkpoint_usable(tmp_path, window):
+def test_a_sigkill_during_an_async_commit_leaves_the_previous_checkpoint_usable(tmp_path, window, layout):
     directory = tmp_path / "ck"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(directory), window], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", CHILD, str(directory), window, layout],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     listed = [e["step"] for e in json.loads((directory / "manifest.json").read_text())["entries"]]
@@ -167,7 +193,8 @@ def test_a_sigkill_during_an_async_commit_leaves_the_previous_checkpoint_usable(
             ckpt = Checkpointer(directory, keep=(Last(n=1),))
         expected_latest = 2
     else:
-        assert any(".orbax-checkpoint-tmp" in p.name for p in directory.iterdir())  # the write was cut short
+        tmp = ".orbax-checkpoint-tmp" if layout == "orbax" else ".pipekit-tmp-2-"
+        assert any(tmp in p.name for p in directory.iterdir())  # the write was cut short
         ckpt = Checkpointer(directory, keep=(Last(n=1),))
         expected_latest = 1
     with ckpt:
@@ -203,19 +230,25 @@ FIRST_STEP = textwrap.dedent(
     with run_settings(store=False, run_dir=sys.argv[1] + "/saving"):
         loop.replace(callbacks=(Checkpoint(every_n_steps=2),)).run()
     print("SAVING", sorted({m.split(".")[0] for m in sys.modules if m.startswith(heavy)}))
+    with run_settings(store=False, run_dir=sys.argv[1] + "/orbax"):
+        loop.replace(callbacks=(Checkpoint(every_n_steps=2, layout="orbax"),)).run()
+    print("ORBAX", sorted({m.split(".")[0] for m in sys.modules if m.startswith(heavy)}))
     """
 )
 
 
-def test_a_run_without_checkpoints_never_imports_orbax_or_grain(tmp_path):
+def test_only_the_orbax_layout_imports_orbax_or_grain(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
         [sys.executable, "-c", FIRST_STEP, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("PLAIN", "SAVING")))
+    lines = dict(
+        line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("PLAIN", "SAVING", "ORBAX"))
+    )
     assert lines["PLAIN"] == "[]"  # Grain imports Orbax and TensorStore: about 60 MB before the first step
-    assert "orbax" in lines["SAVING"] and "tensorstore" in lines["SAVING"]  # the first save brings them in
+    assert lines["SAVING"] == "[]"  # the default (flat) layout is written by pipekit alone
+    assert "orbax" in lines["ORBAX"] and "tensorstore" in lines["ORBAX"]  # the first orbax save brings them in
 
 
 def test_leaves_written_from_the_host_restore_as_jax_arrays_whatever_the_template(tmp_path):
@@ -232,3 +265,25 @@ def test_leaves_written_from_the_host_restore_as_jax_arrays_whatever_the_templat
             assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(restored)), template
             np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(state["w"]))
             assert jax.random.key_impl(restored["key"]) == jax.random.key_impl(state["key"])
+
+
+def test_the_save_plan_is_made_once_per_structure_and_leaves_the_buffers_donatable(tmp_path, monkeypatch):
+    from pipekit_train.checkpoint import _layout
+
+    plans = []
+    plan_state = _layout._plan_state
+    monkeypatch.setattr(_layout, "_plan_state", lambda state: plans.append(1) or plan_state(state))
+    monkeypatch.setattr(_layout, "_PLANS", {})
+    step = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)
+    state = small_state()
+    with Checkpointer(tmp_path, keep=(Last(n=2),)) as ckpt:
+        for i in range(1, 4):
+            ckpt.save(i, state=state, data_iter={"i": i}, meta={})
+            old = state
+            state = step(state)  # the training step donates the buffers save() just copied
+            assert all(x.is_deleted() for x in jax.tree.leaves(old))  # no view kept by the save blocked donation
+        ckpt.save(4, state={**state, "extra": jnp.zeros(2)}, data_iter={}, meta={})  # another structure
+        ckpt.wait()
+        restored, _, _ = ckpt.restore(3, small_state())
+    assert len(plans) == 2  # one plan per tree structure, not one per save
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(12.0).reshape(3, 4) + 2)

@@ -54,12 +54,12 @@ def test_an_uncommitted_newest_step_is_named_set_aside_and_rewritten(tmp_path: P
     with run_settings(run_dir=str(tmp_path / "p"), store=False):
         _loop(StopAt()).run()
     checkpoints = tmp_path / "p" / "s" / "checkpoints"
-    (checkpoints / "12" / "_CHECKPOINT_METADATA").unlink()  # as if killed during step 12's save
+    (checkpoints / "12" / "commit_success.txt").unlink()  # as if killed while step 12 was being deleted
     with (
         run_settings(run_dir=str(tmp_path / "p"), store=False, resume="auto"),
         pytest.warns(
             PipekitTrainWarning,
-            match=r"checkpoint of step 12 .* never committed \(missing _CHECKPOINT_METADATA\); "
+            match=r"checkpoint of step 12 .* never committed \(missing commit_success.txt\); "
             r"resuming from step 8",
         ),
     ):

@@ -30,6 +30,8 @@ from pipekit_train import (
 )
 from pipekit_train.cli._checkpoints import add_checkpoint_commands, main
 
+pytestmark = pytest.mark.xdist_group("cli-checkpoints")  # one worker: the module fixture is built once
+
 
 def _cli(*argv: str) -> int:
     """Run a command through a parser of our own, as `pipekit-train`'s parser will hold these commands."""

@@ -16,6 +16,8 @@ from pipekit_train._history import history
 from pipekit_train.cli._common import run_commands
 from pipekit_train.cli._history import add_history_commands
 
+pytestmark = pytest.mark.xdist_group("cli-history")  # one worker (--dist loadgroup): the module fixture is built once
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

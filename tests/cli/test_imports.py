@@ -80,7 +80,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def _cli(cwd: Path, *args: str, pythonpath: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "JAX_PLATFORMS": "cpu", **env}
+    full = {**os.environ, "JAX_PLATFORMS": "cpu", **_XLA_CACHE, **env}
     full.pop("PYTHONPATH", None)
     if "PIPEKIT_IMPORT" not in env:
         full.pop("PIPEKIT_IMPORT", None)
@@ -94,6 +94,15 @@ def _cli(cwd: Path, *args: str, pythonpath: Path | None = None, **env: str) -> s
         text=True,
         timeout=300,
     )
+
+
+_XLA_CACHE: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _xla_cache(xla_cache_env: dict[str, str]) -> None:
+    """The processes share the run's persistent compilation cache (tests/conftest.py): one compiles, the rest load."""
+    _XLA_CACHE.update(xla_cache_env)
 
 
 def _one_error_line(out: subprocess.CompletedProcess[str]) -> str:

@@ -35,8 +35,17 @@ def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedPro
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"},
+        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu", **_XLA_CACHE},
     )
+
+
+_XLA_CACHE: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _xla_cache(xla_cache_env: dict[str, str]) -> None:
+    """The processes share the run's persistent compilation cache (tests/conftest.py): one compiles, the rest load."""
+    _XLA_CACHE.update(xla_cache_env)
 
 
 @pytest.fixture

@@ -36,7 +36,8 @@ def test_describe_training_loop_shows_max_steps_and_its_default(capsys):
 def test_describe_a_documented_type_shows_the_meanings(capsys):
     assert main(["describe", "Checkpoint"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^every_n_steps +int +500 +Save at every multiple of this many optimizer", out, re.M)
+    assert re.search(r"^every_n_steps +int +500 +Save at every multiple of this many\b", out, re.M)
+    assert re.search(r"^layout +\"auto\" or \"flat\" or \"orbax\" +auto +How a checkpoint is written", out, re.M)
 
 
 def test_describe_a_typo_suggests_the_right_name_in_one_line(capsys):

@@ -19,6 +19,8 @@ import pytest
 
 import pipekit_train
 
+pytestmark = pytest.mark.xdist_group("cli-startup")  # one worker (--dist loadgroup): the module fixture is built once
+
 HEAVY = ("jax", "jaxlib", "equinox", "optax", "grain", "orbax")
 
 #: Runs ``pipekit-train ARGS`` in-process, then reports on stderr which heavy packages got imported.
@@ -72,7 +74,7 @@ def _env(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def recorded(tmp_path_factory: pytest.TempPathFactory, xla_cache_env: dict[str, str]) -> dict[str, str]:
     """A store holding the artifacts of a real two-stage run, and that run's directory with checkpoints."""
     root = tmp_path_factory.mktemp("startup")
     rng = np.random.default_rng(0)
@@ -83,7 +85,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     out = subprocess.run(
         [sys.executable, "-m", "pipekit_train.cli", *run],
         cwd=root,
-        env=_env(root),
+        env={**_env(root), **xla_cache_env},  # the run's compilation cache (tests/conftest.py)
         capture_output=True,
         text=True,
         timeout=300,

@@ -43,7 +43,7 @@ batch_size: 8
 log_every_n_steps: 2
 progress: false
 callbacks:
-- {type: Checkpoint, every_n_steps: 3, async_save: false, keep: [{type: Last, n: 2}]}
+- {type: Checkpoint, every_n_steps: 3, async_save: false, keep: [{type: Last, n: 2}], layout: LAYOUT}
 """
 CKPT = "run/fit/checkpoints"
 
@@ -52,7 +52,7 @@ def _pipeline(root: Path) -> Any:
     import pipekit
     import pipekit_train  # noqa: F401  (registers the operators)
 
-    return pipekit.loads(PIPELINE.replace("data.npz", str(root / "data.npz")))
+    return pipekit.loads((root / "pipe.yaml").read_text())
 
 
 def _flat(tree: Any) -> list[np.ndarray]:
@@ -62,15 +62,27 @@ def _flat(tree: Any) -> list[np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """The undamaged run, and what reading it gives (the reference for ``recovered``)."""
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, dict[str, Any]]]:
+    """``trained(layout)``: the undamaged run with checkpoints in that layout, and what reading it gives (the
+    reference for ``recovered``); each layout is trained once, on first use."""
+    runs: dict[str, tuple[Path, dict[str, Any]]] = {}
+
+    def get(layout: str) -> tuple[Path, dict[str, Any]]:
+        if layout not in runs:
+            runs[layout] = _train(tmp_path_factory.mktemp(f"corruption-{layout}"), layout)
+        return runs[layout]
+
+    return get
+
+
+def _train(root: Path, layout: str) -> tuple[Path, dict[str, Any]]:
     from pipekit_train import Checkpointer, average_checkpoints, run_settings
     from pipekit_train._history import history
     from pipekit_train.provenance import ArtifactStore
 
-    root = tmp_path_factory.mktemp("corruption")
     x = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
     np.savez(root / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
+    (root / "pipe.yaml").write_text(PIPELINE.replace("data.npz", str(root / "data.npz")).replace("LAYOUT", layout))
     with run_settings(run_dir=str(root / "run"), store=str(root / "store.sqlite")):
         _, artifact = _pipeline(root).run()
     assert Checkpointer(root / CKPT).steps() == [3, 6]
@@ -199,28 +211,36 @@ EXPECTED: dict[Callable[[Path], Any], str] = {
     _history: "history",
 }
 
-# (file kind, where, damages, operations). A checkpoint's state is written from NumPy leaves, so it has no
-# `_sharding` file and no `array_metadatas` (design/checkpoints.md).
+# (file kind, where, damages, operations); checkpoint files in the default (flat) layout, then in the orbax
+# layout (several processes). An orbax checkpoint's state is written from NumPy leaves, so it has no `_sharding`
+# file and no `array_metadatas` (design/checkpoints.md).
 CASES: list[tuple[str, Callable[[Path], Path], tuple[str, ...], tuple[Callable[[Path], Any], ...]]] = [
     ("run.json", _at("run/run.json"), ("truncate", "delete", "garbage", "wrong-shape"), (_resume,)),
     ("final.json", _at("run/fit/final.json"), ("flip", "garbage", "wrong-shape"), (_resume,)),
     ("artifact.json", _at("run/fit/artifact.json"), ("truncate", "delete", "wrong-shape"), (_resume,)),
     ("metrics.jsonl", _at("run/fit/metrics.jsonl"), ("garbage", "delete"), (_resume, _history)),
     ("manifest.json", _at(f"{CKPT}/manifest.json"), ("truncate", "delete", "wrong-shape"), (_resume_from_checkpoint,)),
+    ("meta.json", _at(f"{CKPT}/6/meta.json"), ("flip", "other-step", "delete"), (_restore, _resume_from_checkpoint)),
+    ("data_iter.json", _at(f"{CKPT}/6/data_iter.json"), ("garbage", "delete", "other-step"), (_restore,)),
+    ("commit_success.txt", _at(f"{CKPT}/6/commit_success.txt"), ("delete",), (_resume_from_checkpoint,)),
+    ("state.bin", _at(f"{CKPT}/6/state.bin"), ("flip", "truncate", "other-step", "delete"), (_restore, _average)),
+    ("weights.npz", _registry("weights.npz"), ("flip", "truncate"), (_load_model, _resume)),
+    ("registry meta.json", _registry("meta.json"), ("wrong-shape",), (_load_model,)),
+    ("architecture.yaml", _registry("architecture.yaml"), ("garbage",), (_load_model,)),
+    ("store.sqlite", _at("store.sqlite"), ("truncate", "garbage"), (_show,)),
+]
+ORBAX_CASES: list[tuple[str, Callable[[Path], Path], tuple[str, ...], tuple[Callable[[Path], Any], ...]]] = [
     ("meta/metadata", _at(f"{CKPT}/6/meta/metadata"), ("flip", "other-step"), (_restore, _resume_from_checkpoint)),
     ("data_iter/metadata", _at(f"{CKPT}/6/data_iter/metadata"), ("garbage", "delete"), (_restore,)),
     ("_CHECKPOINT_METADATA", _at(f"{CKPT}/6/_CHECKPOINT_METADATA"), ("delete",), (_resume_from_checkpoint,)),
     ("state/_METADATA", _at(f"{CKPT}/6/state/_METADATA"), ("truncate", "other-step"), (_average, _restore)),
     ("state/manifest.ocdbt", _at(f"{CKPT}/6/state/manifest.ocdbt"), ("flip", "other-step"), (_average,)),
     ("array data", _largest(f"{CKPT}/6/state/d"), ("flip", "truncate", "other-step"), (_restore, _average)),
-    ("weights.npz", _registry("weights.npz"), ("flip", "truncate"), (_load_model, _resume)),
-    ("registry meta.json", _registry("meta.json"), ("wrong-shape",), (_load_model,)),
-    ("architecture.yaml", _registry("architecture.yaml"), ("garbage",), (_load_model,)),
-    ("store.sqlite", _at("store.sqlite"), ("truncate", "garbage"), (_show,)),
 ]
 PARAMS = [
-    pytest.param(kind, where, damage, op, id=f"{kind}-{damage}-{op.__name__.lstrip('_')}")
-    for kind, where, damages, ops in CASES
+    pytest.param(layout, kind, where, damage, op, id=f"{prefix}{kind}-{damage}-{op.__name__.lstrip('_')}")
+    for layout, prefix, cases in (("flat", "", CASES), ("orbax", "orbax-", ORBAX_CASES))
+    for kind, where, damages, ops in cases
     for damage in damages
     for op in ops
 ]
@@ -234,16 +254,17 @@ def _same(got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
-@pytest.mark.parametrize(("kind", "where", "damage", "op"), PARAMS)
+@pytest.mark.parametrize(("layout", "kind", "where", "damage", "op"), PARAMS)
 def test_damage_is_detected_with_the_file_named_or_recovered_bitwise(
-    trained: tuple[Path, dict[str, Any]],
+    trained: Callable[[str], tuple[Path, dict[str, Any]]],
     tmp_path: Path,
+    layout: str,
     kind: str,
     where: Callable[[Path], Path],
     damage: str,
     op: Callable[[Path], Any],
 ):
-    source, reference = trained
+    source, reference = trained(layout)
     REFERENCE.update(reference)
     root = tmp_path / "copy"
     shutil.copytree(source, root)
@@ -268,13 +289,19 @@ def test_damage_is_detected_with_the_file_named_or_recovered_bitwise(
     print(f"OUTCOME {kind} {damage} {op.__name__.lstrip('_')}: {outcome}")
 
 
-@pytest.mark.parametrize("rel", ["state/manifest.ocdbt", "state/_METADATA"])
+@pytest.mark.parametrize(
+    ("layout", "rel"), [("flat", "state.bin"), ("orbax", "state/manifest.ocdbt"), ("orbax", "state/_METADATA")]
+)
 def test_average_over_damaged_array_metadata_is_one_line_naming_the_file_and_what_to_do(
-    trained: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str], rel: str
+    trained: Callable[[str], tuple[Path, dict[str, Any]]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    layout: str,
+    rel: str,
 ):
     from pipekit_train.cli._main import main
 
-    source, _ = trained
+    source, _ = trained(layout)
     root = tmp_path / "copy"
     shutil.copytree(source, root)
     path = root / CKPT / "6" / rel

@@ -104,16 +104,12 @@ def _backend_info(work: Path, run: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def work(tmp_path_factory: pytest.TempPathFactory, xla_cache_env: dict[str, str]) -> Path:
     root = tmp_path_factory.mktemp("dp")
     x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
     np.savez(root / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
     (root / "pipe.yaml").write_text(PIPELINE)
-    _XLA_CACHE.update(
-        JAX_COMPILATION_CACHE_DIR=str(root / "xla-cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+    _XLA_CACHE.update(xla_cache_env)  # the run's cache (tests/conftest.py)
     out = _run(root, "four", 4)
     assert out.returncode == 0, out.stderr
     assert _in_process(root, "one") == 0

@@ -110,16 +110,12 @@ def _artifacts(work: Path, run: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def work(tmp_path_factory: pytest.TempPathFactory, xla_cache_env: dict[str, str]) -> Path:
     root = tmp_path_factory.mktemp("mp")
     x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
     np.savez(root / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
     (root / "pipe.yaml").write_text(PIPELINE)
-    _CACHE.update(
-        JAX_COMPILATION_CACHE_DIR=str(root / "xla-cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+    _CACHE.update(xla_cache_env)  # the run's persistent compilation cache (tests/conftest.py)
     out = _launch(root, "full")
     assert out.returncode == 0, out.stderr[-3000:]
     return root

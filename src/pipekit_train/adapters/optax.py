@@ -86,7 +86,8 @@ def _scalar(value: Any) -> np.generic:
 def _hyper_init(numbers: Mapping[str, Any]) -> Callable[[], Hyperparams]:
     """``() -> Hyperparams``: fresh arrays on every call (the compiled step donates its state)."""
     frozen = {k: _scalar(v) for k, v in numbers.items()}
-    return lambda: Hyperparams({k: jnp.asarray(v) for k, v in frozen.items()})
+    # `device_put`, not `jnp.asarray`: the same array, without compiling a conversion program for float32 scalars.
+    return lambda: Hyperparams({k: jax.device_put(v) for k, v in frozen.items()})
 
 
 def _like(h: jax.Array, leaf: jax.Array) -> jax.Array:
@@ -363,6 +364,8 @@ def learning_rate_at(config: Mapping[str, Any], step: int, max_steps: int) -> fl
     """
     cfg = resolve_optimizer_config(config)
     scalars = _schedule_scalars(cfg["schedule"], schedule_numbers(cfg, _check_positive_int("max_steps", max_steps)))
+    if cfg["schedule"] == "constant" and step >= int(scalars["warmup"]):
+        return float(scalars["lr"])  # what the program returns past the warm-up, bitwise; nothing to compile
     return float(_scheduled_lr_jit(cfg["schedule"], scalars, np.int32(step)))
 
 

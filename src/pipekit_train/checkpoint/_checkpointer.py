@@ -1,9 +1,11 @@
 """Checkpoints: the `Checkpoint` callback (configuration) and the `Checkpointer` that writes and reads them.
 
-One checkpoint is one Orbax step directory holding three items committed together: ``state`` (the arrays),
-``data_iter`` (the data iterator's JSON position) and ``meta`` (JSON: the caller's meta plus leaf digests). A
-``manifest.json`` beside the step directories lists every retained checkpoint, so ``latest`` / ``best`` lookups and
-`list_runs` never open one. See ``design/checkpoints.md`` for the layout and the atomicity argument.
+One checkpoint is one step directory holding three items committed together: ``state`` (the arrays),
+``data_iter`` (the data iterator's JSON position) and ``meta`` (JSON: the caller's meta plus leaf digests). It is
+written in one of two layouts: ``flat`` (four plain files and one rename, `_flat`; one process) or ``orbax`` (an
+Orbax composite checkpoint; several processes). A ``manifest.json`` beside the step directories lists every
+retained checkpoint, so ``latest`` / ``best`` lookups and `list_runs` never open one. See
+``design/checkpoints.md`` for the layouts and the atomicity argument.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import dataclasses
 import functools
 import logging
 import os
+import queue
 import threading
 import time
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipekit import ConfigError
 
@@ -31,6 +34,7 @@ from ._errors import (
     CheckpointNotFoundError,
     CheckpointSaveError,
 )
+from ._flat import empty_containers, plan_offsets, write_flat
 from ._layout import (
     _ITEMS,
     FORMAT,
@@ -44,6 +48,7 @@ from ._layout import (
     _optional,
     _pending,
     _prepare_state,
+    _remove_stale_tmp,
     _scan,
     _short,
     _step,
@@ -53,19 +58,22 @@ from ._layout import (
     _write_manifest,
 )
 from ._selectors import Best, Last, ManifestEntry, Mode, Selector, finite_score, union_select
-from ._settings import _check_keep
+from ._settings import _check_keep, check_layout
 
 logger = logging.getLogger("pipekit_train.checkpoint")
+
+Layout = Literal["auto", "flat", "orbax"]
 
 
 # The checkpointer --------------------------------------------------------------------------------------------
 class Checkpointer:
     """Writes checkpoints into one directory, keeps what the selectors pick, and restores them.
 
-    A checkpoint is committed when Orbax has renamed its step directory into place and written its commit
-    markers; only then is it added to ``manifest.json``, and only after that are the checkpoints no selector
-    keeps deleted, so a crash at any moment leaves the previous checkpoints restorable. Lookups read the
-    manifest and check the commit markers; they never open a checkpoint.
+    A checkpoint is committed when its step directory has been renamed into place with its commit marker (by
+    pipekit in the flat layout, by Orbax in the orbax layout); only then is it added to ``manifest.json``, and
+    only after that are the checkpoints no selector keeps deleted, so a crash at any moment leaves the previous
+    checkpoints restorable. Lookups read the manifest and check the commit markers; they never open a checkpoint.
+    Both layouts are read whatever `layout` says.
 
     Steps must increase within a directory: a run resumed from an earlier checkpoint writes to a new directory.
     Nothing on disk changes until the first `save`. One process, one calling thread.
@@ -78,6 +86,8 @@ class Checkpointer:
         mode: ``"min"`` or ``"max"``; ``None`` follows the manifest (``"min"`` for a new directory).
         async_save: Write in the background. `save` then returns once it holds its own copy of the arrays; the next
             `save`, `wait`, `restore` and `close` wait for it and raise `CheckpointSaveError` if it failed.
+        layout: ``"flat"`` (pipekit's own four files; one process only), ``"orbax"`` (an Orbax composite
+            checkpoint) or ``"auto"``: flat for one process, Orbax for several.
 
     Example:
         >>> import tempfile, jax.numpy as jnp
@@ -98,8 +108,16 @@ class Checkpointer:
         monitor: str | None = None,
         mode: Mode | None = None,
         async_save: bool = True,
+        layout: Layout = "auto",
     ) -> None:
         self.directory = Path(directory).absolute()
+        check_layout("Checkpointer.layout", layout)
+        if layout == "flat" and process_count() > 1:
+            raise ConfigError(
+                f"Checkpointer.layout='flat' writes from one process; this run has {process_count()} processes, which "
+                "save together with layout='orbax' (or 'auto', which picks it)"
+            )
+        self.layout: Literal["flat", "orbax"] = "orbax" if layout == "orbax" or process_count() > 1 else "flat"
         self.keep = _check_keep("Checkpointer.keep", keep)
         if mode not in (None, "min", "max"):
             raise ConfigError(f"Checkpointer.mode must be 'min' or 'max', got {mode!r}")
@@ -124,8 +142,8 @@ class Checkpointer:
                     _write_manifest(self.directory, header, [entries[s] for s in sorted(entries)])
         self._lock = threading.Lock()
         self._manager: Any = None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._stale: bool | None = None  # flat layout: None until the first save cleared stale temporaries
+        self._job: _Job | None = None
         foreign = [e for e in entries.values() if not self._is_own(e)]
         if foreign:
             warnings.warn(
@@ -163,7 +181,7 @@ class Checkpointer:
 
     # Saving ----------------------------------------------------------------------------------------------
     def save(self, step: int, *, state: Any, data_iter: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
-        """Checkpoint `state` with the data position `data_iter` and `meta`, all in one Orbax checkpoint.
+        """Checkpoint `state` with the data position `data_iter` and `meta`, all in one checkpoint.
 
         Args:
             step: The optimizer step; greater than every step already in the directory.
@@ -178,14 +196,14 @@ class Checkpointer:
             retain it (for example an unscored step under ``keep=(Best(k=3),)``), so it was not written.
 
         Raises:
-            CheckpointSaveError: the previous asynchronous save failed (this one is not started), or Orbax
-                refused this one.
+            CheckpointSaveError: the previous asynchronous save failed (this one is not started), or this one
+                could not be written.
             CheckpointError: a bad argument, or `step` is not after the latest checkpoint.
         """
         step = _check_step("Checkpointer.save", step)
         _check_json("data_iter", data_iter)
         _check_json("meta", meta)
-        # Orbax serialises the JSON items in the background: snapshot them now, or a caller mutating its dicts
+        # The JSON items are serialised in the background: snapshot them now, or a caller mutating its dicts
         # (callback state after the next evaluation) changes what is written after record_sha256 was computed.
         data_iter, meta = copy.deepcopy(dict(data_iter)), copy.deepcopy(dict(meta))
         entry = ManifestEntry(
@@ -220,23 +238,11 @@ class Checkpointer:
         if not self.async_save:
             self._write(step, tree, leaves, dict(data_iter), dict(meta), entry)
             return True
-        # Asynchronous: the caller paid only for the host copy above. Checksums, Orbax's write, the commit, the
-        # manifest and retention run in the background; the next save or wait() joins this thread first.
+        # Asynchronous: the caller paid only for the device copy above. Checksums, the write, the commit, the
+        # manifest and retention run on the writer thread; the next save or wait() waits for this job first.
         _finish_at_exit(self)
-        self._thread = threading.Thread(
-            target=self._write_in_background,
-            args=(step, tree, leaves, dict(data_iter), dict(meta), entry),
-            name=f"pipekit-checkpoint-{step}",
-        )
-        self._thread.start()
+        self._job = _submit(functools.partial(self._write, step, tree, leaves, dict(data_iter), dict(meta), entry))
         return True
-
-    def _write_in_background(self, *args: Any) -> None:
-        try:
-            self._write(*args)
-        except BaseException as e:  # handed to the caller by the next wait()
-            logger.error("checkpoint step %s: %s", args[0], e)
-            self._error = e
 
     def _write(
         self,
@@ -247,11 +253,16 @@ class Checkpointer:
         meta: dict[str, Any],
         entry: ManifestEntry,
     ) -> None:
-        """Checksum the host copies, write one Orbax composite checkpoint, commit, update the manifest, rotate."""
+        """Checksum the host copies, write and commit the checkpoint, update the manifest, rotate."""
+        import jax
+
         tree = _to_host(tree)
         _add_digests(leaves, tree)
+        hosts = jax.tree_util.tree_leaves(tree) if self.layout == "flat" else []
+        size = plan_offsets(leaves.values(), hosts) if self.layout == "flat" else 0
         record: dict[str, Any] = {
             "format": FORMAT,
+            "layout": self.layout,
             "step": step,
             "time": entry.time,
             "metric": self.monitor,
@@ -261,7 +272,25 @@ class Checkpointer:
             "data_iter_sha256": _json_digest(data_iter),
             "user": meta,
         }
+        if self.layout == "flat":  # Orbax keeps the tree's structure itself; a restore "as saved" needs them
+            record["empty"] = empty_containers(tree)
         record["record_sha256"] = _json_digest(record)
+        where = " in the background" if self.async_save else ""
+        intact = f"the checkpoints already listed in {MANIFEST} are intact"
+        if self.layout == "flat":
+            if self._stale is None:  # the first save: what a killed process left half-written goes
+                _remove_stale_tmp(self.directory)
+                self._stale = False
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                files = write_flat(self.directory, step, hosts, list(leaves.values()), size, data_iter, record)
+            except OSError as e:
+                raise CheckpointSaveError(
+                    f"saving step {step} to {self.directory} failed{where}: {e}; {intact} (free space or fix the "
+                    "directory, then resume with --resume auto)"
+                ) from e
+            self._finalize(entry, files)
+            return
         import orbax.checkpoint as ocp
 
         args = ocp.args.Composite(
@@ -273,13 +302,12 @@ class Checkpointer:
             self._get_manager().save(step, args=args, force=True)
         except Exception as e:
             self._discard_manager()
-            where = " in the background" if self.async_save else ""
             raise CheckpointSaveError(
-                f"saving step {step} to {self.directory} failed{where}: {_short(e)}; the checkpoints already listed in "
-                f"{MANIFEST} are intact (free space or fix the directory, then resume with --resume auto)"
+                f"saving step {step} to {self.directory} failed{where}: {_short(e)}; {intact} (free space or fix the "
+                "directory, then resume with --resume auto)"
             ) from e
         try:
-            self._finalize(entry)
+            self._finalize(entry, None)
         except CheckpointSaveError:
             self._discard_manager()
             raise
@@ -287,13 +315,14 @@ class Checkpointer:
     def wait(self) -> None:
         """Wait for an asynchronous save to commit and be rotated; raise `CheckpointSaveError` if it failed.
 
-        The failure is raised once; the checkpointer stays usable (the next `save` starts a fresh Orbax manager,
-        which also removes the failed write's temporary directory).
+        The failure is raised once; the checkpointer stays usable (the flat writer removes its temporary directory
+        when a write fails; in the orbax layout the next `save` starts a fresh Orbax manager, which removes it).
         """
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
-        error, self._error = self._error, None
+        job, self._job = self._job, None
+        if job is None:
+            return
+        job.done.wait()
+        error = job.error
         if error is not None:
             self._discard_manager()
             raise error
@@ -410,20 +439,26 @@ class Checkpointer:
             self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         return self._manager
 
-    def _finalize(self, entry: ManifestEntry) -> None:
-        """After Orbax commits `entry.step`: record it in the manifest, then delete what no selector keeps."""
+    def _finalize(self, entry: ManifestEntry, files: dict[str, list[Any]] | None) -> None:
+        """After `entry.step` committed: record it in the manifest, then delete what no selector keeps.
+
+        `files` are the flat writer's file digests; ``None`` (the orbax layout) reads them from the step directory.
+        """
         step_dir = self.directory / str(entry.step)
-        try:
-            self._manager.wait_until_finished()
-        except Exception as e:
-            raise CheckpointSaveError(
-                f"saving step {entry.step} to {self.directory} failed in the background: {_short(e)}; "
-                f"the checkpoints already listed in {MANIFEST} are intact"
-            ) from e
+        if files is None:
+            try:
+                self._manager.wait_until_finished()
+            except Exception as e:
+                raise CheckpointSaveError(
+                    f"saving step {entry.step} to {self.directory} failed in the background: {_short(e)}; "
+                    f"the checkpoints already listed in {MANIFEST} are intact"
+                ) from e
         reason = _uncommitted_reason(step_dir)
         if reason is not None:
             raise CheckpointSaveError(f"step {entry.step} did not commit in {self.directory}: {reason}")
-        entry = dataclasses.replace(entry, files=_with_io_retry(lambda: _file_digests(step_dir)))
+        if files is None:
+            files = _with_io_retry(lambda: _file_digests(step_dir))
+        entry = dataclasses.replace(entry, files=files)
         with self._lock:
             entries = [e for e in self._entries.values() if _uncommitted_reason(self.directory / str(e.step)) is None]
             entries.append(entry)
@@ -447,6 +482,52 @@ class Checkpointer:
             except OSError as e:
                 logger.warning("could not delete checkpoint step %s in %s: %s", doomed, self.directory, e)
         barrier("checkpoint-manifest")  # no process reads the manifest before process 0 wrote it
+
+
+class _Job:
+    """One background write: `fn`, then `done` is set, with `error` holding what it raised."""
+
+    __slots__ = ("done", "error", "fn")
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+_JOBS: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+_WRITER: threading.Thread | None = None
+_WRITER_LOCK = threading.Lock()
+
+
+def _submit(fn: Any) -> _Job:
+    """Queue `fn` on the one writer thread of this process (started on first use, and again after a fork).
+
+    One long-lived thread rather than one per save: starting a thread hands it the GIL and the caller waits up to
+    a switch interval (5 ms) to get it back, which the training thread would pay at every save.
+    """
+    global _WRITER, _JOBS
+    with _WRITER_LOCK:
+        if _WRITER is None or not _WRITER.is_alive():
+            _JOBS = queue.SimpleQueue()
+            _WRITER = threading.Thread(target=_write_jobs, args=(_JOBS,), name="pipekit-checkpoint-writer", daemon=True)
+            _WRITER.start()
+        job = _Job(fn)
+        _JOBS.put(job)
+    return job
+
+
+def _write_jobs(jobs: queue.SimpleQueue[_Job]) -> None:
+    while True:
+        job = jobs.get()
+        try:
+            job.fn()
+        except BaseException as e:  # handed to the caller by the next wait()
+            logger.error("checkpoint: %s", e)
+            job.error = e
+        finally:
+            job.done.set()
+            del job
 
 
 _PENDING: weakref.WeakSet[Checkpointer] = weakref.WeakSet()

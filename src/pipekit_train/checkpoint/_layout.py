@@ -20,6 +20,7 @@ import numpy as np
 from .._jsonio import write_json
 from .._warnings import PipekitTrainWarning
 from ._errors import CheckpointError
+from ._flat import RECORD, TMP_MARK, is_flat, leaf_paths
 from ._selectors import ManifestEntry
 
 logger = logging.getLogger("pipekit_train.checkpoint")
@@ -29,7 +30,7 @@ FORMAT = 1
 _ITEMS = ("state", "data_iter", "meta")
 _COMMIT = "commit_success.txt"  # Orbax writes it into the step directory and into each item directory
 _STEP_METADATA = "_CHECKPOINT_METADATA"
-_TMP = ".orbax-checkpoint-tmp"
+_TMP = ".orbax-checkpoint-tmp"  # Orbax's temporary step directories; the flat layout's start with TMP_MARK
 _TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE, errno.EIO}
 _T = TypeVar("_T")
 
@@ -44,29 +45,87 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+_PLANS: dict[Any, tuple[list[str], list[dict[str, Any]], list[int]]] = {}
+_COPY, _KEY, _HOST, _REPLICATED, _CPU, _KEY_CPU = range(6)  # what `_prepare_state` does with each leaf
+
+
 def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
-    """The tree Orbax writes (PRNG keys as key data) and the per-leaf record: shape, dtype, sha256."""
+    """The tree to write (PRNG keys as key data) and the per-leaf record: path, shape, dtype (sha256 comes later).
+
+    What to do with each leaf is worked out once per tree structure (`_plan_state`) and cached: a periodic save
+    of the same state then costs the training thread one `device_put` and a few dict copies.
+    """
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    # Where a leaf lives (its sharding) decides how it is copied, so it is part of the structure.
+    signature: tuple[Any, ...] | None = (
+        treedef,
+        *((type(x), *(getattr(x, a, None) for a in ("shape", "dtype", "sharding"))) for x in leaves),
+    )
+    try:
+        plan = _PLANS.get(signature)
+    except TypeError:  # an unhashable leaf (refused by _plan_state below with its name)
+        plan, signature = None, None
+    if plan is None:
+        plan = _plan_state(state)
+        if signature is not None:
+            if len(_PLANS) >= 16:
+                _PLANS.clear()
+            _PLANS[signature] = plan
+    names, records, actions = plan
+    datas: list[Any] = []
+    for leaf, action in zip(leaves, actions, strict=True):
+        if action in (_KEY, _KEY_CPU):
+            leaf = jax.random.key_data(leaf)
+        if action in (_CPU, _KEY_CPU):  # on the host already: one memcpy, and nothing left for the background
+            leaf = np.array(leaf, copy=True)
+        elif action != _HOST and (action == _REPLICATED or not leaf.is_fully_addressable):
+            leaf = _replicated_copy(leaf, names[len(datas)])
+        datas.append(leaf)
+    # A real copy: the caller may donate or overwrite its buffers as soon as `save` returns. Arrays on the CPU
+    # are copied to NumPy above (a tenth of a `device_put`'s cost for a small state, and no view is kept that
+    # would stop the next step from donating them); other JAX arrays are copied on their device by one
+    # `device_put` for all of them (the background thread moves them to the host); NumPy arrays are copied here.
+    on_device = [i for i, x in enumerate(datas) if isinstance(x, jax.Array)]
+    copies = [x if isinstance(x, jax.Array) else np.array(x, copy=True) for x in datas]
+    for i, copy in zip(on_device, jax.device_put([datas[i] for i in on_device], may_alias=False)):
+        copies[i] = copy
+    return jax.tree_util.tree_unflatten(treedef, copies), {n: dict(r) for n, r in zip(names, records)}
+
+
+def _replicated_copy(leaf: Any, name: str) -> np.ndarray:
+    """This process's copy of a leaf replicated on every process (a multi-process run)."""
+    if not leaf.is_fully_replicated:
+        raise CheckpointError(
+            f"Checkpointer.save: state leaf {name!r} is split across processes; only arrays replicated "
+            "on every process are saved in a multi-process run (remove mesh.shard_params)"
+        )
+    return np.asarray(leaf)
+
+
+def _plan_state(state: Any) -> tuple[list[str], list[dict[str, Any]], list[int]]:
+    """Check every leaf of `state` and say, per leaf, its name, its record and what `_prepare_state` does."""
     import jax
     import jax.numpy as jnp
 
-    flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+    flat, _ = jax.tree_util.tree_flatten_with_path(state)
     if not flat:
         raise CheckpointError("Checkpointer.save: state has no array leaves")
-    names, datas, records = [], [], []
+    names, records, actions = [], [], []
     for path, leaf in flat:
         name = _path_name(path)
-        rec: dict[str, Any] = {}
+        rec: dict[str, Any] = {"path": leaf_paths(path)}
+        action = _HOST
         if isinstance(leaf, jax.Array):
+            one_cpu_process = jax.process_count() == 1 and all(d.platform == "cpu" for d in leaf.devices())
+            action = _CPU if one_cpu_process else _COPY
             if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
                 rec["prng_impl"] = str(jax.random.key_impl(leaf))
+                action = _KEY_CPU if one_cpu_process else _KEY
                 leaf = jax.random.key_data(leaf)
             if not leaf.is_fully_addressable:
-                if not leaf.is_fully_replicated:
-                    raise CheckpointError(
-                        f"Checkpointer.save: state leaf {name!r} is split across processes; only arrays replicated "
-                        "on every process are saved in a multi-process run (remove mesh.shard_params)"
-                    )
-                leaf = np.asarray(leaf)  # replicated on every process (a multi-process run): this process's copy
+                leaf = _replicated_copy(leaf, name)
         elif not isinstance(leaf, (np.ndarray, np.generic)):
             raise CheckpointError(
                 f"Checkpointer.save: state leaf {name!r} is a {type(leaf).__name__}; checkpoint state leaves must be "
@@ -75,19 +134,12 @@ def _prepare_state(state: Any) -> tuple[Any, dict[str, Any]]:
         if np.dtype(leaf.dtype).kind == "O":
             raise CheckpointError(f"Checkpointer.save: state leaf {name!r} is an array of Python objects")
         names.append(name)
-        datas.append(leaf)
         rec.update(shape=list(np.shape(leaf)), dtype=str(leaf.dtype))
         records.append(rec)
+        actions.append(action)
     if len(set(names)) != len(names):
         raise CheckpointError(f"Checkpointer.save: state has leaves with the same path name: {names}")
-    # A real copy: the caller may donate or overwrite its buffers as soon as `save` returns. JAX arrays are
-    # copied on their device by one `device_put` for all of them (no dispatch or compile per leaf; the
-    # background thread moves them to the host); NumPy arrays are copied here.
-    on_device = [i for i, x in enumerate(datas) if isinstance(x, jax.Array)]
-    copies = [x if isinstance(x, jax.Array) else np.array(x, copy=True) for x in datas]
-    for i, copy in zip(on_device, jax.device_put([datas[i] for i in on_device], may_alias=False)):
-        copies[i] = copy
-    return jax.tree_util.tree_unflatten(treedef, copies), dict(zip(names, records))
+    return names, records, actions
 
 
 def _to_host(tree: Any) -> Any:
@@ -167,10 +219,14 @@ def _file_digests(step_dir: Path) -> dict[str, list[Any]]:
 
 # Disk layout: commit markers, manifest, deletion ---------------------------------------------------------------
 def _uncommitted_reason(step_dir: Path) -> str | None:
-    """``None`` when `step_dir` is a committed checkpoint, else what is missing."""
+    """``None`` when `step_dir` is a committed checkpoint (either layout), else what is missing."""
     if not step_dir.is_dir():
         return "no such directory"
-    for rel in (_COMMIT, _STEP_METADATA, *(f"{item}/{_COMMIT}" for item in _ITEMS)):
+    if is_flat(step_dir):  # the flat layout (`_flat`): renamed into place whole, with its marker
+        required: tuple[str, ...] = (_COMMIT,)
+    else:
+        required = (_COMMIT, _STEP_METADATA, *(f"{item}/{_COMMIT}" for item in _ITEMS))
+    for rel in required:
         if not (step_dir / rel).is_file():
             return f"missing {rel}"
     return None
@@ -180,9 +236,22 @@ def _pending(directory: Path) -> str:
     """A note listing interrupted (uncommitted) step directories, for error messages."""
     if not directory.is_dir():
         return " (the directory does not exist)"
-    names = sorted(p.name for p in directory.iterdir() if _TMP in p.name or p.name.isdigit())
-    stale = [n for n in names if _TMP in n or _uncommitted_reason(directory / n) is not None]
+    names = sorted(p.name for p in directory.iterdir() if _is_tmp(p.name) or p.name.isdigit())
+    stale = [n for n in names if _is_tmp(n) or _uncommitted_reason(directory / n) is not None]
     return f" (uncommitted: {stale})" if stale else ""
+
+
+def _is_tmp(name: str) -> bool:
+    """Whether a directory entry is a save in progress (or one a killed process left), of either layout."""
+    return _TMP in name or name.startswith(TMP_MARK)
+
+
+def _remove_stale_tmp(directory: Path) -> None:
+    """Remove the temporary directories of saves a killed process left behind (either layout's; never a step)."""
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if _is_tmp(child.name):
+                shutil.rmtree(child, ignore_errors=True)
 
 
 def _step(entry: ManifestEntry) -> int:
@@ -235,8 +304,9 @@ def _scan(directory: Path) -> tuple[dict[str, Any], dict[int, ManifestEntry], li
 
 
 def _read_record_json(step_dir: Path) -> dict[str, Any]:
-    """A committed step's meta record (its ``meta/metadata`` JSON), checked against its own digest; no Orbax."""
-    path = step_dir / "meta" / "metadata"
+    """A committed step's meta record (its ``meta.json``, or ``meta/metadata`` written by Orbax), checked against
+    its own digest; no Orbax."""
+    path = step_dir / RECORD if is_flat(step_dir) else step_dir / "meta" / "metadata"
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:

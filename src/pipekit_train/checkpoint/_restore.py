@@ -1,9 +1,10 @@
-"""Reading one checkpoint back: the Orbax restore, leaf digests and the repair of a restored tree."""
+"""Reading one checkpoint back (either layout): leaf digests, the data position and the repair of a restored tree."""
 
 from __future__ import annotations
 
 import functools
 import gc
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import jax
 import numpy as np
 
 from ._errors import CheckpointCorruptedError, CheckpointError, CheckpointMismatchError, CheckpointNotFoundError
+from ._flat import DATA_ITER, LEAVES, RECORD, as_saved, is_flat, read_leaves
 from ._layout import (
     FORMAT,
     _file_digest,
@@ -35,12 +37,14 @@ _MSG_BEFORE_HYPERPARAMS = (
 def _restore_step(
     directory: Path, step: int, abstract_state: Any, files: dict[str, list[Any]] | None
 ) -> tuple[Any, dict[str, Any], Any]:
-    import orbax.checkpoint as ocp
-
     step_dir = directory / str(step)
     reason = _uncommitted_reason(step_dir)
     if reason is not None:
         raise CheckpointNotFoundError(f"step {step} in {directory} is not a committed checkpoint ({reason})")
+    if is_flat(step_dir):
+        return _restore_flat(step_dir, step, abstract_state, files)
+    import orbax.checkpoint as ocp
+
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
         record = _read_record(reader, step_dir, step, files)
         target, finish = _restore_plan(abstract_state, record["leaves"], step_dir)
@@ -76,6 +80,47 @@ def _read_record(reader: Any, step_dir: Path, step: int, files: dict[str, list[A
     if failure is not None:
         _collect_orbax_leftovers()
         raise _corrupted(step_dir, step, files, "meta", f"cannot read its meta item: {failure}")
+    return _check_record(record, step_dir, step, files)
+
+
+def _restore_flat(
+    step_dir: Path, step: int, abstract_state: Any, files: dict[str, list[Any]] | None
+) -> tuple[Any, dict[str, Any], Any]:
+    """`_restore_step` for the flat layout (`_flat`): plain reads, no Orbax, no unpickling."""
+    record = _check_record(_read_json_item(step_dir, step, files, RECORD, "meta"), step_dir, step, files)
+    recorded = record["leaves"]
+    target, finish = _restore_plan(abstract_state, recorded, step_dir)
+    arrays, bad, problem = read_leaves(step_dir, recorded)
+    if problem is not None:
+        raise _corrupted(step_dir, step, files, "state", problem)
+    if bad:
+        raise _corrupted(step_dir, step, files, "state", f"leaf checksum mismatch at {bad}")
+    data_iter = _read_json_item(step_dir, step, files, DATA_ITER, "data_iter")
+    if _json_digest(data_iter) != record["data_iter_sha256"]:
+        raise _corrupted(step_dir, step, files, "data_iter", "data_iter checksum mismatch")
+    if target is None:
+        state = as_saved(recorded, arrays, record.get("empty", []))
+    else:
+        flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+        out = []
+        for path, struct in flat:
+            host = arrays[_path_name(path)]
+            sharding = getattr(struct, "sharding", None)
+            out.append(jax.device_put(host, sharding) if sharding is not None else np.array(host))
+        state = jax.tree_util.tree_unflatten(treedef, out)
+    return finish(state), data_iter, record["user"]
+
+
+def _read_json_item(step_dir: Path, step: int, files: dict[str, list[Any]] | None, name: str, item: str) -> Any:
+    path = step_dir / name
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        raise _corrupted(step_dir, step, files, item, f"cannot read its {item} item: {e}") from None
+
+
+def _check_record(record: Any, step_dir: Path, step: int, files: dict[str, list[Any]] | None) -> dict[str, Any]:
+    """`record` checked: a pipekit record, of this format, matching its own digest."""
     if not isinstance(record, dict) or "record_sha256" not in record:
         raise _corrupted(step_dir, step, files, "meta", "its meta item is not a pipekit checkpoint record")
     if record.get("format") != FORMAT:
@@ -202,6 +247,9 @@ def _corrupted(step_dir: Path, step: int, files: dict[str, list[Any]] | None, it
             try:
                 if path.stat().st_size != size:
                     damaged.append(f"{path} (size {path.stat().st_size}, {size} when committed)")
+                elif digest is None:  # the flat layout's leaves.bin: its bytes are pinned by the leaf digests
+                    if item == "state" and "leaf checksum" in detail:
+                        damaged.append(f"{path} (contents changed since commit)")
                 elif _file_digest(path) != digest:
                     damaged.append(f"{path} (contents changed since commit)")
             except OSError:
@@ -210,6 +258,8 @@ def _corrupted(step_dir: Path, step: int, files: dict[str, list[Any]] | None, it
         where = "damaged file(s): " + ", ".join(damaged)
         names = [d.split(" (", 1)[0] for d in damaged]
     else:
+        if is_flat(step_dir):  # the flat layout: one file per item
+            item = {"state": LEAVES, "data_iter": DATA_ITER, "meta": RECORD}.get(item, item)
         where = f"in {step_dir / item}" + ("" if files else " (no file digests recorded for this checkpoint)")
         names = [str(step_dir / item)]
     remedy = (

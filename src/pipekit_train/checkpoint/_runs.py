@@ -12,7 +12,7 @@ from typing import Any
 
 from .._warnings import PipekitTrainWarning
 from ._errors import CheckpointNotFoundError
-from ._layout import _TMP, MANIFEST, _scan, _uncommitted_reason
+from ._layout import MANIFEST, _is_tmp, _scan, _uncommitted_reason
 from ._selectors import Best, ManifestEntry
 
 
@@ -34,7 +34,7 @@ def list_runs(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if MANIFEST not in filenames:
             continue
         directory = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if not (d.isdigit() or _TMP in d)]  # never walk into checkpoints
+        dirnames[:] = [d for d in dirnames if not (d.isdigit() or _is_tmp(d))]  # never walk into checkpoints
         try:
             # The manifest, plus steps that committed but never reached it (a crash right after a save).
             header, found, _ = _scan(directory)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipekit import ConfigError
 
@@ -29,6 +30,9 @@ class Checkpoint(Callback):
         mode: ``"min"`` if lower `monitor` is better, ``"max"`` if higher is.
         async_save: Write in the background; `save` returns once the arrays are copied (on their device).
         save_on_end: Also save when the run ends (completion or a requested stop).
+        layout: How a checkpoint is written: ``"flat"`` (pipekit's own four files and one atomic rename; a single
+            process), ``"orbax"`` (an Orbax composite checkpoint) or ``"auto"`` (flat for one process, Orbax for
+            several). Both are read back whatever this says (design/checkpoints.md).
     """
 
     every_n_steps: int = 500
@@ -37,6 +41,7 @@ class Checkpoint(Callback):
     mode: Mode = "min"
     async_save: bool = True
     save_on_end: bool = True
+    layout: Literal["auto", "flat", "orbax"] = "auto"
 
     def fingerprint(self) -> None:
         """Not part of a resume's fingerprint: it changes what is recorded, not what is trained."""
@@ -48,6 +53,7 @@ class Checkpoint(Callback):
         if not self.monitor:
             raise ConfigError("Checkpoint.monitor must name a metric, got ''")
         _check_keep("Checkpoint.keep", self.keep)
+        check_layout("Checkpoint.layout", self.layout)
 
     def should_save(self, step: int) -> bool:
         """Whether the periodic cadence asks for a checkpoint after `step` optimizer steps."""
@@ -57,7 +63,14 @@ class Checkpoint(Callback):
         """A `Checkpointer` writing into `directory` with this configuration."""
         from ._checkpointer import Checkpointer
 
-        return Checkpointer(directory, keep=self.keep, monitor=self.monitor, mode=self.mode, async_save=self.async_save)
+        return Checkpointer(
+            directory,
+            keep=self.keep,
+            monitor=self.monitor,
+            mode=self.mode,
+            async_save=self.async_save,
+            layout=self.layout,
+        )
 
     @classmethod
     def example(cls) -> Checkpoint:
@@ -69,6 +82,16 @@ class Checkpoint(Callback):
             async_save=False,
             save_on_end=False,
         )
+
+
+LAYOUTS = ("auto", "flat", "orbax")
+
+
+def check_layout(where: str, layout: Any) -> None:
+    if layout not in LAYOUTS:
+        near = difflib.get_close_matches(str(layout), LAYOUTS, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{where} must be one of {', '.join(map(repr, LAYOUTS))}{hint}, got {layout!r}")
 
 
 def _check_keep(where: str, keep: Any) -> tuple[Selector, ...]:

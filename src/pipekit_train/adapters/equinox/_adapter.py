@@ -307,11 +307,42 @@ def check_param_groups(loop: TrainingLoop, module: Any) -> None:
     group_labels(paths, loop.param_groups)
 
 
-def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
-    """The Equinox module a stage starts from: fresh, carried over whole, or assembled by `loop.transfer`."""
+#: The fresh module the last pre-flight built, as ``(loop, module)``: the run of that same `TrainingLoop` object
+#: takes it instead of building the model a second time (same seed, same key: the same weights). At most one
+#: module is held: a pre-flight of another loop replaces it, the run of its own loop releases it.
+_PREFLIGHT_BUILT: list[tuple[Any, Any]] = []
+
+
+def _fresh_module(loop: TrainingLoop, init_key: jax.Array, *, keep: bool, take: bool) -> Any:
+    """``loop.model_op.build(init_key)``, built once between a stage's pre-flight (`keep`) and its run (`take`)."""
+    if _PREFLIGHT_BUILT and _PREFLIGHT_BUILT[0][0] is loop:
+        module = _PREFLIGHT_BUILT[0][1]
+        if take:
+            _PREFLIGHT_BUILT.clear()
+        return module
+    module = loop.model_op.build(init_key)
+    if keep:
+        _PREFLIGHT_BUILT[:] = [(loop, module)]
+    return module
+
+
+def initial_module(
+    loop: TrainingLoop,
+    incoming: TrainerCarryState | None,
+    init_key: jax.Array,
+    stage: str,
+    *,
+    keep: bool = False,
+    take: bool = False,
+) -> Any:
+    """The Equinox module a stage starts from: fresh, carried over whole, or assembled by `loop.transfer`.
+
+    `keep` (the pre-flight) remembers the fresh module it builds; `take` (the run of the same loop) uses it.
+    """
     from ..._convert import starting_module
 
-    return starting_module(loop, incoming, stage, lambda: loop.model_op.build(init_key), apply_transfer)
+    fresh = lambda: _fresh_module(loop, init_key, keep=keep, take=take)
+    return starting_module(loop, incoming, stage, fresh, apply_transfer)
 
 
 def check_before_compile(loop: TrainingLoop) -> None:
@@ -364,7 +395,7 @@ def step_backend(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: 
     """The stage's `StepBackend` at its start, without the engine: what `pipekit-train lr-find` steps by hand."""
     check_before_compile(loop)
     init_key, step_key = jax.random.split(jax.random.key(loop.seed))
-    return EquinoxBackend(loop, loop.model_op, initial_module(loop, incoming, init_key, stage), step_key)
+    return EquinoxBackend(loop, loop.model_op, initial_module(loop, incoming, init_key, stage, take=True), step_key)
 
 
 def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, hooks: Any = None) -> AdapterResult:
@@ -373,7 +404,7 @@ def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, h
     root = jax.random.key(loop.seed)
     init_key, step_key = jax.random.split(root)
     incoming, carried_opt_state = carry_in(loop, incoming, info.stage)  # `TrainingLoop.carry`
-    module = initial_module(loop, incoming, init_key, info.stage)
+    module = initial_module(loop, incoming, init_key, info.stage, take=True)
     backend = EquinoxBackend(loop, loop.model_op, module, step_key)
     if carried_opt_state is not None:
         continue_optimizer_state(backend, carried_opt_state, info.stage)
@@ -405,5 +436,6 @@ def preflight(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str
     """Check shapes and the hand-off from `incoming` without compiling; the bound model the stage starts from."""
     check_before_compile(loop)
     check_carry_source(loop, incoming, stage)
-    init_key = jax.random.split(jax.random.key(loop.seed))[0]
-    return loop.model_op.bind(initial_module(loop, incoming, init_key, stage))
+    # Unpacked as `run` does: indexing (`[0]`) would compile a slice of the key array that nothing else needs.
+    init_key, _ = jax.random.split(jax.random.key(loop.seed))
+    return loop.model_op.bind(initial_module(loop, incoming, init_key, stage, keep=True))

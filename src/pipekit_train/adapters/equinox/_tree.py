@@ -55,9 +55,19 @@ def _diff(got: dict[str, Any], expected: dict[str, Any]) -> str:
     return "the structures differ"
 
 
+_ABSTRACT: list[tuple[Any, Any]] = []  # (op, its abstract module): the last one traced, reused for that same object
+
+
 def abstract(op: ModelOp) -> Any:
-    """The architecture's module with `jax.ShapeDtypeStruct` leaves: nothing is initialised."""
-    return eqx.filter_eval_shape(op.build, jax.random.key(0))
+    """The architecture's module with `jax.ShapeDtypeStruct` leaves: nothing is initialised.
+
+    The pre-flight and the run of one stage ask for the same operator several times; it is traced once.
+    """
+    if _ABSTRACT and _ABSTRACT[0][0] is op:
+        return _ABSTRACT[0][1]
+    module = eqx.filter_eval_shape(op.build, jax.random.key(0))
+    _ABSTRACT[:] = [(op, module)]
+    return module
 
 
 def check_fits(op: ModelOp, module: Any) -> None:
@@ -123,6 +133,9 @@ def _expects(module: Any) -> str:
     return "an input it could not trace (no Linear or Conv layer found to describe)"
 
 
+_CHECKED: list[tuple[Any, Any, Any]] = []  # (op, (shape, dtype), output spec): the last `check_input`
+
+
 def check_input(op: ModelOp, shape: tuple[int, ...], dtype: Any) -> Any:
     """The output `jax.ShapeDtypeStruct` (or pytree of them) for one example of `shape` and `dtype`.
 
@@ -130,12 +143,17 @@ def check_input(op: ModelOp, shape: tuple[int, ...], dtype: Any) -> Any:
     `jax.eval_shape`. When the example does not fit, a `pipekit.ShapeError` names the data's per-example shape and
     what the model expects.
     """
+    key = (tuple(shape), jnp.dtype(dtype))
+    if _CHECKED and _CHECKED[0][0] is op and _CHECKED[0][1] == key:  # the pre-flight's check, asked again by the run
+        return _CHECKED[0][2]
     module = op.module
     if module is None:
         module = abstract(op)
     example = jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))  # type: ignore[no-untyped-call]
     try:
-        return eqx.filter_eval_shape(lambda m, x: m(x), module, example)
+        out = eqx.filter_eval_shape(lambda m, x: m(x), module, example)
+        _CHECKED[:] = [(op, key, out)]
+        return out
     except Exception as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ShapeError(
