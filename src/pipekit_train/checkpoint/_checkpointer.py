@@ -142,7 +142,7 @@ class Checkpointer:
                     _write_manifest(self.directory, header, [entries[s] for s in sorted(entries)])
         self._lock = threading.Lock()
         self._manager: Any = None
-        self._stale: bool | None = None  # flat layout: None until the first save cleared stale temporaries
+        self._cleared_tmp = False  # flat layout: whether a save here removed what a killed writer left
         self._job: _Job | None = None
         foreign = [e for e in entries.values() if not self._is_own(e)]
         if foreign:
@@ -238,7 +238,7 @@ class Checkpointer:
         if not self.async_save:
             self._write(step, tree, leaves, dict(data_iter), dict(meta), entry)
             return True
-        # Asynchronous: the caller paid only for the device copy above. Checksums, the write, the commit, the
+        # Asynchronous: the caller paid only for the copy of the leaves above. Checksums, the write, the commit, the
         # manifest and retention run on the writer thread; the next save or wait() waits for this job first.
         _finish_at_exit(self)
         self._job = _submit(functools.partial(self._write, step, tree, leaves, dict(data_iter), dict(meta), entry))
@@ -278,9 +278,9 @@ class Checkpointer:
         where = " in the background" if self.async_save else ""
         intact = f"the checkpoints already listed in {MANIFEST} are intact"
         if self.layout == "flat":
-            if self._stale is None:  # the first save: what a killed process left half-written goes
+            if not self._cleared_tmp:  # the first save: what a killed process left half-written goes
                 _remove_stale_tmp(self.directory)
-                self._stale = False
+                self._cleared_tmp = True
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 files = write_flat(self.directory, step, hosts, list(leaves.values()), size, data_iter, record)

@@ -52,7 +52,7 @@ def _host_bytes(leaf: Any) -> memoryview:
 
 
 def plan_offsets(records: Iterable[dict[str, Any]], hosts: list[Any]) -> int:
-    """Give every leaf record its ``offset`` and ``nbytes`` in ``leaves.bin``; return the file's size."""
+    """Give every leaf record its ``offset`` and ``nbytes`` in ``state.bin``; return the file's size."""
     offset = 0
     for rec, host in zip(records, hosts, strict=True):
         nbytes = int(np.asarray(host).nbytes)

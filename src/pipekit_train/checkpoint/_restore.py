@@ -247,7 +247,7 @@ def _corrupted(step_dir: Path, step: int, files: dict[str, list[Any]] | None, it
             try:
                 if path.stat().st_size != size:
                     damaged.append(f"{path} (size {path.stat().st_size}, {size} when committed)")
-                elif digest is None:  # the flat layout's leaves.bin: its bytes are pinned by the leaf digests
+                elif digest is None:  # the flat layout's state.bin: its bytes are pinned by the leaf digests
                     if item == "state" and "leaf checksum" in detail:
                         damaged.append(f"{path} (contents changed since commit)")
                 elif _file_digest(path) != digest:
