@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -123,12 +124,7 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
     if not os.path.exists(path):
         return None
     redo = f"delete {info.stage_dir} to train stage {info.stage!r} again"
-    final = read_json(
-        path, what=f"stage {info.stage!r}'s record of its final weights", required=("model_uri", "step"), remedy=redo
-    )
-    from .provenance._model_registry import load_model
-
-    model = load_model(_absolute(final["model_uri"], info.run_dir))
+    final = _read_final(path, info.stage, redo)
     record = read_json(
         os.path.join(info.stage_dir, "artifact.json"),
         what=f"stage {info.stage!r}'s artifact",
@@ -143,6 +139,15 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
             f"{redo}",
             path=os.path.join(info.stage_dir, "artifact.json"),
         ) from None
+    if final["artifact_id"] != artifact.artifact_id:
+        raise DamagedFileError(
+            f"{path}: stage {info.stage!r}'s record of its final weights names artifact {final['artifact_id']!r} "
+            f"but {os.path.join(info.stage_dir, 'artifact.json')} is artifact {artifact.artifact_id!r}; {redo}",
+            path=path,
+        )
+    from .provenance._model_registry import load_model
+
+    model = load_model(_absolute(final["model_uri"], info.run_dir))
     if model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False):
         return None  # the stage changed since it finished: run it (its checkpoints refuse a changed config)
     settings = current_settings()
@@ -192,8 +197,55 @@ def _write_final(info: RunInfo, result: Any, artifact: Any, model_uri: str) -> N
     if root is not None and os.path.isabs(root):
         relative = os.path.relpath(root, os.path.abspath(info.run_dir))
         model_uri = f"pipekit-model:sha256:{digest}?root=" + quote(relative, safe="/")
-    final = {"model_uri": model_uri, "step": result.step, "epoch": result.epoch, "artifact_id": artifact.artifact_id}
+    final: dict[str, Any] = {
+        "model_uri": model_uri,
+        "step": result.step,
+        "epoch": result.epoch,
+        "artifact_id": artifact.artifact_id,
+    }
+    final["digest"] = _final_digest(final)
     write_json(os.path.join(info.stage_dir, FINAL_FILE), final)
+
+
+_FINAL_FIELDS = ("model_uri", "step", "epoch", "artifact_id")
+
+
+def _final_digest(fields: dict[str, Any]) -> str:
+    """``"sha256:<hex>"`` of `final.json`'s fields (canonical JSON): any changed byte of a field is noticed."""
+    canonical = json.dumps({k: fields.get(k) for k in _FINAL_FIELDS}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _read_final(path: str, stage: str, redo: str) -> dict[str, Any]:
+    """`final.json`'s fields, each checked: every damaged field is a `DamagedFileError` naming the file.
+
+    The digest pins every field (a flipped digit of the model's hash or of the step is still valid JSON); a file
+    written before the digest existed has its fields checked one by one.
+    """
+    from .provenance._model_registry import ModelRegistryError, parse_model_uri
+
+    what = f"stage {stage!r}'s record of its final weights"
+    final = read_json(path, what=what, required=("model_uri", "step", "artifact_id"), remedy=redo)
+
+    def damaged(reason: str) -> DamagedFileError:
+        return DamagedFileError(f"{path}: {what} is damaged ({reason}); {redo}", path=path)
+
+    unknown = sorted(set(final) - {*_FINAL_FIELDS, "digest"})
+    if unknown:
+        raise damaged(f"unknown field {unknown[0]!r}")
+    if "digest" in final and final["digest"] != _final_digest(final):
+        raise damaged("its fields do not match their digest")
+    for key in ("step", "epoch"):
+        value = final.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise damaged(f"{key} is {value!r}, not a step count")
+    if not isinstance(final["artifact_id"], str) or not final["artifact_id"]:
+        raise damaged(f"artifact_id is {final['artifact_id']!r}")
+    try:
+        parse_model_uri(final["model_uri"])
+    except ModelRegistryError:
+        raise damaged(f"model_uri is {final['model_uri']!r}, not a pipekit-model:sha256:<64 hex digits> URI") from None
+    return final
 
 
 def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[TrainingResult, TrainerCarryState]:

@@ -131,6 +131,46 @@ def _other_step(path: Path) -> None:
     shutil.copyfile(source, path)
 
 
+def _flip_field(field: str, where: str) -> Callable[[Path], None]:
+    """One bit flipped on purpose in a JSON file's `field`: in its name (``where="key"``) or in the middle of its
+    value, so the same byte is hit in every run whatever the file's content (a model hash, an artifact id)."""
+
+    def damage(path: Path) -> None:
+        text = path.read_text()
+        key_at = text.index(f'"{field}":')
+        if where == "key":
+            at = key_at + 1
+        else:
+            value_at = key_at + len(field) + 4  # past '"field": '
+            at = value_at + len(json.dumps(json.loads(text)[field])) // 2
+        data = bytearray(text.encode())
+        data[at] ^= 0x10
+        path.write_bytes(bytes(data))
+
+    return damage
+
+
+def _edit_field(field: str) -> Callable[[Path], None]:
+    """`field` changed to another plausible, valid value (valid JSON, the right type): only a digest notices."""
+
+    def damage(path: Path) -> None:
+        data = json.loads(path.read_text())
+        value = data[field]
+        if isinstance(value, int):
+            data[field] = value - 1 if value else 1
+        else:
+            middle = len(value) // 2
+            other = "1" if value[middle] == "0" else "0"  # a hex digit for a hex digit
+            data[field] = value[:middle] + other + value[middle + 1 :]
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+    return damage
+
+
+#: final.json's fields, each damaged on purpose (the file's bytes differ per run: a random position would hit a
+#: different field each time, and the test would pass or fail by chance).
+FINAL_FIELDS = ("model_uri", "step", "epoch", "artifact_id", "digest")
+
 DAMAGE: dict[str, Callable[[Path], None]] = {
     "truncate": _truncate,
     "flip": _flip,
@@ -138,6 +178,9 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "garbage": _garbage,
     "wrong-shape": _wrong_shape,
     "other-step": _other_step,
+    **{f"flip-{f}": _flip_field(f, "value") for f in FINAL_FIELDS},
+    **{f"flip-key-{f}": _flip_field(f, "key") for f in FINAL_FIELDS},
+    **{f"edit-{f}": _edit_field(f) for f in FINAL_FIELDS},
 }
 
 
@@ -216,7 +259,16 @@ EXPECTED: dict[Callable[[Path], Any], str] = {
 # file and no `array_metadatas` (design/checkpoints.md).
 CASES: list[tuple[str, Callable[[Path], Path], tuple[str, ...], tuple[Callable[[Path], Any], ...]]] = [
     ("run.json", _at("run/run.json"), ("truncate", "delete", "garbage", "wrong-shape"), (_resume,)),
-    ("final.json", _at("run/fit/final.json"), ("flip", "garbage", "wrong-shape"), (_resume,)),
+    (
+        "final.json",
+        _at("run/fit/final.json"),
+        (
+            "garbage",
+            "wrong-shape",
+            *(f"{how}-{f}" for f in FINAL_FIELDS for how in ("flip", "flip-key", "edit")),
+        ),
+        (_resume,),
+    ),
     ("artifact.json", _at("run/fit/artifact.json"), ("truncate", "delete", "wrong-shape"), (_resume,)),
     ("metrics.jsonl", _at("run/fit/metrics.jsonl"), ("garbage", "delete"), (_resume, _history)),
     ("manifest.json", _at(f"{CKPT}/manifest.json"), ("truncate", "delete", "wrong-shape"), (_resume_from_checkpoint,)),
