@@ -146,7 +146,7 @@ class MyBackend:
 def _optimizer(loop: Any) -> dict[str, Any]:
     """The checked optimizer settings; refuse, naming the backend, whatever your framework cannot honour."""
     from pipekit_train import EMA, MSE
-    from pipekit_train._optim import resolve_optimizer_config
+    from pipekit_train.optim._config import resolve_optimizer_config
 
     if loop.task is not None or not isinstance(loop.loss, MSE) or loop.loss.reduction != "mean":
         raise ConfigError(f"backend {NAME!r} trains with loss MSE() only, got loss={loop.loss!r}")  # TODO

@@ -11,7 +11,7 @@ import pytest
 import pipekit_train
 from pipekit import ConfigError
 from pipekit_train import ArraySource, BackendError, EquinoxModel, TrainingDataset, TrainingLoop, register_backend
-from pipekit_train._backends import _BACKEND_MODULES, _REGISTERED, available_backends, get_backend
+from pipekit_train.backends._registry import _BACKEND_MODULES, _REGISTERED, available_backends, get_backend
 
 
 def _loop(**overrides):

@@ -113,7 +113,7 @@ def test_the_cli_evaluates_and_refuses_bad_input_in_one_line(trained):
 
 def test_data_must_be_npz_or_a_yaml_training_dataset(tmp_path: Path):
     from pipekit import ConfigError
-    from pipekit_train._evaluate import load_data
+    from pipekit_train.inference._evaluate import load_data
 
     with pytest.raises(ConfigError, match=r"--data test.csv: expected an .npz file or a .yaml file"):
         load_data("test.csv")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import pipekit
-from pipekit_train._validate import check_pipeline
+from pipekit_train.stage.preflight import check_pipeline
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").rglob("*.yaml"))
 

@@ -27,7 +27,9 @@ from pipekit_train import (
     load_model,
     run_settings,
 )
-from pipekit_train._export import (
+from pipekit_train.cli._common import run_commands
+from pipekit_train.cli._export import add_export_commands
+from pipekit_train.inference._export import (
     ExportError,
     InputSpec,
     artifact_input_spec,
@@ -35,8 +37,6 @@ from pipekit_train._export import (
     inference_function,
     sidecar_path,
 )
-from pipekit_train.cli._common import run_commands
-from pipekit_train.cli._export import add_export_commands
 
 pytestmark = pytest.mark.xdist_group("export")  # one worker (--dist loadgroup): the module fixture is built once
 

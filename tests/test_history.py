@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipekit_train import MSE, ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, read_jsonl, run_settings
-from pipekit_train._history import HistoryError, format_table, history, metric_mode, summary
+from pipekit_train.tracking._history import HistoryError, format_table, history, metric_mode, summary
 
 MODEL = EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 1, "width_size": 8, "depth": 1})
 
@@ -183,7 +183,7 @@ def test_metric_mode(name: str, mode: str | None) -> None:
 def test_history_does_not_import_jax(runs: list[str]) -> None:
     code = (
         "import sys, json\n"
-        "from pipekit_train._history import history, format_table\n"
+        "from pipekit_train.tracking._history import history, format_table\n"
         f"h = history({runs!r})\n"
         "format_table(h)\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'equinox'))\n"

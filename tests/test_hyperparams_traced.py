@@ -1,4 +1,4 @@
-"""Hyperparameters are values, not programs: the optimizer's numbers live in its state (adapters/optax.py).
+"""Hyperparameters are values, not programs: the optimizer's numbers live in its state (optim/_optax.py).
 
 Two stages or a sweep that differ only in numbers compile the train step once; the numbers still decide the
 result (bitwise the numbers of plain optax), and a checkpoint's numbers give way to the configuration's.
@@ -24,9 +24,9 @@ from pipekit_train import (
     TrainingLoop,
     run_settings,
 )
-from pipekit_train.adapters import optax as pk_optax
+from pipekit_train.optim import _optax as pk_optax
 from pipekit_train.adapters.equinox._steps import CompileCounter, train_chunk
-from pipekit_train.adapters.optax import (
+from pipekit_train.optim._optax import (
     Hyperparams,
     LrScaleState,
     StructuredOptimizer,

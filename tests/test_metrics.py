@@ -28,7 +28,7 @@ from pipekit_train import (
     read_jsonl,
     run_settings,
 )
-from pipekit_train._metrics import compute_metrics, evaluate_metrics, init_states, update_states
+from pipekit_train.tracking._metrics import compute_metrics, evaluate_metrics, init_states, update_states
 
 RNG = np.random.default_rng(0)
 LOGITS = RNG.normal(size=(50, 4)).astype(np.float32)
@@ -98,7 +98,7 @@ def test_no_host_read_per_batch_and_one_compile():
     metrics = (Accuracy(), PrecisionRecallF1(num_classes=4), TopKAccuracy(k=2))
     batches = _batches(LOGITS, LABELS, size=10)  # five batches of one shape
     states = init_states(metrics)
-    from pipekit_train import _metrics
+    from pipekit_train.tracking import _metrics
 
     with jax.transfer_guard_device_to_host("disallow"):  # any read of a device value would raise here
         for batch in batches:

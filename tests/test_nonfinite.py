@@ -66,7 +66,7 @@ def test_training_on_regardless_is_the_users_choice(tmp_path: Path):
 
 @pytest.mark.parametrize("role", ["dataset", "val_dataset"])
 def test_nan_in_the_data_is_refused_before_training(tmp_path: Path, role: str):
-    from pipekit_train._validate import check_pipeline
+    from pipekit_train.stage.preflight import check_pipeline
 
     x = np.random.default_rng(0).normal(size=(32, 3)).astype(np.float32)
     x[17, 1] = np.nan

@@ -92,7 +92,7 @@ def test_a_run_reports_its_phases_to_callbacks_and_writers(tmp_path: Path):
 def _plain_json(record: dict) -> dict:
     import json
 
-    from pipekit_train._writers import _plain
+    from pipekit_train.tracking._writers import _plain
 
     return json.loads(json.dumps(_plain(record)))
 

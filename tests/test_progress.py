@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from pipekit_train import MSE, ArraySource, EarlyStopping, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
-from pipekit_train._engine import NonFiniteLossError
-from pipekit_train._progress import PhaseClock, Progress, plain_output
+from pipekit_train.stage.engine import NonFiniteLossError
+from pipekit_train.tracking._progress import PhaseClock, Progress, plain_output
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -232,8 +232,8 @@ def test_model_summary_counts_each_top_level_submodule_and_goes_into_the_artifac
 
     import jax
 
-    from pipekit_train._progress import model_summary
     from pipekit_train.provenance import ArtifactStore, TrainingArtifact
+    from pipekit_train.tracking._progress import model_summary
 
     op = EquinoxModel(factory="mlp", kwargs={"in_size": 3, "out_size": 1, "width_size": 5, "depth": 1})
     summary = model_summary(op.bind(op.build(jax.random.key(0))).weights())

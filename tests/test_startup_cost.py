@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 from pipekit_train import MSE, EquinoxModel, NpzSource, TrainingDataset, TrainingLoop, run_settings
-from pipekit_train._validate import check_pipeline
 from pipekit_train.adapters.equinox import register_model
+from pipekit_train.stage.preflight import check_pipeline
 
 pytestmark = pytest.mark.xdist_group("startup-cost")  # one worker: each module fixture starts fresh processes once
 
@@ -277,9 +277,9 @@ def test_validate_then_run_builds_once(tmp_path: Path) -> None:
 def test_logged_constant_rate_compiles_nothing_and_is_the_programs(warmup: int) -> None:
     """The first log line's ``lr`` of a constant schedule (past its warm-up) is read on the host: nothing is
     compiled for it, and it is bitwise the compiled formula's value (the rate the step applies)."""
-    from pipekit_train._optim import resolve_optimizer_config, schedule_numbers
     from pipekit_train.adapters.equinox._steps import CompileCounter
-    from pipekit_train.adapters.optax import _schedule_scalars, _scheduled_lr_jit, learning_rate_at
+    from pipekit_train.optim._config import resolve_optimizer_config, schedule_numbers
+    from pipekit_train.optim._optax import _schedule_scalars, _scheduled_lr_jit, learning_rate_at
 
     config = {"name": "adamw", "lr": 0.1 + 1e-9, "warmup_steps": warmup}  # not a float32: rounded once, as the step
     with CompileCounter() as compiles:

@@ -142,7 +142,7 @@ def test_a_loss_or_a_task_is_required():
 
 
 def test_validate_traces_the_task_before_compiling():
-    from pipekit_train._validate import check_pipeline
+    from pipekit_train.stage.preflight import check_pipeline
 
     loop = _loop(task=make_task(MSE(), target_key="label"), loss=None)
     with pytest.raises(ShapeError, match=r"TrainingLoop.task LossTask.loss_fn fails on a batch"):

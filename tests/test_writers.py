@@ -11,7 +11,7 @@ import pytest
 
 import pipekit
 from pipekit import ConfigError
-from pipekit_train._writers import (
+from pipekit_train.tracking._writers import (
     ConsoleWriter,
     JsonLinesWriter,
     MetricWriter,

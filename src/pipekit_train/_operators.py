@@ -7,4 +7,7 @@ points of their own.
 
 from __future__ import annotations
 
-from . import _loop, _losses, _models, _writers, callbacks, checkpoint, data  # noqa: F401  # noqa: F401
+from . import _models, callbacks, checkpoint, data  # noqa: F401
+from .losses import _losses  # noqa: F401
+from .stage import loop  # noqa: F401
+from .tracking import _writers  # noqa: F401

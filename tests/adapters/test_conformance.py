@@ -12,8 +12,8 @@ import importlib.metadata
 import pytest
 
 from pipekit_train import available_backends
-from pipekit_train._backends import ENTRY_POINT_GROUP
 from pipekit_train.adapters.conformance import CHECKS, skip_reason
+from pipekit_train.backends._registry import ENTRY_POINT_GROUP
 
 INSTALLED = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 BACKENDS = [name for name in available_backends() if name in INSTALLED]

@@ -13,8 +13,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from pipekit import ConfigError, PipekitError
-from pipekit_train._optim import check_optimizer_config
-from pipekit_train.adapters.optax import (
+from pipekit_train.optim._config import check_optimizer_config
+from pipekit_train.optim._optax import (
     LrScaleState,
     build_optimizer,
     build_schedule,

@@ -10,7 +10,7 @@ from tests.test_loop import _loop, _regression
 
 from pipekit import ConfigError
 from pipekit_train import EMA, EarlyStopping, ReduceLROnPlateau, TrainContext, run_settings
-from pipekit_train._writers import NullWriter
+from pipekit_train.tracking._writers import NullWriter
 
 
 def _ctx(callback, lr_scale=None):

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from pipekit_train import MSE, ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
-from pipekit_train._history import history
 from pipekit_train.cli._common import run_commands
 from pipekit_train.cli._history import add_history_commands
+from pipekit_train.tracking._history import history
 
 pytestmark = pytest.mark.xdist_group("cli-history")  # one worker (--dist loadgroup): the module fixture is built once
 

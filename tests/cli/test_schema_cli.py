@@ -28,7 +28,7 @@ def _cli(*argv: str) -> int:
 def test_describe_training_loop_shows_max_steps_and_its_default(capsys):
     assert _cli("describe", "TrainingLoop") == 0
     out = capsys.readouterr().out
-    assert out.startswith("TrainingLoop  (pipekit_train._loop.TrainingLoop)")
+    assert out.startswith("TrainingLoop  (pipekit_train.stage.loop.TrainingLoop)")
     assert re.search(r"^max_steps +int +10000\b", out, re.M)
     assert re.search(r"^dataset +TrainingDataset +required\b", out, re.M)
 

@@ -39,7 +39,7 @@ from pipekit_train.adapters.lightning import (
     register_torch_model,
     to_torch_loss,
 )
-from pipekit_train.adapters.optax import build_optimizer, learning_rate_at
+from pipekit_train.optim._optax import build_optimizer, learning_rate_at
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 4)).astype(np.float32)
@@ -50,7 +50,7 @@ LABELS = (X[:, 0] > 0).astype(np.int32)
 # The conformance kit ----------------------------------------------------------------------------------------------
 # tests/adapters/test_conformance.py runs every check of the kit over each installed backend, this one included.
 def test_the_conformance_kit_runs_for_this_backend():
-    from pipekit_train._backends import ENTRY_POINT_GROUP
+    from pipekit_train.backends._registry import ENTRY_POINT_GROUP
 
     installed = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     assert "lightning" in installed and len(CHECKS) >= 10

@@ -251,7 +251,7 @@ def test_fields_summary_and_table_of_a_documented_class():
 # describe ------------------------------------------------------------------------------------------------------
 def test_describe_lists_the_fields_with_types_and_defaults():
     text = pipekit.describe("TrainingLoop")
-    assert text.startswith("TrainingLoop  (pipekit_train._loop.TrainingLoop)")
+    assert text.startswith("TrainingLoop  (pipekit_train.stage.loop.TrainingLoop)")
     assert summary(pipekit_train_loop()) in text
     assert re.search(r"^max_steps +int +10000\b", text, re.M)
     assert re.search(r"^model_op +ModelOp +required\b", text, re.M)

@@ -7,7 +7,7 @@ import pytest
 
 from pipekit import ConfigError
 from pipekit_train import SAM, ArraySource, ParamGroup, TrainingDataset, TrainingLoop
-from pipekit_train._validate import check_pipeline
+from pipekit_train.stage.preflight import check_pipeline
 
 pytest.importorskip("numpyro")
 from pipekit_train.adapters.numpyro import NumpyroGuide, Trace_ELBO

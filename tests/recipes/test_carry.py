@@ -22,9 +22,9 @@ from pipekit_train import (
     TrainingLoop,
     run_settings,
 )
-from pipekit_train._validate import check_pipeline
 from pipekit_train.checkpoint import Checkpointer
 from pipekit_train.checkpoint._layout import _flatten
+from pipekit_train.stage.preflight import check_pipeline
 
 
 def _data() -> TrainingDataset:

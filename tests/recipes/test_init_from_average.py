@@ -20,7 +20,7 @@ from pipekit_train import (
     average_checkpoints,
     run_settings,
 )
-from pipekit_train._recipes import param_path
+from pipekit_train.optim._recipes import param_path
 
 
 def _loop(**kw) -> TrainingLoop:

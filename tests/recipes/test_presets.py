@@ -1,4 +1,4 @@
-"""Presets (`pipekit_train._presets`): named fields that fill what a stage leaves unset, never what it sets."""
+"""Presets (`pipekit_train.stage.presets`): named fields that fill what a stage leaves unset, never what it sets."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def test_the_presets_example_loads_and_keeps_its_short_form(monkeypatch):
     [("pretrain-autoencoder", "autoencoder"), ("finetune-small", "classifier"), ("linear-probe", "classifier")],
 )
 def test_each_built_in_preset_passes_pre_flight_on_the_model_it_is_for(name, factory):
-    from pipekit_train._validate import check_pipeline
+    from pipekit_train.stage.preflight import check_pipeline
 
     x = np.random.default_rng(0).uniform(size=(128, 64)).astype(np.float32)
     data = TrainingDataset(source=ArraySource(arrays={"x": x, "y": (x[:, 0] * 10).astype(np.int32)}))

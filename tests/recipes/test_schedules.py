@@ -1,4 +1,4 @@
-"""Schedules for any value (`pipekit_train._schedules`): a loss weight and the EMA decay follow the traced step,
+"""Schedules for any value (`pipekit_train.optim._schedules`): a loss weight and the EMA decay follow the traced step,
 are logged as ``schedule/<name>``, compile once and resume bitwise."""
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from pipekit_train import (
     schedule_value,
     step_context,
 )
-from pipekit_train._schedules import schedules_in
-from pipekit_train._validate import check_pipeline
 from pipekit_train.adapters.equinox._steps import train_chunk
+from pipekit_train.optim._schedules import schedules_in
+from pipekit_train.stage.preflight import check_pipeline
 
 CLF = EquinoxModel(factory="classifier", kwargs={"in_size": 8, "num_classes": 3, "latent_size": 4, "hidden": [8]})
 REPO = Path(__file__).resolve().parents[2]

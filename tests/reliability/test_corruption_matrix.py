@@ -77,8 +77,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[P
 
 def _train(root: Path, layout: str) -> tuple[Path, dict[str, Any]]:
     from pipekit_train import Checkpointer, average_checkpoints, run_settings
-    from pipekit_train._history import history
     from pipekit_train.provenance import ArtifactStore
+    from pipekit_train.tracking._history import history
 
     x = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
     np.savez(root / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
@@ -238,7 +238,7 @@ def _show(root: Path) -> Any:
 
 
 def _history(root: Path) -> Any:
-    from pipekit_train._history import history
+    from pipekit_train.tracking._history import history
 
     return history(str(root / "run"))
 

@@ -74,7 +74,7 @@ def test_keras_on_four_devices_matches_one_device(tmp_path: Path) -> None:
 
 def test_keras_refuses_parameter_sharding() -> None:
     import pipekit
-    from pipekit_train._mesh import check_mesh
+    from pipekit_train.scale._mesh import check_mesh
 
     loop = pipekit.loads(PIPELINE.replace("progress: false", "progress: false\nmesh: {shard_params: true}"))
     with pytest.raises(ConfigError, match=r"backend 'keras' keeps its variables replicated"):

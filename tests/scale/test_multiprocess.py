@@ -233,7 +233,7 @@ def test_launch_reports_a_bad_run_argument_in_one_line(work: Path) -> None:
 
 def test_environment_settings_and_their_errors() -> None:
     from pipekit import ConfigError
-    from pipekit_train._distributed import settings_from_env
+    from pipekit_train.scale._distributed import settings_from_env
 
     assert settings_from_env({}) is None
     assert settings_from_env({"PIPEKIT_NUM_PROCESSES": "1", "PIPEKIT_PROCESS_ID": "0",
@@ -278,7 +278,7 @@ def test_each_process_reads_its_part_of_every_global_batch() -> None:
 
 def test_a_checkpoint_data_position_for_each_topology() -> None:
     from pipekit import ConfigError
-    from pipekit_train._distributed import local_data_state
+    from pipekit_train.scale._distributed import local_data_state
 
     assert local_data_state({"epoch": 1, "batch": 2}, "here") == {"epoch": 1, "batch": 2}  # one process wrote it
     same = {"num_processes": 2, "by_process": [{"epoch": 1, "batch": 2}] * 2}

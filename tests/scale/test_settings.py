@@ -19,11 +19,11 @@ import pytest
 
 from pipekit import ConfigError
 from pipekit_train import MSE, ArraySource, Checkpoint, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
-from pipekit_train._mesh import check_mesh, mesh_plan
-from pipekit_train._precision import check_precision
 from pipekit_train.checkpoint import Checkpointer
 from pipekit_train.checkpoint._resume import fingerprint
 from pipekit_train.provenance import LocalModelRegistry
+from pipekit_train.scale._mesh import check_mesh, mesh_plan
+from pipekit_train.scale._precision import check_precision
 
 
 def _data(n: int = 128) -> TrainingDataset:
@@ -93,7 +93,7 @@ def test_more_devices_than_there_are_is_refused_before_training() -> None:
 def test_backends_without_a_mesh_refuse_one_and_mixed_precision() -> None:
     """NumPyro MCMC trains on one device, Keras and NumPyro SVI in float32: asking for more is a pre-flight error
     (NumPyro SVI trains on a mesh: tests/scale/test_svi_data_parallel.py)."""
-    from pipekit_train._backends import get_backend
+    from pipekit_train.backends._registry import get_backend
 
     def stage(backend: str, **kw: object) -> SimpleNamespace:  # what the checks read of a TrainingLoop
         return SimpleNamespace(backend=backend, adapter=lambda: get_backend(backend), **kw)

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
-    from .._engine import AdapterResult as AdapterResult
-    from .._engine import Engine as Engine
-    from .._engine import EngineSnapshot as EngineSnapshot
-    from .._engine import StageHooks as StageHooks
-    from .._engine import StepBackend as StepBackend
-    from .._engine import run_steps as run_steps
-    from .._loop import RunInfo as RunInfo
-    from .._optim import check_schedule as check_schedule
-    from .._optim import resolve_optimizer_config as resolve_optimizer_config
+    from ..optim._config import check_schedule as check_schedule
+    from ..optim._config import resolve_optimizer_config as resolve_optimizer_config
+    from ..stage.engine import AdapterResult as AdapterResult
+    from ..stage.engine import Engine as Engine
+    from ..stage.engine import EngineSnapshot as EngineSnapshot
+    from ..stage.engine import StageHooks as StageHooks
+    from ..stage.engine import StepBackend as StepBackend
+    from ..stage.engine import run_steps as run_steps
+    from ..stage.loop import RunInfo as RunInfo
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())

@@ -65,7 +65,7 @@ _OPTIMIZER = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
 # The problem ---------------------------------------------------------------------------------------------------
 def _example_model(backend: str, in_size: int, out_size: int) -> Any:
     """The adapter's ``example_model(in_size, out_size)``: the model every check trains."""
-    from .._backends import get_backend
+    from ..backends._registry import get_backend
 
     adapter = get_backend(backend)
     make = getattr(adapter, "example_model", None)
@@ -257,7 +257,7 @@ def check_records_artifacts(backend: str, tmp: Path) -> None:
 
 
 def _backend_info(backend: str) -> dict[str, Any]:
-    from .._backends import get_backend
+    from ..backends._registry import get_backend
 
     return dict(get_backend(backend).backend_info())
 
@@ -326,7 +326,7 @@ def check_refuses_a_foreign_model(backend: str, tmp: Path) -> None:
 def _backend_module(backend: str) -> tuple[str | None, str | None]:
     """What a fresh process needs to find `backend`: ``(module to import, folder to add to the path)``, or Nones
     for an installed entry point."""
-    from .._backends import ENTRY_POINT_GROUP, get_backend
+    from ..backends._registry import ENTRY_POINT_GROUP, get_backend
 
     if backend in {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}:
         return None, None
@@ -430,7 +430,7 @@ def skip_reason(backend: str, check: str) -> str | None:
     The kit's problem is a regression trained with MSE and SGD; a backend that cannot train that (a sampler) lists
     the checks it skips (``"*"`` for all), with the reason and where its own tests check the same property.
     """
-    from pipekit_train._backends import get_backend
+    from pipekit_train.backends._registry import get_backend
 
     skips = getattr(get_backend(backend), "CONFORMANCE_SKIP", {})
     reason = (skips.get(check) or skips.get("*")) if isinstance(skips, dict) else None

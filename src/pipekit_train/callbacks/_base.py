@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pipekit import Operator
 
 if TYPE_CHECKING:
-    from .._writers import MetricWriter
+    from ..tracking._writers import MetricWriter
 
 
 class Callback(Operator, register=False):

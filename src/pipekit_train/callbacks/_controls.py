@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pipekit import ConfigError, suggestion
 
-from .._schedules import Schedule
+from ..optim._schedules import Schedule
 from ._base import Callback, TrainContext
 
 Mode = Literal["min", "max"]

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from pipekit import ConfigError
 
-from .._distributed import barrier, is_primary, process_count
 from .._warnings import PipekitTrainWarning
+from ..scale._distributed import barrier, is_primary, process_count
 from ._errors import (
     CheckpointError,
     CheckpointNotFoundError,

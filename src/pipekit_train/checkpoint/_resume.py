@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._distributed import agree, barrier, gather_data_state, is_primary, local_data_state
 from .._warnings import PipekitTrainWarning
+from ..scale._distributed import agree, barrier, gather_data_state, is_primary, local_data_state
 
 if TYPE_CHECKING:
-    from .._engine import Engine
+    from ..stage.engine import Engine
 from ._checkpointer import Checkpointer
 from ._errors import CheckpointError, CheckpointMismatchError
 from ._layout import _path_name
@@ -64,7 +64,7 @@ def fingerprint(loop: Any) -> dict[str, Any]:
     """What a checkpoint must have been written under for a resume to be exact, as plain data."""
     from pipekit._yaml import to_plain
 
-    from .._optim import resolve_optimizer_config
+    from ..optim._config import resolve_optimizer_config
 
     out = {name: to_plain(getattr(loop, name), name, strict=False) for name in _FINGERPRINT_FIELDS}
     # Defaults written out change nothing: compare the configuration with every default filled in.
@@ -91,8 +91,8 @@ def fingerprint(loop: Any) -> dict[str, Any]:
     # The topology and the compute dtype change the floating-point result: a resume on another device count (or
     # precision) is refused like any other change (--force-resume continues: the data position is global). Only
     # written when not the defaults, so checkpoints of one-device float32 runs keep their fingerprint.
-    from .._mesh import describe
-    from .._precision import compute_dtype
+    from ..scale._mesh import describe
+    from ..scale._precision import compute_dtype
 
     topology = describe(loop)
     if topology["num_devices"] > 1 or topology["shard_params"]:
@@ -217,7 +217,7 @@ class CheckpointHooks:
         self.last_saved = step
         callbacks = dict(meta.get("callbacks", {}))
         if callbacks and all(k.isdigit() for k in callbacks):  # written by 0.1, by position in the sorted list
-            from .._engine import callback_keys
+            from ..stage.engine import callback_keys
 
             keys = callback_keys(tuple(sorted(self.loop.callbacks, key=lambda c: c.order)))
             callbacks = {keys[int(k)]: v for k, v in callbacks.items() if int(k) < len(keys)}
@@ -286,7 +286,7 @@ class CheckpointHooks:
         assert self.checkpointer is not None and self.config is not None
         snap = engine.snapshot()
         if self.loop.stop_on_nonfinite:
-            from .._engine import NonFiniteWeightsError, first_nonfinite
+            from ..stage.engine import NonFiniteWeightsError, first_nonfinite
 
             bad = first_nonfinite(engine.backend.weights_tree())
             if bad is not None:

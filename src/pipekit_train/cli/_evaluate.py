@@ -23,7 +23,7 @@ def parse_metric(text: str) -> Any:
     from pipekit import ConfigError
     from pipekit._yaml import load_value
 
-    from .._metrics import Metric
+    from ..tracking._metrics import Metric
 
     node = text.strip()
     value = load_value(node if node.startswith("{") else f"{{type: {node}}}", f"--metric {text}")
@@ -40,7 +40,7 @@ def _store(args: argparse.Namespace) -> Any:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate a trained model on a dataset; print and record the metrics."""
-    from .._evaluate import evaluate
+    from ..inference._evaluate import evaluate
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be a positive int, got {args.batch_size}")
@@ -68,7 +68,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     """Write a trained model's outputs for every record of a dataset."""
-    from .._evaluate import predict
+    from ..inference._evaluate import predict
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be a positive int, got {args.batch_size}")

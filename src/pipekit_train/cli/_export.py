@@ -54,7 +54,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     shape = parse_shape(args.input_shape) if args.input_shape is not None else None
     _import_user_modules(args)
 
-    from .._export import export_model, sidecar_path
+    from ..inference._export import export_model, sidecar_path
 
     record: dict[str, Any] = export_model(
         args.source,

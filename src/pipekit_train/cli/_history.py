@@ -27,7 +27,7 @@ def _metric_names(flags: Sequence[str] | None) -> list[str] | None:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """Print the runs' metrics as a table (or JSON), and draw their curves with --png."""
-    from .._history import format_table, history, plot_history
+    from ..tracking._history import format_table, history, plot_history
 
     metrics = _metric_names(args.metric)
     hist = history(args.run_dirs, metrics)

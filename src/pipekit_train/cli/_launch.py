@@ -2,7 +2,7 @@
 
 Each process is ``pipekit-train run PIPELINE.yaml [run arguments]`` with `jax.distributed`'s settings in its
 environment (``PIPEKIT_COORDINATOR`` on a free localhost port, ``PIPEKIT_NUM_PROCESSES``, ``PIPEKIT_PROCESS_ID``;
-`pipekit_train._distributed`), and, with ``--devices-per-process K``, ``K`` virtual CPU devices each
+`pipekit_train.scale._distributed`), and, with ``--devices-per-process K``, ``K`` virtual CPU devices each
 (``XLA_FLAGS=--xla_force_host_platform_device_count=K``). The launcher
 
 - streams every process's output line by line, each line prefixed with ``[p/N]``;
@@ -46,7 +46,7 @@ def _free_port() -> int:
 
 def child_env(base: dict[str, str], port: int, count: int, index: int, devices: int | None) -> dict[str, str]:
     """The environment of process `index` of `count`: the distributed settings and, optionally, its CPU devices."""
-    from pipekit_train._distributed import COORDINATOR, NUM_PROCESSES, PROCESS_ID
+    from pipekit_train.scale._distributed import COORDINATOR, NUM_PROCESSES, PROCESS_ID
 
     env = dict(base)
     env.update({COORDINATOR: f"127.0.0.1:{port}", NUM_PROCESSES: str(count), PROCESS_ID: str(index)})
@@ -176,7 +176,7 @@ def _supervise(procs: list[subprocess.Popen[bytes]], relays: list[tuple[_Relay, 
 
 def relaunch_command() -> str:
     """How this run's processes were started, for a "continue with" hint: ``run `` or ``launch --num-processes N ``."""
-    from pipekit_train._distributed import process_count
+    from pipekit_train.scale._distributed import process_count
 
     count = process_count()
     if count == 1 or not os.environ.get(LAUNCHED):  # one process, or started by a cluster's own launcher

@@ -190,7 +190,7 @@ def _preflight(check: Any, op: Any, path: str) -> Any:
 def _cmd_validate(args: argparse.Namespace) -> int:
     import_modules(requested_imports(args.imports))
     op = _load_pipeline(args.pipeline, args.set or [])
-    from pipekit_train._validate import check_pipeline
+    from pipekit_train.stage.preflight import check_pipeline
 
     report = _preflight(check_pipeline, op, args.pipeline)
     print(f"{args.pipeline}: ok ({report})")
@@ -199,7 +199,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import pipekit
-    from pipekit_train._run import TrainingInterrupted, run_settings
+    from pipekit_train.stage.runner import TrainingInterrupted, run_settings
 
     if args.force_resume and args.resume != "auto":
         raise UsageError("--force-resume continues a run: use it with --resume auto")
@@ -209,7 +209,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "starts in a new runs/<run id>)"
         )
     _check_paths(args)
-    from pipekit_train._distributed import initialize_distributed, is_primary
+    from pipekit_train.scale._distributed import initialize_distributed, is_primary
 
     # One of several processes ($PIPEKIT_NUM_PROCESSES, `launch`): connect before JAX computes anything.
     initialize_distributed()
@@ -218,7 +218,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(pipekit.dumps(op), end="")
         return EXIT_OK
-    from pipekit_train._validate import check_pipeline
+    from pipekit_train.stage.preflight import check_pipeline
 
     _preflight(check_pipeline, op, args.pipeline)
     store: Any = False if args.no_store else args.store
@@ -260,7 +260,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(artifact: Any, store: Any) -> None:
-    from pipekit_train._distributed import is_primary
+    from pipekit_train.scale._distributed import is_primary
 
     if artifact is None or not is_primary():  # several processes: process 0 speaks for the run
         return
@@ -299,9 +299,9 @@ def _print_summary(artifact: Any, store: Any) -> None:
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     import pipekit_train  # noqa: F401  (registers the training operators)
-    from pipekit_train._run import run_settings
     from pipekit_train.provenance._reproduce import check_data_unchanged, pipeline_of
     from pipekit_train.provenance._store import ArtifactStore
+    from pipekit_train.stage.runner import run_settings
 
     _check_paths(args)
     with ArtifactStore(args.store) as store:

@@ -12,7 +12,6 @@ import orbax.checkpoint as ocp
 import pytest
 
 from pipekit import ConfigError, ShapeError
-from pipekit_train._losses import MSE, Composite, CrossEntropy, Loss
 from pipekit_train.adapters.equinox import EquinoxModel
 from pipekit_train.adapters.equinox._primitives import (
     TrainState,
@@ -25,7 +24,8 @@ from pipekit_train.adapters.equinox._primitives import (
     task_loss,
     train_step,
 )
-from pipekit_train.adapters.optax import build_optimizer, get_lr_scale, set_lr_scale
+from pipekit_train.losses._losses import MSE, Composite, CrossEntropy, Loss
+from pipekit_train.optim._optax import build_optimizer, get_lr_scale, set_lr_scale
 
 
 def _regression(n=64):

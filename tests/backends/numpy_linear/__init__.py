@@ -134,7 +134,7 @@ class NumpyLinearBackend:
 def _optimizer(loop: Any) -> dict[str, Any]:
     """The optimizer settings this backend can honour; anything else is refused by name."""
     from pipekit_train import EMA, MSE
-    from pipekit_train._optim import resolve_optimizer_config
+    from pipekit_train.optim._config import resolve_optimizer_config
 
     if loop.task is not None or not isinstance(loop.loss, MSE) or loop.loss.reduction != "mean":
         raise ConfigError(f"backend {NAME!r} trains with loss MSE() only, got loss={loop.loss!r}, task={loop.task!r}")

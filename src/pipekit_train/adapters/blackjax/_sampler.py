@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._engine import AdapterResult, run_steps
+from ...stage.engine import AdapterResult, run_steps
 from ..numpyro._mcmc import init_strategy
 from ..numpyro._ops import HMC, MALA, NUTS, Posterior
 from ..numpyro._posterior import report

@@ -15,11 +15,18 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError, suggestion
 
-from ..._carry import check_carry_source
-from ..._engine import AdapterResult, run_steps
-from ..._mesh import describe, mesh_plan
-from ..._precision import compute_dtype
-from ..optax import build_optimizer, get_lr_scale, learning_rate_at, refresh_hyperparams, reset_anchor, set_lr_scale
+from ...optim._optax import (
+    build_optimizer,
+    get_lr_scale,
+    learning_rate_at,
+    refresh_hyperparams,
+    reset_anchor,
+    set_lr_scale,
+)
+from ...scale._mesh import describe, mesh_plan
+from ...scale._precision import compute_dtype
+from ...stage.carry import check_carry_source
+from ...stage.engine import AdapterResult, run_steps
 from ._carry import carry_in, continue_optimizer_state
 from ._recipe_step import StepRecipe
 from ._steps import (
@@ -36,7 +43,7 @@ from ._steps import (
 from ._tree import apply_transfer
 
 if TYPE_CHECKING:
-    from ..._loop import RunInfo, TrainerCarryState, TrainingLoop
+    from ...stage.loop import RunInfo, TrainerCarryState, TrainingLoop
 
 _OPTIMIZERS: dict[Any, Any] = {}
 
@@ -279,7 +286,7 @@ class EquinoxBackend:
 
 def step_recipe(loop: TrainingLoop, params: Any) -> StepRecipe | None:
     """The static recipe part of the step (`SAM`, diagnostics per group), or ``None`` when the loop uses none."""
-    from ..._recipes import SAM, group_labels, param_path
+    from ...optim._recipes import SAM, group_labels, param_path
 
     if loop.gradient is None and not loop.diagnostics:
         return None
@@ -297,7 +304,7 @@ def step_recipe(loop: TrainingLoop, params: Any) -> StepRecipe | None:
 
 def check_param_groups(loop: TrainingLoop, module: Any) -> None:
     """Refuse a group pattern that matches no trained parameter (naming the model's parameter paths)."""
-    from ..._recipes import group_labels, param_path
+    from ...optim._recipes import group_labels, param_path
 
     if not loop.param_groups:
         return
@@ -339,7 +346,7 @@ def initial_module(
 
     `keep` (the pre-flight) remembers the fresh module it builds; `take` (the run of the same loop) uses it.
     """
-    from ..._convert import starting_module
+    from ...backends._convert import starting_module
 
     fresh = lambda: _fresh_module(loop, init_key, keep=keep, take=take)
     return starting_module(loop, incoming, stage, fresh, apply_transfer)

@@ -1,5 +1,5 @@
 """`TrainingLoop.carry` on the Equinox backend: the previous stage's EMA weights or parameters as the starting
-model, and its optimizer state continued (see `pipekit_train._carry`)."""
+model, and its optimizer state continued (see `pipekit_train.stage.carry`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import jax
 
 from pipekit import ConfigError
 
-from ..._carry import carry_settings, check_carry_source, match_by_path, read_final_state, wants_checkpoint
-from ..optax import FrozenUntilState, LrScaleState, reset_anchor
+from ...optim._optax import FrozenUntilState, LrScaleState, reset_anchor
+from ...stage.carry import carry_settings, check_carry_source, match_by_path, read_final_state, wants_checkpoint
 from ._steps import combine, partition
 
 __all__ = ["carry_in", "continue_optimizer_state"]

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ..._losses import split_loss_output
-from ..._precision import cast_floating
-from ..._schedules import schedule_value, step_context
+from ...losses._losses import split_loss_output
+from ...optim._schedules import schedule_value, step_context
+from ...scale._precision import cast_floating
 from ._primitives import task_loss
 from ._recipe_step import diagnostics, sam_gradient
 

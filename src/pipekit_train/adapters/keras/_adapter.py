@@ -16,16 +16,16 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError, suggestion
 
-from ..._engine import AdapterResult, run_steps
-from ..._mesh import mesh_plan
-from ..optax import learning_rate_at
+from ...optim._optax import learning_rate_at
+from ...scale._mesh import mesh_plan
+from ...stage.engine import AdapterResult, run_steps
 from ._env import import_keras
 from ._model import KerasModel, KerasState
 from ._steps import program
 from ._tree import apply_transfer
 
 if TYPE_CHECKING:
-    from ..._loop import RunInfo, TrainerCarryState, TrainingLoop
+    from ...stage.loop import RunInfo, TrainerCarryState, TrainingLoop
 
 keras = import_keras()
 
@@ -39,8 +39,8 @@ class KerasBackend:
     """The `StepBackend` of the Keras adapter: the model's variables, the optimizer's and the EMA, as arrays."""
 
     def __init__(self, loop: TrainingLoop, state: KerasState, base_key: jax.Array) -> None:
-        from ..._schedules import fixed_value
         from ...callbacks._controls import EMA
+        from ...optim._schedules import fixed_value
 
         self.loop = loop
         self.model_op = loop.model_op
@@ -138,7 +138,7 @@ class KerasBackend:
 # The stage ---------------------------------------------------------------------------------------------------
 def initial_state(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
     """The `KerasState` a stage starts from: fresh, carried over whole, converted, or assembled by `transfer`."""
-    from ..._convert import starting_module
+    from ...backends._convert import starting_module
 
     return starting_module(loop, incoming, stage, lambda: loop.model_op.build(init_key), apply_transfer)
 

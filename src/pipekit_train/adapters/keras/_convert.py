@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._convert import convert_model, find_converter, refuse_foreign, register_converter, registered_converters
+from ...backends._convert import (
+    convert_model,
+    find_converter,
+    refuse_foreign,
+    register_converter,
+    registered_converters,
+)
 
 __all__ = ["convert_model", "find_converter", "refuse_foreign", "register_converter", "registered_converters"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipekit import ConfigError
 
-from ..._losses import Loss, split_loss_output
+from ...losses._losses import Loss, split_loss_output
 from ._env import import_keras
 
 keras = import_keras()

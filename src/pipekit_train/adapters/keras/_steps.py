@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..._losses import split_loss_output
+from ...losses._losses import split_loss_output
 from ._optimizers import build_keras_optimizer, lr_scale_index
 from ._tree import Layout, layout_of
 
@@ -112,7 +112,7 @@ class Program:
     def train(
         self, state: State, batches: dict[str, Any], step: Any, base_key: jax.Array, n: int, plan: Any = None
     ) -> Any:
-        """`n` steps; with a `plan` (data parallel, `pipekit_train._mesh`) the batch is split over the mesh's
+        """`n` steps; with a `plan` (data parallel, `pipekit_train.scale._mesh`) the batch is split over the mesh's
         ``data`` axis and the state stays replicated, in one `jax.jit` with explicit shardings."""
         key = n if plan is None else (n, plan)
         fn = self._train.get(key)

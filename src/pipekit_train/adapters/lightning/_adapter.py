@@ -22,15 +22,15 @@ from torch import nn
 
 from pipekit import ConfigError, ShapeError, suggestion
 
-from ..._engine import AdapterResult, run_steps
-from ..._schedules import fixed_value
+from ...optim._schedules import fixed_value
+from ...stage.engine import AdapterResult, run_steps
 from ._losses import split, to_torch_loss
 from ._model import TorchModel
 from ._optimizers import TorchOptimizer, check_torch_optimizer_config, schedule_table
 from ._tree import apply_transfer, copy_module, to_numpy, to_tensor
 
 if TYPE_CHECKING:
-    from ..._loop import RunInfo, TrainerCarryState, TrainingLoop
+    from ...stage.loop import RunInfo, TrainerCarryState, TrainingLoop
 
 __all__ = ["TorchBackend", "backend_info", "build_lightning_module", "preflight", "run", "threads"]
 
@@ -229,7 +229,7 @@ class TorchBackend:
 # The stage ---------------------------------------------------------------------------------------------------
 def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> nn.Module:
     """The module a stage starts from: fresh, carried over whole, converted, or assembled by `transfer`."""
-    from ..._convert import starting_module
+    from ...backends._convert import starting_module
 
     return starting_module(loop, incoming, stage, lambda: loop.model_op.build(loop.seed), apply_transfer)  # type: ignore[no-any-return]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._convert import register_converter
+from ...backends._convert import register_converter
 
 __all__: list[str] = []
 

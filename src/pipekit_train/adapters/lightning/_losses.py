@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from pipekit import ConfigError, ShapeError
 
-from ..._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss
-from ..._schedules import fixed_value
+from ...losses._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss
+from ...optim._schedules import fixed_value
 
 __all__ = ["register_torch_loss", "to_torch_loss", "torch_loss_types"]
 

@@ -1,6 +1,6 @@
 """``optimizer_config`` → ``torch.optim``, with the JAX backends' schedule, clipping, masking and accumulation.
 
-The keys are read once, by `pipekit_train._optim.resolve_optimizer_config`; `TorchOptimizer` maps the result:
+The keys are read once, by `pipekit_train.optim._config.resolve_optimizer_config`; `TorchOptimizer` maps the result:
 
 =================  =====================================================================================
 key                torch
@@ -30,7 +30,7 @@ import torch
 
 from pipekit import ConfigError
 
-from ..._optim import resolve_optimizer_config
+from ...optim._config import resolve_optimizer_config
 
 __all__ = ["TorchOptimizer", "build_torch_optimizer", "check_torch_optimizer_config"]
 
@@ -68,7 +68,7 @@ def schedule_table(config: Mapping[str, Any], max_steps: int) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
-    from ..optax import build_schedule
+    from ...optim._optax import build_schedule
 
     fn = build_schedule(config, max_steps=max_steps)
     values = np.asarray(jax.vmap(fn)(jnp.arange(max_steps + 1)), np.float64)
@@ -148,7 +148,7 @@ class TorchOptimizer:
         """The scheduled rate (without the scale) at loop step `step`."""
         if 0 <= step < len(self.table):
             return float(self.table[step])
-        from ..optax import learning_rate_at
+        from ...optim._optax import learning_rate_at
 
         return learning_rate_at(self.config, step, self.max_steps)
 

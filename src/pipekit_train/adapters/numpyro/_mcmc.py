@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._engine import AdapterResult, run_steps
+from ...stage.engine import AdapterResult, run_steps
 from ._ops import HMC, NUTS, NumpyroModel, Posterior
 from ._posterior import report
 from ._sampling import (

@@ -15,8 +15,8 @@ import numpy as np
 
 from pipekit import ConfigError, Operator, ShapeError, field, suggestion
 
-from ..._losses import Loss
 from ..._models import ModelOp
+from ...losses._losses import Loss
 from ._registry import get_numpyro_model
 
 __all__ = [

@@ -21,9 +21,9 @@ import numpy as np
 
 from pipekit import ConfigError, PipekitError
 
-from ..._engine import AdapterResult, run_steps
-from ..._mesh import describe, mesh_plan
-from ..optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
+from ...optim._optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
+from ...scale._mesh import describe, mesh_plan
+from ...stage.engine import AdapterResult, run_steps
 from ._data import check_data, check_sites, full_data
 from ._ops import _ELBO, GuideParams, NumpyroGuide
 

@@ -106,8 +106,8 @@ class LRFindResult:
 
 
 def _training_stages(op: Operator) -> list[Any]:
-    from ._loop import TrainingLoop
-    from ._validate import _stages
+    from ..stage.loop import TrainingLoop
+    from ..stage.preflight import _stages
 
     return [s for s in _stages(op) if isinstance(s, TrainingLoop)]
 
@@ -180,9 +180,9 @@ def _incoming(loops: list[Any], index: int, from_run: str | None) -> tuple[Any, 
     stages, or made by training the earlier stages in a temporary directory (recording nothing)."""
     if index == 0:
         return None, []
-    from ._jsonio import read_json
-    from ._loop import RunInfo
-    from ._run import _finished_stage, run_settings
+    from .._jsonio import read_json
+    from ..stage.loop import RunInfo
+    from ..stage.runner import _finished_stage, run_settings
 
     names = [loop.name or f"stage{i}" for i, loop in enumerate(loops)]
     if from_run is None:

@@ -32,11 +32,11 @@ import optax
 
 from pipekit import ConfigError, PipekitError
 
-from .._optim import resolve_optimizer_config, schedule_numbers
-from .._recipes import param_path
+from ._config import resolve_optimizer_config, schedule_numbers
+from ._recipes import param_path
 
 if TYPE_CHECKING:
-    from .._recipes import ParamGroup
+    from ._recipes import ParamGroup
 
 __all__ = [
     "FrozenUntilState",
@@ -393,7 +393,7 @@ def scale_by_scheduled_lr(
 
     Args:
         kind: the schedule (constant, warmup_cosine, onecycle, exponential): structure.
-        numbers: its numbers, as `pipekit_train._optim.schedule_numbers` gives them: values in the state.
+        numbers: its numbers, as `pipekit_train.optim._config.schedule_numbers` gives them: values in the state.
         accum: inside `optax.MultiSteps` the count is the number of real updates; it is multiplied back to loop
             steps.
         group_scale: a parameter group's ``lr_scale`` (a value in the state).
@@ -569,7 +569,7 @@ def build_optimizer(
     if accum > 1:
         optimizer = optax.MultiSteps(optimizer, every_k_schedule=accum).gradient_transformation()
     structure = (
-        "pipekit_train.adapters.optax/1",
+        "pipekit_train.optim._optax/1",
         cfg["name"],
         cfg["schedule"],
         bool(cfg.get("momentum")),

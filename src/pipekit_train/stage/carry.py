@@ -89,8 +89,8 @@ def check_carry_source(loop: Any, incoming: Any, stage: str) -> None:
 
 def read_final_state(incoming: Any, stage: str) -> dict[str, Any]:
     """The previous stage's checkpoint at its final step, as saved (``params``, ``opt_state``, maybe ``ema``)."""
-    from .checkpoint._checkpointer import Checkpointer
-    from .checkpoint._errors import CheckpointNotFoundError
+    from ..checkpoint._checkpointer import Checkpointer
+    from ..checkpoint._errors import CheckpointNotFoundError
 
     directory = incoming.checkpoint_dir
     checkpointer = Checkpointer(directory, async_save=False)
@@ -118,7 +118,7 @@ def match_by_path(saved: Any, like: Any, what: str, stage: str, skip: Any = None
     import jax
     import numpy as np
 
-    from .checkpoint._layout import _flatten
+    from ..checkpoint._layout import _flatten
 
     ours = _flatten(like)
     theirs = dict(_flatten(saved))
@@ -153,8 +153,8 @@ def match_by_path(saved: Any, like: Any, what: str, stage: str, skip: Any = None
 
 def handoff(loop: Any, stage_dir: str) -> dict[str, Any]:
     """What a stage tells the next one for `carry`: where its checkpoints are (or None) and whether it kept EMA."""
-    from .callbacks._controls import EMA
-    from .checkpoint._settings import Checkpoint
+    from ..callbacks._controls import EMA
+    from ..checkpoint._settings import Checkpoint
 
     has_checkpoint = any(isinstance(cb, Checkpoint) for cb in loop.callbacks)
     directory = (loop.checkpoint_dir or os.path.join(stage_dir, "checkpoints")) if has_checkpoint else None

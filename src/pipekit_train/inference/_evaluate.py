@@ -54,7 +54,7 @@ def load_data(path: str | os.PathLike[str]) -> Any:
     """A `TrainingDataset` (in record order) from an ``.npz`` file or a YAML file holding a `TrainingDataset`."""
     import pipekit
 
-    from .data import NpzSource, TrainingDataset
+    from ..data import NpzSource, TrainingDataset
 
     text = os.fspath(path)
     ext = os.path.splitext(text)[1].lower()
@@ -115,10 +115,10 @@ def evaluate(
         store: The artifact store (a path, an `ArtifactStore`, or ``None`` for the default).
         record: Whether to record the evaluation in `store`.
     """
+    from ..provenance._artifact import new_artifact_id, utc_now
+    from ..provenance._store import ArtifactStore
+    from ..tracking._metrics import Metric, evaluate_metrics
     from ._export import _resolve
-    from ._metrics import Metric, evaluate_metrics
-    from .provenance._artifact import new_artifact_id, utc_now
-    from .provenance._store import ArtifactStore
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"evaluate: batch_size must be a positive int, got {batch_size!r}")

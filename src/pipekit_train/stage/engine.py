@@ -21,10 +21,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._distributed import is_primary, local_rows
-from ._progress import CompileWatch, PhaseClock, Progress, model_summary
-from ._writers import JsonLinesWriter, MetricWriter, NullWriter
-from .callbacks._base import Callback, TrainContext
+from ..callbacks._base import Callback, TrainContext
+from ..scale._distributed import is_primary, local_rows
+from ..tracking._progress import CompileWatch, PhaseClock, Progress, model_summary
+from ..tracking._writers import JsonLinesWriter, MetricWriter, NullWriter
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -439,7 +439,7 @@ class Engine:
         backend_ok = bool(getattr(self.backend, "resident_data", False)) and single_process
         if not backend_ok and setting is not True:  # `auto` where it is not possible: the host path, quietly
             return None
-        from .data._device import ResidentBatches, check_forced, resident_reason
+        from ..data._device import ResidentBatches, check_forced, resident_reason
 
         reason = resident_reason(dataset, loop.batch_size, backend_ok)
         check_forced(dataset, reason)
@@ -591,7 +591,7 @@ class Engine:
             cb.on_phase(self.ctx, phase, duration_s)
 
     def _model_summary(self) -> dict[str, Any] | None:
-        """Parameters per top-level submodule and in all (`pipekit_train._progress.model_summary`), or ``None``."""
+        """Parameters per top-level submodule and in all (`tracking._progress.model_summary`), or ``None``."""
         try:
             weights = self.backend.bound_model().weights()
         except Exception:  # a model without plain weights (a sampler before its first draw): no summary
@@ -794,7 +794,7 @@ def evaluate(backend: StepBackend, dataset: Any, batch_size: int, loop: Any = No
     """
     import jax
 
-    from ._metrics import compute_metrics, init_states, update_states
+    from ..tracking._metrics import compute_metrics, init_states, update_states
 
     wanted = tuple(getattr(loop, "metrics", ()) or ())
     model = backend.bound_model() if wanted else None

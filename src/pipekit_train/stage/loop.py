@@ -9,15 +9,15 @@ from typing import Any, Literal, NamedTuple
 import pipekit
 from pipekit import CarryState, ConfigError, StatefulOperator, field
 
-from ._backends import check_backend_name, get_backend
-from ._losses import Loss
-from ._metrics import Metric
-from ._models import ModelOp, Transfer
-from ._presets import with_presets
-from ._recipes import GradientRule, ParamGroup
-from ._writers import MetricWriter
-from .callbacks._base import Callback
-from .data._dataset import TrainingDataset
+from .._models import ModelOp, Transfer
+from ..backends._registry import check_backend_name, get_backend
+from ..callbacks._base import Callback
+from ..data._dataset import TrainingDataset
+from ..losses._losses import Loss
+from ..optim._recipes import GradientRule, ParamGroup
+from ..tracking._metrics import Metric
+from ..tracking._writers import MetricWriter
+from .presets import with_presets
 
 
 class TrainerCarryState(CarryState):
@@ -232,14 +232,14 @@ class TrainingLoop(StatefulOperator):
         if self.name is not None and not self.name.replace("-", "_").isidentifier():
             raise ConfigError(f"TrainingLoop.name must be a simple name (letters, digits, _ or -), got {self.name!r}")
         check_backend_name(self.backend)
-        from ._carry import carry_settings
+        from .carry import carry_settings
 
         carry_settings(self.carry)
-        from ._optim import resolve_optimizer_config
+        from ..optim._config import resolve_optimizer_config
 
         resolve_optimizer_config(self.optimizer_config)  # keys, names and values now, with the file position
-        from ._mesh import mesh_settings
-        from ._precision import compute_dtype
+        from ..scale._mesh import mesh_settings
+        from ..scale._precision import compute_dtype
 
         mesh_settings(self.mesh)
         compute_dtype(self.precision)
@@ -259,22 +259,22 @@ class TrainingLoop(StatefulOperator):
 
     def non_default_fields(self) -> dict[str, Any]:
         """The fields a file must spell out: with a `preset`, those that differ from what the preset gives."""
-        from ._presets import explicit_fields
+        from .presets import explicit_fields
 
         return explicit_fields(self, super().non_default_fields())
 
     def replace(self, **changes: Any) -> TrainingLoop:
         """A copy with some fields changed; a new `preset` fills again the fields the old one filled."""
         if "preset" in changes and changes["preset"] != self.preset:
-            from ._presets import replace_with_preset
+            from .presets import replace_with_preset
 
             return replace_with_preset(self, changes)
         return super().replace(**changes)
 
     @classmethod
     def example(cls) -> TrainingLoop:
-        from ._losses import MSE
-        from .data import NpzSource
+        from ..data import NpzSource
+        from ..losses._losses import MSE
 
         return cls(
             model_op=_example_model(),
@@ -296,7 +296,7 @@ class TrainingLoop(StatefulOperator):
         return None
 
     def _apply(self, carrier: Any, state: TrainerCarryState | None) -> tuple[TrainingResult, TrainerCarryState]:
-        from ._run import run_stage
+        from .runner import run_stage
 
         return run_stage(self, state)
 
@@ -310,6 +310,6 @@ TrainingLoop.__init__ = with_presets(TrainingLoop.__init__)  # type: ignore[meth
 
 
 def _example_model() -> ModelOp:
-    from .adapters.equinox import EquinoxModel
+    from ..adapters.equinox import EquinoxModel
 
     return EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 1})

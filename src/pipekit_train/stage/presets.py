@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pipekit import ConfigError, suggestion
 
 if TYPE_CHECKING:
-    from ._loop import TrainingLoop
+    from .loop import TrainingLoop
 
 __all__ = ["preset_fields", "preset_record", "register_preset", "registered_presets"]
 
@@ -68,7 +68,7 @@ def register_preset(name: str, fields: Mapping[str, Any], *, description: str = 
     from pipekit._operator import field_hints
     from pipekit._types import check_field
 
-    from ._loop import TrainingLoop
+    from .loop import TrainingLoop
 
     _ensure_builtins()
     if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -179,8 +179,8 @@ def preset_record(loop: TrainingLoop) -> dict[str, Any] | None:
 
 
 def _register_builtins() -> None:
-    from ._losses import MSE
-    from ._recipes import ParamGroup
+    from ..losses._losses import MSE
+    from ..optim._recipes import ParamGroup
 
     register_preset(
         "pretrain-autoencoder",

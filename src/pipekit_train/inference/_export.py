@@ -113,7 +113,7 @@ def artifact_input_spec(artifact: Any) -> InputSpec:
 
     from pipekit._yaml import IN_MEMORY_KEY
 
-    from ._loop import TrainingLoop
+    from ..stage.loop import TrainingLoop
 
     where = f"artifact {artifact.artifact_id[:12]}"
     try:
@@ -153,8 +153,8 @@ def sidecar_path(path: str | os.PathLike[str]) -> str:
 
 def _resolve(source: str, store: Any, model_registry: Any) -> tuple[Any, Any, str]:
     """(bound model operator, its artifact or ``None``, model URI) for an artifact id or a model URI."""
-    from .provenance._model_registry import load_model, parse_model_uri
-    from .provenance._store import ArtifactStore
+    from ..provenance._model_registry import load_model, parse_model_uri
+    from ..provenance._store import ArtifactStore
 
     if not isinstance(store, ArtifactStore):
         store = ArtifactStore(store)
@@ -274,7 +274,7 @@ def export_model(
     except ImportError:
         raise ExportError(_MSG_FLATBUFFERS) from None
 
-    from . import __version__
+    from .. import __version__
 
     out = os.fspath(path)
     provenance: dict[str, Any] = {
@@ -311,7 +311,7 @@ def _trained_batch_size(artifact: Any) -> int:
         return 1
     import yaml
 
-    from ._loop import TrainingLoop
+    from ..stage.loop import TrainingLoop
 
     try:
         doc = yaml.safe_load(artifact.training_pipeline_yaml or "")

@@ -14,13 +14,13 @@ from urllib.parse import quote
 
 import pipekit
 
-from ._carry import handoff
-from ._distributed import allgather, barrier, initialize_distributed, is_primary, primary_holds
-from ._engine import NonFiniteWeightsError, first_nonfinite
-from ._jsonio import DamagedFileError, read_json, write_json
-from ._lock import DirectoryNotWritableError, check_writable, run_dir_lock
-from ._loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
-from ._validate import preflight_stage
+from .._jsonio import DamagedFileError, read_json, write_json
+from .._lock import DirectoryNotWritableError, check_writable, run_dir_lock
+from ..scale._distributed import allgather, barrier, initialize_distributed, is_primary, primary_holds
+from .carry import handoff
+from .engine import NonFiniteWeightsError, first_nonfinite
+from .loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
+from .preflight import preflight_stage
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tup
     """(run id, run dir, stage index): from the previous stage, from the run directory, or new."""
     from pipekit import ConfigError
 
-    from .provenance._artifact import new_run_id
+    from ..provenance._artifact import new_run_id
 
     if state is not None and state.run_id is not None:
         return state.run_id, state.run_dir or os.path.join("runs", state.run_id), state.stage_index
@@ -118,7 +118,7 @@ FINAL_FILE = "final.json"
 
 def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, TrainerCarryState] | None:
     """A stage that already finished in this run directory: its model and artifact, without training again."""
-    from .provenance._artifact import TrainingArtifact
+    from ..provenance._artifact import TrainingArtifact
 
     path = os.path.join(info.stage_dir, FINAL_FILE)
     if not os.path.exists(path):
@@ -145,7 +145,7 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
             f"but {os.path.join(info.stage_dir, 'artifact.json')} is artifact {artifact.artifact_id!r}; {redo}",
             path=path,
         )
-    from .provenance._model_registry import load_model
+    from ..provenance._model_registry import load_model
 
     model = load_model(_absolute(final["model_uri"], info.run_dir))
     if model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False):
@@ -168,7 +168,7 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
 
 def _keep_final_model(info: RunInfo, result: Any) -> str:
     """Store the stage's final weights in the run (content-addressed, no pickle); return a loadable URI."""
-    from .provenance._model_registry import LocalModelRegistry
+    from ..provenance._model_registry import LocalModelRegistry
 
     registry = LocalModelRegistry(os.path.abspath(os.path.join(info.run_dir, "models")))
     return registry.locator(registry.put(result.model))
@@ -176,7 +176,7 @@ def _keep_final_model(info: RunInfo, result: Any) -> str:
 
 def _absolute(model_uri: str, run_dir: str) -> str:
     """A ``final.json`` URI whose registry root is relative to the run directory, made loadable from here."""
-    from .provenance._model_registry import parse_model_uri
+    from ..provenance._model_registry import parse_model_uri
 
     digest, query = parse_model_uri(model_uri)
     root = query.get("root")
@@ -190,7 +190,7 @@ def _write_final(info: RunInfo, result: Any, artifact: Any, model_uri: str) -> N
 
     The registry root is written relative to the run directory, so a moved run directory still resumes.
     """
-    from .provenance._model_registry import parse_model_uri
+    from ..provenance._model_registry import parse_model_uri
 
     digest, query = parse_model_uri(model_uri)
     root = query.get("root")
@@ -222,7 +222,7 @@ def _read_final(path: str, stage: str, redo: str) -> dict[str, Any]:
     The digest pins every field (a flipped digit of the model's hash or of the step is still valid JSON); a file
     written before the digest existed has its fields checked one by one.
     """
-    from .provenance._model_registry import ModelRegistryError, parse_model_uri
+    from ..provenance._model_registry import ModelRegistryError, parse_model_uri
 
     what = f"stage {stage!r}'s record of its final weights"
     final = read_json(path, what=what, required=("model_uri", "step", "artifact_id"), remedy=redo)
@@ -290,7 +290,7 @@ def _run_locked(
     os.makedirs(info.stage_dir, exist_ok=True)
     if is_primary():
         _write_run_meta(run_dir, run_id, settings)
-    from .checkpoint._resume import make_hooks
+    from ..checkpoint._resume import make_hooks
 
     hooks = make_hooks(loop, info, settings)
     result = loop.adapter().run(loop, state, info, hooks)
@@ -334,7 +334,7 @@ def _run_locked(
 def _check_targets(loop: TrainingLoop, info: RunInfo) -> None:
     """Refuse before training when a folder the stage writes is read-only or full (it would fail at the first
     save, or after the whole training): the stage folder (metrics, final.json), the checkpoints, the models."""
-    from .checkpoint._settings import Checkpoint
+    from ..checkpoint._settings import Checkpoint
 
     targets = [
         ("run directory", info.run_dir),
@@ -353,7 +353,7 @@ def _check_store(settings: RunSettings) -> None:
         return
     import sqlite3
 
-    from .provenance._store import ArtifactStore, ArtifactStoreError
+    from ..provenance._store import ArtifactStore, ArtifactStoreError
 
     store = ArtifactStore(settings.store or None)
     remedy = "Choose a writable store with --store PATH (or PIPEKIT_ARTIFACT_STORE), or record nothing with --no-store"
@@ -391,8 +391,8 @@ def _build_artifact(
     model_uri: str | None,
     forced: str | None = None,
 ) -> Any:
-    from ._presets import preset_record
-    from .provenance._artifact import TrainingArtifact, collect_deps_lock, git_state, new_artifact_id
+    from ..provenance._artifact import TrainingArtifact, collect_deps_lock, git_state, new_artifact_id
+    from .presets import preset_record
 
     yaml_text = pipekit.dumps(loop, strict=False)
     fields = dict(result.artifact_fields)
@@ -432,7 +432,7 @@ def _build_artifact(
 def _with_topology(loop: TrainingLoop, backend_info: dict[str, Any]) -> dict[str, Any]:
     """`backend_info` naming the topology the stage trained on (``num_devices``, ``num_processes``) for every
     backend: an adapter without a mesh trains on one device of one process."""
-    from ._mesh import describe
+    from ..scale._mesh import describe
 
     topology = describe(loop)
     return {**backend_info, **{k: v for k, v in topology.items() if k not in backend_info}}
@@ -445,7 +445,7 @@ def _record_in_store(artifact: Any, settings: RunSettings, info: RunInfo) -> Non
         return
     import sqlite3
 
-    from .provenance._store import ArtifactStore, ArtifactStoreError
+    from ..provenance._store import ArtifactStore, ArtifactStoreError
 
     store = ArtifactStore(settings.store or None)
     try:

@@ -7,7 +7,7 @@ divides). XLA inserts the gradient all-reduce (or the all-gathers and reduce-sca
 `jax.jit` with explicit input and output shardings. With one device and no ``shard_params`` there is no mesh at
 all: the step is the unsharded one, bit for bit (design/scale.md).
 
-With several processes (`jax.distributed`, `pipekit_train._distributed`) the ``data`` axis spans the devices of
+With several processes (`jax.distributed`, `pipekit_train.scale._distributed`) the ``data`` axis spans the devices of
 every process, process by process; each process hands the step only its rows of the global batch (`MeshPlan.assemble`).
 """
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import jax
     from jax.sharding import Mesh, NamedSharding
 
-    from ._loop import TrainingLoop
+    from ..stage.loop import TrainingLoop
 
 MESH_KEYS = ("devices", "shard_params")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pipekit import ConfigError, Operator, Sequential
 
 if TYPE_CHECKING:
-    from ._loop import TrainerCarryState, TrainingLoop
+    from .loop import TrainerCarryState, TrainingLoop
 
 
 def _stages(op: Operator) -> list[Operator]:
@@ -28,9 +28,9 @@ def _stages(op: Operator) -> list[Operator]:
 
 def preflight_stage(loop: TrainingLoop, state: TrainerCarryState | None, stage: str) -> Any:
     """Check `loop` as stage `stage` after `state`; return the bound model it would start from."""
-    from ._mesh import check_mesh
-    from ._optim import check_optimizer_config
-    from ._precision import check_precision
+    from ..optim._config import check_optimizer_config
+    from ..scale._mesh import check_mesh
+    from ..scale._precision import check_precision
 
     check_optimizer_config(loop.optimizer_config, loop.max_steps)
     _check_recipes_supported(loop, stage)
@@ -74,7 +74,7 @@ def _check_recipes_supported(loop: TrainingLoop, stage: str) -> None:
                 "remove it or train this stage with backend: equinox (docs/recipes.md)"
             )
     if "schedules" not in supported:
-        from ._schedules import schedules_in
+        from ..optim._schedules import schedules_in
 
         found = schedules_in(loop.loss, "loss") + schedules_in(loop.callbacks, "callbacks")
         if found:
@@ -107,8 +107,8 @@ def check_pipeline(op: Operator) -> str:
 
     Raises the same errors a run would raise before training.
     """
-    from ._carry import handoff
-    from ._loop import TrainerCarryState, TrainingLoop
+    from .carry import handoff
+    from .loop import TrainerCarryState, TrainingLoop
 
     loops = [s for s in _stages(op) if isinstance(s, TrainingLoop)]
     state: TrainerCarryState | None = None

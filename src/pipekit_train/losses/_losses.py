@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from pipekit import ConfigError, Operator, ShapeError
 
-from ._schedules import Schedule, schedule_value
+from ..optim._schedules import Schedule, schedule_value
 
 __all__ = ["KL", "MSE", "NLL", "Composite", "CrossEntropy", "Loss", "split_loss_output"]
 

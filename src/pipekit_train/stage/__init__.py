@@ -1,0 +1,22 @@
+"""The training stage: `TrainingLoop` and its carry-state, the stage runner, pre-flight, the engine and presets.
+``design/overview.md`` lists the stage flow through these modules."""
+
+from typing import TYPE_CHECKING
+
+from .._lazy import attach as _attach
+
+if TYPE_CHECKING:
+    from .engine import NonFiniteLossError as NonFiniteLossError
+    from .engine import NonFiniteWeightsError as NonFiniteWeightsError
+    from .loop import TrainerCarryState as TrainerCarryState
+    from .loop import TrainingLoop as TrainingLoop
+    from .loop import TrainingResult as TrainingResult
+    from .preflight import check_pipeline as check_pipeline
+    from .presets import preset_fields as preset_fields
+    from .presets import register_preset as register_preset
+    from .presets import registered_presets as registered_presets
+    from .runner import RunSettings as RunSettings
+    from .runner import TrainingInterrupted as TrainingInterrupted
+    from .runner import run_settings as run_settings
+
+__getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())
