@@ -6,12 +6,14 @@ your framework one method at a time::
 
     PYTHONPATH=adapters python -m pipekit_train.adapters.conformance my-backend --import template
 
-The contract is in ``adapters/README.md``. Keep this module cheap to import: import your framework inside the
-functions and methods that use it (it is imported whenever a pipeline file is read), and list it in `REQUIRES`.
-Register the backend with an entry point in your ``pyproject.toml``::
+The contract is in ``adapters/README.md``: a backend is one object (`backend`, at the end of this file) with
+``name``, ``requires``, ``extra``, ``capabilities``, ``check``, ``build``, ``start`` and ``info``; ``start`` returns
+the `StepBackend` the engine drives. Keep this module cheap to import: import your framework inside the functions
+and methods that use it (it is imported whenever a pipeline file is read), and list it in ``requires``. Register
+the backend with an entry point in your ``pyproject.toml``::
 
     [project.entry-points."pipekit_train.backends"]
-    my-backend = "my_package.adapter"
+    my-backend = "my_package.adapter:backend"
     [project.entry-points."pipekit.operators"]
     my_package = "my_package.adapter"
 
@@ -30,7 +32,6 @@ from pipekit import ConfigError, ShapeError
 from pipekit_train import ModelOp
 
 NAME = "my-backend"  # TODO: your backend's name (what `TrainingLoop.backend` says)
-REQUIRES = ("numpy",)  # TODO: the packages your framework needs, e.g. ("torch",); EXTRA = "..." if you have one
 
 
 class MyModel(ModelOp):
@@ -66,7 +67,7 @@ class MyModel(ModelOp):
         return self.bind({k: np.array(arrays[k], np.float32) for k in ("w", "b")})  # TODO: build, then load arrays
 
     def check_input(self, shape: tuple[int, ...], dtype: Any) -> tuple[int, ...]:
-        """The output shape of one example, without running the model (optional; used by `preflight`)."""
+        """The output shape of one example, without running the model (optional; used by `check`)."""
         if tuple(shape) != (self.in_size,):
             raise ShapeError(f"{self!r} takes examples of shape ({self.in_size},), got {tuple(shape)}")
         return (self.out_size,)
@@ -81,6 +82,7 @@ class MyBackend:
     """The `StepBackend` the engine drives: it owns the weights and the optimizer state between steps."""
 
     def __init__(self, loop: Any, model: MyModel, optimizer: dict[str, Any]) -> None:
+        """`model` is the bound model the core chose for the stage (fresh, or the previous stage's weights)."""
         self.loop, self.model_op = loop, model
         self.lr, self.momentum = optimizer["lr"], optimizer["momentum"]
         # TODO: your framework's model and optimizer. Copy the incoming weights: never update the caller's arrays.
@@ -126,6 +128,14 @@ class MyBackend:
     def learning_rate(self, step: int) -> float:
         return self.lr * self.lr_scale  # TODO: your schedule at `step`, times the multiplier
 
+    def optimizer_state(self) -> dict[str, Any]:
+        """Optional: the optimizer state the stage ends with (`TrainerCarryState.opt_state` for user code)."""
+        return {"velocity": self.velocity}  # TODO: your optimizer state
+
+    def summary(self) -> dict[str, Any]:
+        """Optional: what the artifact's ``backend_info`` records of this run besides `info()`."""
+        return {"num_params": int(sum(v.size for v in self.params.values()))}
+
     def state_tree(self) -> dict[str, Any]:
         """Every array a checkpoint needs to continue bitwise: a dict of (nested dicts of) arrays."""
         return {"params": self.params, "velocity": self.velocity, "lr_scale": np.asarray(self.lr_scale)}
@@ -145,8 +155,9 @@ class MyBackend:
 
 def _optimizer(loop: Any) -> dict[str, Any]:
     """The checked optimizer settings; refuse, naming the backend, whatever your framework cannot honour."""
-    from pipekit_train import EMA, MSE
-    from pipekit_train.optim._config import resolve_optimizer_config
+    from pipekit_train.callbacks import EMA
+    from pipekit_train.losses import MSE
+    from pipekit_train.optim import resolve_optimizer_config
 
     if loop.task is not None or not isinstance(loop.loss, MSE) or loop.loss.reduction != "mean":
         raise ConfigError(f"backend {NAME!r} trains with loss MSE() only, got loss={loop.loss!r}")  # TODO
@@ -166,47 +177,46 @@ def _optimizer(loop: Any) -> dict[str, Any]:
     return config
 
 
-def preflight(loop: Any, incoming: Any, stage: str) -> MyModel:
-    """Every check that needs no training; return the bound model the stage starts from."""
-    _optimizer(loop)
-    spec = loop.dataset.element_spec()
-    for key in (loop.input_key, loop.target_key):
-        if key not in spec:
-            raise ConfigError(f"stage {stage!r}: {key!r} is not in the batches' keys {sorted(spec)}")
-    model: MyModel = loop.model_op
-    out = model.check_input(tuple(spec[loop.input_key][0]), spec[loop.input_key][1])
-    if out != tuple(spec[loop.target_key][0]):
-        target = tuple(spec[loop.target_key][0])
-        raise ShapeError(f"stage {stage!r}: {model!r} predicts {out} per example, the targets are {target}")
-    previous = incoming.model if incoming is not None else None
-    if previous is None or (loop.transfer is not None and not loop.transfer.paths):  # Transfer(): start fresh
+class MyBackendSpec:
+    """The backend object: everything the training core calls (``adapters/README.md``)."""
+
+    name = NAME
+    requires = ("numpy",)  # TODO: the packages your framework needs, e.g. ("torch",)
+    extra = None  # TODO: the extra of your package that installs them, if you have one
+    #: TODO: what your backend honours (pipekit_train.backends.CAPABILITIES lists them all). "weights": models
+    #: carry over to a next stage of this backend; pre-flight refuses whatever is not listed here.
+    capabilities = frozenset({"weights", "init_from"})
+
+    def check(self, loop: Any, incoming: Any, stage: str) -> None:
+        """Every rule that needs no weights and no compiling: data keys and shapes, the loss, the optimizer."""
+        _optimizer(loop)
+        spec = loop.dataset.element_spec()
+        for key in (loop.input_key, loop.target_key):
+            if key not in spec:
+                raise ConfigError(f"stage {stage!r}: {key!r} is not in the batches' keys {sorted(spec)}")
+        model: MyModel = loop.model_op
+        out = model.check_input(tuple(spec[loop.input_key][0]), spec[loop.input_key][1])
+        if out != tuple(spec[loop.target_key][0]):
+            target = tuple(spec[loop.target_key][0])
+            raise ShapeError(f"stage {stage!r}: {model!r} predicts {out} per example, the targets are {target}")
+
+    def build(self, loop: Any) -> MyModel:
+        """Fresh weights from `loop.seed`. The core calls it only when the stage starts fresh."""
+        model: MyModel = loop.model_op
         return model.bind(model.build(loop.seed))
-    if getattr(previous, "backend", None) != NAME:
-        raise ConfigError(f"stage {stage!r} (backend {NAME!r}) cannot start from {previous!r} of another backend")
-    if loop.transfer is not None or previous != model:  # TODO: apply loop.transfer if your models have parts
-        raise ConfigError(f"stage {stage!r}: {model!r} cannot start from {previous!r}: transfer: {{type: Transfer}}")
-    return model.with_weights(previous.weights())  # the previous stage's weights, whole
+
+    def start(self, loop: Any, model: MyModel, incoming: Any) -> MyBackend:
+        """The step backend over `model`, the bound model the core chose (fresh, or carried over whole)."""
+        return MyBackend(loop, model, _optimizer(loop))
+
+    def info(self) -> dict[str, Any]:
+        """The framework and its version, recorded in every artifact."""
+        return {"backend": NAME, "numpy": np.__version__}  # TODO: your framework's name and version, devices
+
+    def example_model(self, in_size: int, out_size: int) -> MyModel:
+        """A small model of ``in_size -> out_size``: what the conformance kit trains."""
+        return MyModel(in_size=in_size, out_size=out_size)
 
 
-def run(loop: Any, incoming: Any, info: Any, hooks: Any) -> Any:
-    """Train one stage: the engine (`run_steps`) does the schedule, callbacks, checkpoints and resume."""
-    from pipekit_train.adapters import run_steps
-
-    backend = MyBackend(loop, preflight(loop, incoming, info.stage), _optimizer(loop))
-    result = run_steps(loop, backend, info, hooks)
-    result.opt_state = {"velocity": backend.velocity}  # TODO: your optimizer state (handed to the next stage)
-    result.backend_info = {**backend_info(), "steps": result.step, "num_params": result.model.num_params()}
-    return result
-
-
-def backend_info() -> dict[str, Any]:
-    """The framework and its version, recorded in every artifact."""
-    return {"backend": NAME, "numpy": np.__version__}  # TODO: your framework's name and version, devices
-
-
-def example_model(in_size: int, out_size: int) -> MyModel:
-    """A small model of ``in_size -> out_size``: what the conformance kit trains."""
-    return MyModel(in_size=in_size, out_size=out_size)
-
-
-pipekit_train.register_backend(NAME, __name__)  # TODO: drop this once your package declares the entry point
+backend = MyBackendSpec()
+pipekit_train.register_backend(NAME, backend)  # TODO: drop this once your package declares the entry point

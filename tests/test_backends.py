@@ -11,7 +11,8 @@ import pytest
 import pipekit_train
 from pipekit import ConfigError
 from pipekit_train import ArraySource, BackendError, EquinoxModel, TrainingDataset, TrainingLoop, register_backend
-from pipekit_train.backends._registry import _BACKEND_MODULES, _REGISTERED, available_backends, get_backend
+from pipekit_train.backends import Backend, LazyBackend
+from pipekit_train.backends._registry import _REGISTERED, available_backends, get_backend
 
 
 def _loop(**overrides):
@@ -40,9 +41,11 @@ def scratch_backend():
 
 def test_equinox_is_registered_through_its_entry_point():
     assert "equinox" in available_backends()
-    adapter = get_backend("equinox")
-    assert adapter.__name__ == "pipekit_train.adapters.equinox"
-    assert adapter.backend_info()["backend"] == "equinox"
+    backend = get_backend("equinox")
+    assert isinstance(backend, Backend) and backend.name == "equinox"
+    assert type(backend).__module__ == "pipekit_train.adapters.equinox"
+    assert backend.info()["backend"] == "equinox"
+    assert {"weights", "transfer", "mesh"} <= backend.capabilities
 
 
 def test_a_misspelled_backend_suggests_the_nearest():
@@ -50,33 +53,38 @@ def test_a_misspelled_backend_suggests_the_nearest():
         _loop(backend="equinx")
 
 
-def test_a_known_backend_that_is_not_installed_names_its_extra(scratch_backend):
-    missing = [name for name in _BACKEND_MODULES if name not in available_backends()]
-    if not missing:
-        pytest.skip("every backend the project knows is installed here")
-    name = missing[0]
-    with pytest.raises(BackendError, match=rf"'{name}' is a backend pipekit-train knows.*pip install 'pipekit-train\["):
-        _loop(backend=name)
+class _Scratch(LazyBackend):
+    name = "scratch"
+    requires = ("a_package_that_is_not_there",)
+    extra = "scratch-extra"
+    impl = "scratch_adapter"
 
 
 def test_register_backend_in_process_and_its_checks(scratch_backend):
-    adapter = types.ModuleType("scratch_adapter")
-    sys.modules["scratch_adapter"] = adapter
+    module = types.ModuleType("scratch_adapter")
+    sys.modules["scratch_adapter"] = module
     register_backend("scratch", "scratch_adapter")
     assert "scratch" in available_backends()
-    with pytest.raises(BackendError, match=r"adapter scratch_adapter does not implement preflight, run, backend_info"):
+    with pytest.raises(BackendError, match=r"module scratch_adapter has no `backend` object"):
         get_backend("scratch")
-    adapter.preflight = adapter.run = adapter.backend_info = lambda *a: None
-    adapter.REQUIRES = ("a_package_that_is_not_there",)
-    with pytest.raises(BackendError, match=r"needs the 'a_package_that_is_not_there' package.*pip install"):
+    with pytest.raises(BackendError, match=r"lacks name, requires, extra, capabilities, check, build, start, info"):
+        register_backend("scratch", object())
+    module.backend = scratch = _Scratch()
+    register_backend("scratch", "scratch_adapter:backend")
+    with pytest.raises(BackendError, match=r"needs the 'a_package_that_is_not_there' package.*\[scratch-extra\]"):
         get_backend("scratch")
-    adapter.REQUIRES = ("numpy",)
-    assert get_backend("scratch") is adapter
+    scratch.requires = ("numpy",)
+    register_backend("scratch", module)  # a module holding `backend`
+    assert get_backend("scratch") is module.backend
+    scratch.capabilities = frozenset({"teleport"})
+    register_backend("scratch", module.backend)
+    with pytest.raises(BackendError, match=r"unknown capabilities \['teleport'\]"):
+        get_backend("scratch")
     with pytest.raises(BackendError, match=r"the name must be letters"):
-        register_backend("bad name", adapter)
+        register_backend("bad name", module.backend)
 
 
 def test_a_model_of_another_backend_is_refused(scratch_backend):
-    register_backend("scratch", types.ModuleType("scratch_adapter"))
+    register_backend("scratch", _Scratch())
     with pytest.raises(ConfigError, match=r"a model of backend 'equinox', but TrainingLoop.backend is 'scratch'"):
         _loop(backend="scratch")

@@ -24,8 +24,8 @@ from pipekit_train import (
     TrainingLoop,
     run_settings,
 )
-from pipekit_train.optim import _optax as pk_optax
 from pipekit_train.adapters.equinox._steps import CompileCounter, train_chunk
+from pipekit_train.optim import _optax as pk_optax
 from pipekit_train.optim._optax import (
     Hyperparams,
     LrScaleState,

@@ -32,7 +32,7 @@ import pytest
 
 from pipekit_train import MSE, EquinoxModel, NpzSource, TrainingDataset, TrainingLoop, run_settings
 from pipekit_train.adapters.equinox import register_model
-from pipekit_train.stage.preflight import check_pipeline
+from pipekit_train.stage.preflight import check_pipeline, plan_pipeline
 
 pytestmark = pytest.mark.xdist_group("startup-cost")  # one worker: each module fixture starts fresh processes once
 
@@ -262,15 +262,23 @@ def test_the_model_is_built_once_per_stage(tmp_path: Path) -> None:
 
 
 def test_validate_then_run_builds_once(tmp_path: Path) -> None:
-    """``pipekit-train run`` checks the whole pipeline, then each stage checks itself again before it claims its
-    run directory: still one build of the model."""
+    """``pipekit-train run`` checks the whole pipeline first (`plan_pipeline`, which builds each fresh model) and
+    hands the plans to the stages: no stage checks itself again or builds a second model. Without plans (the
+    Python API's plain ``run()``) the stage checks itself and builds once; a separate ``check_pipeline`` call is a
+    validation of its own (it builds its own model: there is no hidden cache between the two calls)."""
     _data(tmp_path)
     calls = _counting_factory("startup_cost_validated")
     loop = _loop("startup_cost_validated", tmp_path / "data.npz")
-    assert check_pipeline(loop) == "1 training stage, 2 steps in all"
-    with run_settings(store=False, run_dir=str(tmp_path / "run")):
+    plans = plan_pipeline(loop)
+    assert [p.route for p in plans] == ["fresh"] and plans[0].fresh is not None
+    with run_settings(store=False, run_dir=str(tmp_path / "run"), plans=tuple(plans)):
         loop.run()
     assert calls == {"built": 1, "traced": 1}
+    with run_settings(store=False, run_dir=str(tmp_path / "run2")):
+        loop.run()
+    assert calls == {"built": 2, "traced": 1}  # one more build, no more trace (the shape check is cached)
+    assert check_pipeline(loop) == "1 training stage, 2 steps in all"
+    assert calls["built"] == 3
 
 
 @pytest.mark.parametrize("warmup", [0, 3])

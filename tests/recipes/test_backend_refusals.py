@@ -42,3 +42,6 @@ def _svi(**changes) -> TrainingLoop:
 def test_numpyro_svi_refuses_recipe_fields(field, value):
     with pytest.raises(ConfigError, match=rf"stage 'svi': backend 'numpyro-svi' cannot honour TrainingLoop.{field} "):
         check_pipeline(_svi(**{field: value}))
+    # The remedy names the installed backends whose capabilities list it, not a hard-coded one.
+    with pytest.raises(ConfigError, match=r"train this stage with a backend that can \(equinox\)"):
+        check_pipeline(_svi(**{field: value}))

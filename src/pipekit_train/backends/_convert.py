@@ -18,7 +18,6 @@ __all__ = [
     "refuse_foreign",
     "register_converter",
     "registered_converters",
-    "starting_module",
 ]
 
 Converter = Callable[[Any], Any]
@@ -84,31 +83,4 @@ def refuse_foreign(model: Any, backend: str, stage: str) -> ConfigError:
         f"converter (pipekit_train.register_converter({getattr(model, 'backend', '?')!r}, "
         f"{backend!r}, factory)); registered: "
         + (", ".join(f"{s} -> {d} ({f or 'any'})" for s, d, f in registered_converters()) or "none")
-    )
-
-
-def starting_module(
-    loop: Any, incoming: Any, stage: str, fresh: Callable[[], Any], transfer: Callable[[Any, Any, Any], Any]
-) -> Any:
-    """The framework model a stage of ``loop.backend`` starts from, the same rules for every backend.
-
-    Fresh (`fresh()`) without a previous model; the previous model carried over whole when it has the stage's
-    architecture; assembled by `transfer(loop.transfer, previous_module, fresh())` when the stage says so. A model
-    of another backend goes through its registered converter first, or is refused.
-    """
-    if incoming is None or incoming.model is None:
-        return fresh()
-    previous = incoming.model
-    if getattr(previous, "backend", None) != loop.backend:
-        if find_converter(previous, loop.backend) is None:
-            raise refuse_foreign(previous, loop.backend, stage)
-        previous = convert_model(previous, loop.backend)
-    if loop.transfer is not None:
-        return transfer(loop.transfer, previous.module, fresh())
-    if previous == loop.model_op:
-        return previous.module
-    raise ConfigError(
-        f"stage {stage!r} trains {loop.model_op!r} but the previous stage produced {previous!r}; "
-        "say which weights to carry over with `transfer:` (for example "
-        "`transfer: {type: Transfer, paths: {encoder: encoder}}`, or `transfer: {type: Transfer}` to start fresh)"
     )

@@ -1,10 +1,10 @@
 """Backends by name: the ``pipekit_train.backends`` entry-point group and in-process registrations.
 
-A backend is an *adapter module* that implements the contract in ``adapters/README.md`` (`preflight`, `run`,
-`backend_info`, and the model operators it registers). `TrainingLoop.backend` names one. Installed packages declare
-their adapters in the entry-point group ``pipekit_train.backends`` (``name = "package.module"``); code that is not
-packaged registers one with `register_backend`. A YAML file can only choose among these names: nothing it says is
-imported.
+A backend is one object implementing the contract of `pipekit_train.backends.Backend` (``adapters/README.md``):
+``name``, ``requires``, ``extra``, ``capabilities``, ``check``, ``build``, ``start``, ``info``. `TrainingLoop.backend`
+names one. Installed packages declare theirs in the entry-point group ``pipekit_train.backends``
+(``name = "package.module:backend"``); code that is not packaged registers one with `register_backend`. A YAML file
+can only choose among these names: nothing it says is imported.
 
 Adapter modules must be cheap to import: they import their framework inside the functions that need it, so listing
 or checking backends never loads Keras, torch or JAX.
@@ -21,31 +21,14 @@ from typing import Any
 
 from pipekit import ConfigError, suggestion
 
-__all__ = ["BackendError", "available_backends", "get_backend", "register_backend"]
+from ._contract import CAPABILITIES, Backend, missing_members
+
+__all__ = ["BackendError", "available_backends", "backends_with", "get_backend", "register_backend"]
 
 ENTRY_POINT_GROUP = "pipekit_train.backends"
 
-#: The backends this project knows by name, whether or not their adapter or framework is installed here.
-_BACKEND_MODULES = {
-    "equinox": "pipekit_train.adapters.equinox",
-    "lightning": "pipekit_train.adapters.lightning",
-    "keras": "pipekit_train.adapters.keras",
-    "numpyro-svi": "pipekit_train.adapters.numpyro_svi",
-    "numpyro-mcmc": "pipekit_train.adapters.numpyro_mcmc",
-    "blackjax": "pipekit_train.adapters.blackjax",
-}
-#: The extra that installs each known backend's framework: ``pip install 'pipekit-train[EXTRA]'``.
-_EXTRAS = {
-    "equinox": None,
-    "lightning": "lightning",
-    "keras": "keras",
-    "numpyro-svi": "numpyro",
-    "numpyro-mcmc": "numpyro",
-    "blackjax": "blackjax",
-}
-
-_REGISTERED: dict[str, str | ModuleType] = {}
-_LOADED: dict[str, ModuleType] = {}
+_REGISTERED: dict[str, Any] = {}
+_LOADED: dict[str, Backend] = {}
 _lock = threading.Lock()
 _entry_points_read = False
 
@@ -54,25 +37,28 @@ class BackendError(ConfigError):
     """A backend name that is unknown, not installed, or whose adapter breaks the contract."""
 
 
-def register_backend(name: str, adapter: str | ModuleType) -> None:
+def register_backend(name: str, backend: Any) -> None:
     """Make `name` a valid `TrainingLoop.backend` in this process.
 
     Args:
         name: The name YAML files use (letters, digits, ``-`` and ``_``).
-        adapter: The adapter module, or its dotted name (imported when a stage first uses it).
+        backend: The backend object (``adapters/README.md``), a module whose ``backend`` attribute is one, or the
+            dotted name of either (``"my_package.adapter:backend"``; imported when a stage first uses it).
 
     The packaged equivalent is an entry point: ``[project.entry-points."pipekit_train.backends"]
-    my-backend = "my_package.adapter"``.
+    my-backend = "my_package.adapter:backend"``.
     """
     if not isinstance(name, str) or not name or not name.replace("-", "_").isidentifier():
         raise BackendError(f"register_backend: the name must be letters, digits, '-' or '_', got {name!r}")
-    if not isinstance(adapter, (str, ModuleType)):
+    if isinstance(backend, str) or isinstance(backend, ModuleType):
+        pass
+    elif missing_members(backend):
         raise BackendError(
-            f"register_backend({name!r}, ...): the adapter must be a module or a dotted module name, "
-            f"got {type(adapter).__name__}"
+            f"register_backend({name!r}, ...): {type(backend).__name__} lacks {', '.join(missing_members(backend))} "
+            "of the backend contract (adapters/README.md)"
         )
     with _lock:
-        _REGISTERED[name] = adapter
+        _REGISTERED[name] = backend
         _LOADED.pop(name, None)
 
 
@@ -82,7 +68,7 @@ def _read_entry_points() -> None:
         return
     with _lock:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            _REGISTERED.setdefault(ep.name, ep.value.split(":", 1)[0])
+            _REGISTERED.setdefault(ep.name, ep.value)
         _entry_points_read = True
 
 
@@ -93,51 +79,80 @@ def available_backends() -> list[str]:
 
 
 def check_backend_name(name: str, where: str = "TrainingLoop.backend") -> None:
-    """Refuse a backend name that is not registered, with the nearest names and what to install."""
+    """Refuse a backend name that is not registered, with the nearest names. (The backends that ship with
+    pipekit-train are always registered, by their entry points: one whose framework is missing is refused by
+    `get_backend`, naming the extra that installs it.)"""
     _read_entry_points()
     if name in _REGISTERED:
         return
-    if name in _BACKEND_MODULES:
-        extra = _EXTRAS.get(name)
-        hint = f"install it with: pip install 'pipekit-train[{extra}]'" if extra else "reinstall pipekit-train"
-        raise BackendError(
-            f"{where} {name!r} is a backend pipekit-train knows, but its adapter is not installed here; {hint} "
-            f"(installed backends: {', '.join(available_backends())})"
-        )
-    known = sorted(set(_REGISTERED) | set(_BACKEND_MODULES))
     raise BackendError(
-        f"{where} {name!r} is not a registered backend{suggestion(name, known)}; installed backends: "
+        f"{where} {name!r} is not a registered backend{suggestion(name, sorted(_REGISTERED))}; installed backends: "
         f"{', '.join(available_backends())} (a plugin registers more through the {ENTRY_POINT_GROUP!r} entry-point "
         "group, or pipekit_train.register_backend in a module loaded with --import)"
     )
 
 
-_REQUIRED = ("preflight", "run", "backend_info")
+def _resolve(name: str, target: Any) -> Any:
+    """The backend object `target` stands for: itself, a module's ``backend``, or a dotted ``module[:attr]``."""
+    if isinstance(target, str):
+        module_name, _, attr = target.partition(":")
+        target = importlib.import_module(module_name)
+        if attr:
+            target = getattr(target, attr, None)
+            if target is None:
+                raise BackendError(
+                    f"backend {name!r}: module {module_name} has no {attr!r} (the contract is in adapters/README.md)"
+                )
+    if isinstance(target, ModuleType):
+        module = target
+        target = getattr(module, "backend", None)
+        if target is None:
+            raise BackendError(
+                f"backend {name!r}: module {module.__name__} has no `backend` object (the contract is in "
+                "adapters/README.md)"
+            )
+    return target
 
 
-def get_backend(name: str) -> ModuleType:
-    """The adapter module registered as `name`, imported, with its framework checked to be installed."""
+def get_backend(name: str) -> Backend:
+    """The backend registered as `name`, with its framework checked to be installed."""
     check_backend_name(name)
     loaded = _LOADED.get(name)
     if loaded is not None:
         return loaded
-    target = _REGISTERED[name]
-    module = importlib.import_module(target) if isinstance(target, str) else target
-    missing = [attr for attr in _REQUIRED if not callable(getattr(module, attr, None))]
+    backend: Backend = _resolve(name, _REGISTERED[name])
+    missing = missing_members(backend)
     if missing:
         raise BackendError(
-            f"backend {name!r}: adapter {module.__name__} does not implement {', '.join(missing)} "
+            f"backend {name!r}: {type(backend).__name__} does not implement {', '.join(missing)} "
             "(see adapters/README.md for the contract)"
         )
-    for framework in getattr(module, "REQUIRES", ()):
+    unknown = sorted(set(backend.capabilities) - set(CAPABILITIES))
+    if unknown:
+        raise BackendError(
+            f"backend {name!r} lists unknown capabilities {unknown}; known: {', '.join(sorted(CAPABILITIES))}"
+        )
+    for framework in backend.requires:
         if importlib.util.find_spec(framework) is None:
-            extra = getattr(module, "EXTRA", None) or _EXTRAS.get(name)
-            how = f"pip install 'pipekit-train[{extra}]'" if extra else f"pip install {framework}"
+            how = f"pip install 'pipekit-train[{backend.extra}]'" if backend.extra else f"pip install {framework}"
             raise BackendError(f"backend {name!r} needs the {framework!r} package, which is not installed: {how}")
-    _LOADED[name] = module
-    return module
+    _LOADED[name] = backend
+    return backend
 
 
-def adapter_of(loop: Any) -> ModuleType:
-    """The adapter module for `loop.backend`."""
+def backends_with(capability: str) -> list[str]:
+    """The installed backends that list `capability`, sorted (for the remedies of pre-flight refusals); a backend
+    whose framework is missing here is left out."""
+    out = []
+    for name in available_backends():
+        try:
+            if capability in get_backend(name).capabilities:
+                out.append(name)
+        except (BackendError, ImportError):
+            continue
+    return out
+
+
+def adapter_of(loop: Any) -> Backend:
+    """The backend object for `loop.backend`."""
     return get_backend(loop.backend)

@@ -6,10 +6,11 @@
   ``resume="auto"``, the latest committed checkpoint of this stage: params, optimizer state (so the step count and
   the learning-rate schedule position), EMA, data position, callbacks' state. A checkpoint written under another
   configuration is refused with a readable diff.
-- ``after_chunk(engine, data_state)`` after every dispatch: save at multiples of ``Checkpoint.every_n_steps``
-  (chunks never cross that boundary, so a resumed run makes the same chunks as an uninterrupted one).
+- ``after_chunk(call, data_state)`` after every dispatch (`call`: a `HookCall`, never the engine): save at
+  multiples of ``Checkpoint.every_n_steps`` (chunks never cross that boundary, so a resumed run makes the same
+  chunks as an uninterrupted one).
 - ``stop_requested()``: SIGINT/SIGTERM received (the handlers only set a flag; the step finishes first).
-- ``at_end(engine, data_state, stop_reason)``: a last save, waiting for asynchronous writes, `restore_best`.
+- ``at_end(call, data_state, stop_reason)``: a last save, waiting for asynchronous writes, `restore_best`.
 
 The data position saved with step ``s`` is the iterator's state right after the batches of step ``s`` were drawn,
 and the PRNG key of every step is derived from the seed and the step number, so restoring the three (weights and
@@ -35,7 +36,7 @@ from .._warnings import PipekitTrainWarning
 from ..scale._distributed import agree, barrier, gather_data_state, is_primary, local_data_state
 
 if TYPE_CHECKING:
-    from ..stage.engine import Engine
+    from ..stage.steps import HookCall
 from ._checkpointer import Checkpointer
 from ._errors import CheckpointError, CheckpointMismatchError
 from ._layout import _path_name
@@ -103,7 +104,8 @@ def fingerprint(loop: Any) -> dict[str, Any]:
         out["precision"] = compute_dtype(loop.precision)
     # Fused chunks end at checkpoint steps: the cadence shapes the compiled calls (`auto` fuses too).
     if loop.steps_per_call == "auto" or loop.steps_per_call > 1:
-        out["checkpoint_every"] = next((cb.every_n_steps for cb in loop.callbacks if isinstance(cb, Checkpoint)), None)
+        checkpoint = loop.checkpoint_settings
+        out["checkpoint_every"] = checkpoint.every_n_steps if checkpoint is not None else None
     return out
 
 
@@ -217,7 +219,7 @@ class CheckpointHooks:
         self.last_saved = step
         callbacks = dict(meta.get("callbacks", {}))
         if callbacks and all(k.isdigit() for k in callbacks):  # written by 0.1, by position in the sorted list
-            from ..stage.engine import callback_keys
+            from ..stage.chunks import callback_keys
 
             keys = callback_keys(tuple(sorted(self.loop.callbacks, key=lambda c: c.order)))
             callbacks = {keys[int(k)]: v for k, v in callbacks.items() if int(k) < len(keys)}
@@ -249,30 +251,30 @@ class CheckpointHooks:
                 stacklevel=3,
             )
 
-    def after_chunk(self, engine: Engine, data_state: dict[str, Any]) -> None:
+    def after_chunk(self, call: HookCall, data_state: dict[str, Any]) -> None:
         # A signal seen now stops after this chunk and `at_end` writes the checkpoint with its stop_reason; one that
         # arrives during the save below is acted on after the next chunk, so the stop checkpoint always records it.
         # Several processes stop together: a signal one of them saw stops every one after this chunk.
         self.stopping = agree("stop", self.signals.reason)
         if self.stopping is not None and self.signals.reason is None:
             self.signals.reason, self.signals.signum = self.stopping, int(signal.Signals[self.stopping])
-        if self.config is not None and self.config.should_save(engine.step) and self.stopping is None:
-            self._save(engine, data_state)
+        if self.config is not None and self.config.should_save(call.step) and self.stopping is None:
+            self._save(call, data_state)
 
     def stop_requested(self) -> str | None:
         return self.stopping
 
-    def at_end(self, engine: Engine, data_state: dict[str, Any], stop_reason: str | None) -> None:
+    def at_end(self, call: HookCall, data_state: dict[str, Any], stop_reason: str | None) -> None:
         try:
             wanted = self.config is not None and (self.config.save_on_end or stop_reason is not None)
-            if wanted and self.last_saved != engine.step:
-                self._save(engine, data_state, stop_reason)
+            if wanted and self.last_saved != call.step:
+                self._save(call, data_state, stop_reason)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
             if self.signals.reason is not None:
                 self.interrupted = (self.signals.reason, self.signals.signum)
             if self.loop.restore_best:
-                self._restore_best(engine)
+                self._restore_best(call)
         finally:
             self.close()
 
@@ -282,13 +284,13 @@ class CheckpointHooks:
             self.checkpointer.close()
 
     # Internals ---------------------------------------------------------------------------------------------
-    def _save(self, engine: Engine, data_state: dict[str, Any], stop_reason: str | None = None) -> None:
+    def _save(self, call: HookCall, data_state: dict[str, Any], stop_reason: str | None = None) -> None:
         assert self.checkpointer is not None and self.config is not None
-        snap = engine.snapshot()
+        snap = call.snapshot()
         if self.loop.stop_on_nonfinite:
-            from ..stage.engine import NonFiniteWeightsError, first_nonfinite
+            from ..stage.steps import NonFiniteWeightsError, first_nonfinite
 
-            bad = first_nonfinite(engine.backend.weights_tree())
+            bad = first_nonfinite(call.backend.weights_tree())
             if bad is not None:
                 last = f"step {self.last_saved}" if self.last_saved is not None else "none"
                 raise NonFiniteWeightsError(
@@ -315,11 +317,11 @@ class CheckpointHooks:
             "evaluated_at": snap.evaluated_at,
         }
         data_iter = gather_data_state(data_state)  # several processes: every one's position, by process index
-        if self.checkpointer.save(snap.step, state=engine.backend.state_tree(), data_iter=data_iter, meta=meta):
+        if self.checkpointer.save(snap.step, state=call.backend.state_tree(), data_iter=data_iter, meta=meta):
             self.last_saved = snap.step
-            engine.checkpoint_written(snap.step)
+            call.written(snap.step)
 
-    def _restore_best(self, engine: Engine) -> None:
+    def _restore_best(self, call: HookCall) -> None:
         ckpt = self.checkpointer
         if ckpt is None or ckpt.best_step() is None:
             warnings.warn(
@@ -329,8 +331,8 @@ class CheckpointHooks:
             )
             return
         # The whole training state of the best step: weights, EMA and the optimizer state that goes with them.
-        state, _, _ = ckpt.restore("best", engine.backend.state_tree())
-        engine.backend.load_state_tree(state)
+        state, _, _ = ckpt.restore("best", call.backend.state_tree())
+        call.backend.load_state_tree(state)
 
     def _warm_start(self, backend: Any) -> None:
         """Load only the weights of `init_from` (``DIR[@best|@latest|@STEP|@average(last=N)|@average(best=N)]``)."""
@@ -417,6 +419,6 @@ def _source_artifact(directory: Path) -> str | None:
 
 def make_hooks(loop: Any, info: Any, settings: Any) -> CheckpointHooks:
     """The hooks for one stage: with its `Checkpoint` callback (if any) and the run's resume setting."""
-    config = next((cb for cb in loop.callbacks if isinstance(cb, Checkpoint)), None)
+    config = loop.checkpoint_settings
     resume = settings.resume == "auto" or loop.resume == "auto"
     return CheckpointHooks(loop, info, resume, config, force=bool(getattr(settings, "force_resume", False)))

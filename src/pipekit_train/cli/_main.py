@@ -218,9 +218,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(pipekit.dumps(op), end="")
         return EXIT_OK
-    from pipekit_train.stage.preflight import check_pipeline
+    from pipekit_train.stage.preflight import plan_pipeline
 
-    _preflight(check_pipeline, op, args.pipeline)
+    # Every stage is checked (and its fresh model built) before any trains; each stage's run takes its plan.
+    plans = _preflight(plan_pipeline, op, args.pipeline)
     store: Any = False if args.no_store else args.store
     run_dir = args.run_dir
     from pipekit_train._lock import run_dir_lock
@@ -239,6 +240,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 force_resume=args.force_resume,
                 pipeline=op,
                 imports=imports,
+                plans=tuple(plans),
             ),
         ):
             result = op.run()

@@ -84,7 +84,8 @@ def resident_reason(
 ) -> str | None:
     """Why `dataset` cannot (or must not) be device-resident for this stage, or ``None`` when it can.
 
-    `backend_ok` says whether the backend and the stage's topology support it (the Equinox backend on one device).
+    `backend_ok` says whether the backend and the stage's topology support it (a step backend with
+    `resident_data`, on one device).
     With ``device_resident: auto`` a reason means the host path; with ``true`` it is an error (`check_forced`).
     """
     setting = dataset.device_resident
@@ -92,7 +93,8 @@ def resident_reason(
         return "TrainingDataset.device_resident is false"
     if not backend_ok:
         return (
-            "the stage's backend or mesh cannot gather batches on the device (only the Equinox backend on one device)"
+            "the stage's backend or mesh cannot gather batches on the device (its step backend has no "
+            "resident_data path, or it trains on a mesh)"
         )
     bad = [type(t).__name__ for t in dataset.transforms if not _per_record(t)]
     if bad:

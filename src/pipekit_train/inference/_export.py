@@ -71,9 +71,16 @@ def inference_function(model: Any) -> Callable[[Any], Any]:
     except NotImplementedError:
         raise ExportError(
             f"cannot export {type(model).__name__} (backend {getattr(model, 'backend', '?')!r}): its model operator "
-            "has no JAX inference function (ModelOp.inference_function); the Equinox backend's models can be exported"
+            "has no JAX inference function (ModelOp.inference_function); the models of backends with the export "
+            f"capability can be exported ({able_to_export()})"
         ) from None
     return fn
+
+
+def able_to_export() -> str:
+    from ..backends._registry import backends_with
+
+    return ", ".join(backends_with("export")) or "none installed"
 
 
 # Input shapes ------------------------------------------------------------------------------------------------

@@ -274,16 +274,21 @@ def lr_find(
     index, loops = select_stage(pipeline, stage)
     loop = loops[index]
     name = loop.name or f"stage{index}"
-    adapter = loop.adapter()
-    make = getattr(adapter, "step_backend", None)
-    if make is None:
+    if "lr_find" not in loop.adapter().capabilities:
+        from ..backends._registry import backends_with
+
         raise ConfigError(
-            f"lr-find: stage {name!r} trains on backend {loop.backend!r}, whose adapter has no step_backend() to "
-            "step by hand; lr-find supports the backends that provide one (equinox)"
+            f"lr-find: stage {name!r} trains on backend {loop.backend!r}, which cannot be stepped by hand at a set "
+            "learning rate (its capabilities do not list lr_find); lr-find supports "
+            + ", ".join(backends_with("lr_find"))
         )
     copy, notes = _sweep_copy(loop, steps)
     incoming, more = _incoming(loops, index, from_run)
-    backend = make(copy, incoming, name)
+    from ..stage.preflight import check
+    from ..stage.start import starting_model
+
+    plan = check(copy, incoming, name)
+    backend = plan.backend.start(copy, starting_model(copy, incoming, name, plan.backend), incoming)
     iterator = copy.dataset.iterator(copy.batch_size, copy.seed)
     factor = (max_lr / min_lr) ** (1 / (steps - 1))
     lrs: list[float] = []

@@ -349,7 +349,7 @@ def schedule_value(value: Any, name: str) -> Any:
 
 def fixed_value(value: float | Schedule, where: str) -> float:
     """`value` as a float, for code that cannot follow a schedule (a backend without ``schedules`` in its
-    ``RECIPES``; pre-flight refuses schedules there first, so this is a second line of defence).
+    ``capabilities``; pre-flight refuses schedules there first, so this is a second line of defence).
 
     Example:
         >>> fixed_value(0.5, "EMA.decay")

@@ -28,9 +28,16 @@ MESH_KEYS = ("devices", "shard_params")
 
 
 def supports(loop: Any, setting: str) -> bool:
-    """Whether the stage's backend adapter honours `setting` (``"mesh"``, ``"precision"``): its module lists it in
-    ``SCALE`` (adapters/README.md). Any other backend trains on one device in float32 and refuses more."""
-    return setting in getattr(loop.adapter(), "SCALE", ())
+    """Whether the stage's backend honours `setting` (``"mesh"``, ``"precision"``): its `capabilities` list it
+    (adapters/README.md). Any other backend trains on one device in float32 and refuses more."""
+    return setting in loop.adapter().capabilities
+
+
+def able(setting: str) -> str:
+    """The installed backends that honour `setting`, for a refusal's remedy."""
+    from ..backends._registry import backends_with
+
+    return ", ".join(backends_with(setting)) or "none installed"
 
 
 def mesh_settings(mesh: Any, where: str = "TrainingLoop.mesh") -> tuple[int | None, bool]:
@@ -207,13 +214,13 @@ def check_mesh(loop: TrainingLoop) -> None:
         if (wanted is not None and wanted > 1) or shard:
             raise ConfigError(
                 f"TrainingLoop.mesh is {loop.mesh!r} but backend {loop.backend!r} trains on one device only "
-                "(data parallel: equinox, keras, numpyro-svi); remove mesh or set mesh: {devices: 1}"
+                f"(data parallel: {able('mesh')}); remove mesh or set mesh: {{devices: 1}}"
             )
         return
     if shard and not supports(loop, "shard_params"):
         raise ConfigError(
             f"TrainingLoop.mesh.shard_params is true but backend {loop.backend!r} keeps its variables replicated "
-            "(parameter sharding: equinox); remove shard_params"
+            f"(parameter sharding: {able('shard_params')}); remove shard_params"
         )
     import jax
 
@@ -221,7 +228,7 @@ def check_mesh(loop: TrainingLoop) -> None:
     if processes > 1 and not supports(loop, "processes"):
         raise ConfigError(
             f"this process is one of {processes} (jax.distributed is initialized) but backend {loop.backend!r} "
-            "trains in one process only (multi-process: equinox); run it without pipekit-train launch"
+            f"trains in one process only (multi-process: {able('processes')}); run it without pipekit-train launch"
         )
     if processes > 1 and shard:
         raise ConfigError(

@@ -6,17 +6,20 @@ from typing import TYPE_CHECKING
 from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
-    from .engine import NonFiniteLossError as NonFiniteLossError
-    from .engine import NonFiniteWeightsError as NonFiniteWeightsError
     from .loop import TrainerCarryState as TrainerCarryState
     from .loop import TrainingLoop as TrainingLoop
     from .loop import TrainingResult as TrainingResult
+    from .loop import stage_name as stage_name
+    from .preflight import StagePlan as StagePlan
     from .preflight import check_pipeline as check_pipeline
+    from .preflight import plan_pipeline as plan_pipeline
     from .presets import preset_fields as preset_fields
     from .presets import register_preset as register_preset
     from .presets import registered_presets as registered_presets
     from .runner import RunSettings as RunSettings
     from .runner import TrainingInterrupted as TrainingInterrupted
     from .runner import run_settings as run_settings
+    from .steps import NonFiniteLossError as NonFiniteLossError
+    from .steps import NonFiniteWeightsError as NonFiniteWeightsError
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())

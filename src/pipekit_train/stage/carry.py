@@ -153,9 +153,7 @@ def match_by_path(saved: Any, like: Any, what: str, stage: str, skip: Any = None
 
 def handoff(loop: Any, stage_dir: str) -> dict[str, Any]:
     """What a stage tells the next one for `carry`: where its checkpoints are (or None) and whether it kept EMA."""
-    from ..callbacks._controls import EMA
-    from ..checkpoint._settings import Checkpoint
 
-    has_checkpoint = any(isinstance(cb, Checkpoint) for cb in loop.callbacks)
+    has_checkpoint = loop.checkpoint_settings is not None
     directory = (loop.checkpoint_dir or os.path.join(stage_dir, "checkpoints")) if has_checkpoint else None
-    return {"checkpoint_dir": directory, "has_ema": any(isinstance(cb, EMA) for cb in loop.callbacks)}
+    return {"checkpoint_dir": directory, "has_ema": loop.ema_settings is not None}

@@ -4,20 +4,18 @@ An adapter supplies a `StepBackend` (how to run steps on its framework) and call
 *when* things happen, by absolute step numbers, so a resumed run makes exactly the decisions an uninterrupted run
 would have made: a chunk of fused steps never crosses a log, eval, checkpoint or epoch boundary.
 
-Why one file of about 500 lines: the engine and the protocols it is driven by (`StepBackend`, `StageHooks`,
-`EngineSnapshot`, `AdapterResult`) are the whole contract an adapter author implements against; they are read
-together, and splitting them would make that reader open four files.
+The engine is this module; what it drives and returns (`StepBackend`, `StageHooks`, `EngineSnapshot`,
+`AdapterResult`) is `stage.steps`, how it fuses steps into calls `stage.chunks`, the window of step metrics between
+two logs `stage.window`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import math
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -25,301 +23,38 @@ from ..callbacks._base import Callback, TrainContext
 from ..scale._distributed import is_primary, local_rows
 from ..tracking._progress import CompileWatch, PhaseClock, Progress, model_summary
 from ..tracking._writers import JsonLinesWriter, MetricWriter, NullWriter
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or infinite. The message names the stage, step and epoch."""
-
-
-class NonFiniteWeightsError(FloatingPointError):
-    """The weights hold NaN or infinity; nothing was saved or registered with them. The message names the array."""
-
-
-#: `steps_per_call: auto` fuses at most this many steps into one compiled call: enough that the dispatch costs
-#: nothing per step, few enough that a graceful stop (SIGTERM) or the progress display waits at most one chunk.
-AUTO_MAX_STEPS = 100
-
-#: ... and at most this many bytes of one call's stacked batches (on the host, or gathered on the device).
-AUTO_CHUNK_BYTES = 64 * 2**20
-
-
-def needs_every_step(cb: Callback) -> bool:
-    """Whether `cb` needs the host after every single step (`Callback.needs_every_step`; ``None``: inferred)."""
-    declared = type(cb).needs_every_step
-    if declared is not None:
-        return bool(declared)
-    return type(cb).on_step_end is not Callback.on_step_end
-
-
-def _largest_divisor(n: int, cap: int) -> int:
-    """The largest divisor of `n` that is at most `cap` (1 at least)."""
-    best = 1
-    for d in range(1, math.isqrt(n) + 1):
-        if n % d == 0:
-            for q in (d, n // d):
-                if best < q <= cap:
-                    best = q
-    return best
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    """How a stage cuts its steps into compiled calls (`Engine.next_chunk`).
-
-    Attributes:
-        size: The usual chunk: an explicit `steps_per_call`, or what `auto` resolved to. Chunks start at multiples
-            of it and never cross a boundary (log, eval, checkpoint, epoch end, `max_steps`).
-        small: With `auto`, what fills a stretch shorter than `size` (before a boundary that is not a multiple of
-            `size`, the tail before `max_steps`, after a resume between boundaries); then single steps. So an
-            `auto` stage compiles at most three chunk lengths: `size`, `small` and 1.
-        auto: Whether `steps_per_call` is `auto`.
-    """
-
-    size: int
-    small: int
-    auto: bool
-
-
-def chunk_plan(
-    loop: Any, periods: list[int], fuses: bool, batch_bytes: int, callbacks: tuple[Callback, ...]
-) -> ChunkPlan:
-    """Resolve `loop.steps_per_call` into a `ChunkPlan` (see docs/performance.md, "Fusion").
-
-    `periods` are the step multiples chunks must not cross (log, eval, epoch, checkpoint cadences); `fuses` says
-    whether the backend runs several steps per call at all (a backend that cannot treats `auto` as 1);
-    `batch_bytes` is one batch's size on the host. `auto` takes the largest divisor of the periods' (and
-    `max_steps`') common divisor that fits the caps (`AUTO_MAX_STEPS`, `AUTO_CHUNK_BYTES`), so every stretch
-    between two boundaries is a whole number of equal chunks; when that divisor is poor (periods 100 and 33), the
-    shortest period within the caps instead.
-    """
-    setting = loop.steps_per_call
-    if setting != "auto":
-        return ChunkPlan(int(setting), 1, False)
-    if not fuses or any(needs_every_step(cb) for cb in callbacks):
-        return ChunkPlan(1, 1, True)
-    cap = max(1, min(AUTO_MAX_STEPS, AUTO_CHUNK_BYTES // max(1, batch_bytes)))
-    every = [p for p in periods if p] + [int(loop.max_steps)]
-    divisor = _largest_divisor(math.gcd(*every), cap)
-    shortest = min(cap, *every)
-    size = divisor if 4 * divisor >= shortest else shortest
-    return ChunkPlan(size, max(1, size // 8), True)
-
-
-def callback_keys(callbacks: tuple[Callback, ...]) -> list[str]:
-    """``"EarlyStopping:0"``-style keys: a callback's type and how many callbacks of that type come before it."""
-    seen: dict[str, int] = {}
-    keys = []
-    for cb in callbacks:
-        name = type(cb).__name__
-        keys.append(f"{name}:{seen.get(name, 0)}")
-        seen[name] = seen.get(name, 0) + 1
-    return keys
-
-
-def first_nonfinite(tree: Any) -> str | None:
-    """The path of the first floating-point array of `tree` (a pytree or a flat mapping) holding NaN or infinity."""
-    import jax
-
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        host = np.asarray(leaf)
-        if host.dtype.kind in "fc" and not np.isfinite(host).all():
-            return jax.tree_util.keystr(path)
-    return None
-
-
-class StepBackend(Protocol):
-    """What the engine needs from a backend adapter.
-
-    Optional, read with ``getattr``: ``fuses_steps`` (default ``True``; ``False``: `steps_per_call: auto` means
-    one step per call, for a backend that steps in Python anyway), ``resident_data`` (default ``False``; ``True``:
-    the backend has ``train_window(window, n, step)`` taking a `pipekit_train.data._device.DeviceWindow`, so a
-    small in-memory training set can live on the device; see docs/performance.md).
-    """
-
-    def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Mapping[str, Any]:
-        """Run ``len(batches)`` optimizer steps starting at `step`; metrics with a leading axis when > 1."""
-
-    def evaluate(self, batch: dict[str, np.ndarray]) -> Mapping[str, Any]:
-        """Metrics of one batch in inference mode."""
-
-    def bound_model(self) -> Any:
-        """The model operator bound to the current weights."""
-
-    def set_model(self, model_op: Any) -> None:
-        """Replace the current weights (same structure)."""
-
-    def get_lr_scale(self) -> float:
-        """The run-time learning-rate multiplier (1.0 unless `ReduceLROnPlateau` lowered it)."""
-
-    def set_lr_scale(self, value: float) -> None:
-        """Set the run-time learning-rate multiplier; it is part of `state_tree` so it survives a resume."""
-
-    def learning_rate(self, step: int) -> float:
-        """The learning rate at `step` (the schedule times the multiplier), for logging."""
-
-    def state_tree(self) -> Mapping[str, Any]:
-        """Every array a checkpoint needs to continue exactly (weights, optimizer state, ...), a dict of pytrees."""
-
-    def load_state_tree(self, tree: Mapping[str, Any]) -> None:
-        """The inverse of `state_tree` (the tree comes back with the same structure, as arrays)."""
-
-    def weights_tree(self) -> Mapping[str, Any]:
-        """The model's weights alone: what a warm start (`TrainingLoop.init_from`) copies from a checkpoint.
-
-        Its keys are keys of `state_tree`, with the same structure underneath."""
-
-    def load_weights_tree(self, tree: Mapping[str, Any]) -> None:
-        """Replace the weights only (the inverse of `weights_tree`); the optimizer state stays."""
-
-
-@dataclass
-class EngineSnapshot:
-    """What the engine knows after a chunk, as plain data: what checkpoint hooks save with the arrays.
-
-    Attributes:
-        step: Optimizer steps taken.
-        epoch: The epoch of `step`.
-        pending: The steps not yet logged, ``[[step, {metric: value}], ...]`` as host floats, already checked to be
-            finite (a checkpoint never holds weights past a non-finite loss).
-        last_train: The last logged window's means (``loss``, ``lr``, ...).
-        last_eval: The last validation metrics (``validate/...``).
-        evaluated_at: The step `last_eval` was computed at, or ``None``.
-        callback_states: Each callback's state, by its `callback_keys` key (its type and how many callbacks of that
-            type come before it), so adding a callback of another type does not move any other's state.
-    """
-
-    step: int
-    epoch: int
-    pending: list[list[Any]]
-    last_train: dict[str, float]
-    last_eval: dict[str, float]
-    evaluated_at: int | None
-    callback_states: dict[str, dict[str, Any]]
-
-
-class StageHooks(Protocol):
-    """What the engine calls on checkpoint, resume and signal hooks (`pipekit_train.checkpoint` supplies them)."""
-
-    parent_ids: tuple[str, ...]
-    restored_meta: Mapping[str, Any] | None
-
-    def restore(self, backend: StepBackend) -> tuple[int, dict[str, Any] | None, dict[str, dict[str, Any]] | None]:
-        """Before the first step: load a warm start and/or the checkpoint to resume; ``(step, data, callbacks)``."""
-
-    def boundaries(self) -> list[int]:
-        """Step multiples a fused chunk must not cross (the checkpoint cadence)."""
-
-    def after_chunk(self, engine: Engine, data_state: dict[str, Any]) -> None:
-        """After every dispatch: save when the cadence says so."""
-
-    def stop_requested(self) -> str | None:
-        """A signal's name when SIGINT/SIGTERM asked the stage to stop."""
-
-    def at_end(self, engine: Engine, data_state: dict[str, Any], stop_reason: str | None) -> None:
-        """After the last step: a final save, waiting for background writes, `restore_best`."""
-
-    def close(self) -> None:
-        """Release what the hooks hold (signal handlers, writers), also after an error."""
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-@dataclass
-class AdapterResult:
-    """What an adapter's ``run`` returns to `TrainingLoop`."""
-
-    model: Any
-    opt_state: Any
-    step: int
-    epoch: int
-    metrics: dict[str, float]
-    backend_info: dict[str, Any]
-    artifact_fields: dict[str, Any] = field(default_factory=dict)
-    started_at: str = ""
-    ended_at: str = ""
-    status: str = "completed"
-    stop_reason: str | None = None
-    rng: Any = None
-
-
-class _LazyStepMetrics(Mapping[str, Any]):
-    """One step's metrics out of a chunk's stacked metrics; slices only what a callback reads."""
-
-    def __init__(self, stacked: Mapping[str, Any], index: int | None) -> None:
-        self._stacked = stacked
-        self._index = index
-
-    def __getitem__(self, key: str) -> Any:
-        value = self._stacked[key]
-        return value if self._index is None else value[self._index]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._stacked)
-
-    def __len__(self) -> int:
-        return len(self._stacked)
-
-
-def _on_host(window: list[tuple[int, Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """Each step's metrics in `window` as host values: one transfer per chunk, then slices on the host.
-
-    Slicing a chunk's stacked device arrays step by step (``dict(m)``) dispatches one gather per step and metric:
-    with ``steps_per_call=10`` that was 44% of the loop's time on a small MLP.
-    """
-    import jax
-
-    chunks: dict[int, Mapping[str, Any]] = {}
-    for _, m in window:
-        if isinstance(m, _LazyStepMetrics):
-            chunks.setdefault(id(m._stacked), m._stacked)
-    host = dict(zip(chunks, jax.device_get(list(chunks.values())), strict=True))
-    return [
-        dict(_LazyStepMetrics(host[id(m._stacked)], m._index)) if isinstance(m, _LazyStepMetrics) else dict(m)
-        for _, m in window
-    ]
-
-
-def _columns(window: list[tuple[int, Mapping[str, Any]]]) -> dict[str, np.ndarray] | None:
-    """The window's per-step scalar metrics as one host array per name (in step order), or ``None`` when an entry
-    is not a slice of a chunk's scalars (a restored window, a metric with more than one value per step).
-
-    One transfer per chunk and one concatenation per metric: at 100 fused steps per log window, building a dict
-    per step and checking each step's loss on its own cost more host time than the chunk's dispatch.
-    """
-    import jax
-
-    segments: list[tuple[Mapping[str, Any], int | None, int]] = []  # (stacked, first index or None, count)
-    for _, m in window:
-        if not isinstance(m, _LazyStepMetrics):
-            return None
-        last = segments[-1] if segments else None
-        if last is not None and last[0] is m._stacked and last[1] is not None and m._index == last[1] + last[2]:
-            segments[-1] = (last[0], last[1], last[2] + 1)
-        else:
-            segments.append((m._stacked, m._index, 1))
-    chunks: dict[int, Mapping[str, Any]] = {}
-    for stacked, _, _ in segments:
-        chunks.setdefault(id(stacked), stacked)
-    host = dict(zip(chunks, jax.device_get(list(chunks.values())), strict=True))
-    keys = list(host[id(segments[0][0])])
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    for stacked, first, count in segments:
-        values = host[id(stacked)]
-        if list(values) != keys:
-            return None
-        for k in keys:
-            v = np.asarray(values[k])
-            if first is None:
-                if v.ndim != 0:
-                    return None
-                parts[k].append(v.reshape(1))
-            else:
-                if v.ndim != 1:
-                    return None
-                parts[k].append(v[first : first + count])
-    return {k: np.concatenate(p) for k, p in parts.items()}
+from .chunks import AUTO_CHUNK_BYTES, AUTO_MAX_STEPS, ChunkPlan, callback_keys, chunk_plan, needs_every_step
+from .steps import (
+    AdapterResult,
+    EngineSnapshot,
+    HookCall,
+    NonFiniteLossError,
+    NonFiniteWeightsError,
+    StageHooks,
+    StepBackend,
+    first_nonfinite,
+    now_iso,
+)
+from .window import _columns, _LazyStepMetrics, _on_host
+
+__all__ = [
+    "AUTO_CHUNK_BYTES",
+    "AUTO_MAX_STEPS",
+    "AdapterResult",
+    "ChunkPlan",
+    "Engine",
+    "EngineSnapshot",
+    "NonFiniteLossError",
+    "NonFiniteWeightsError",
+    "StageHooks",
+    "StepBackend",
+    "callback_keys",
+    "chunk_plan",
+    "evaluate",
+    "first_nonfinite",
+    "needs_every_step",
+    "run_steps",
+]
 
 
 class Engine:
@@ -498,7 +233,7 @@ class Engine:
                 pending = (self.step, metrics["loss"])
                 self._after_chunk(first, n, metrics, may_defer=not compiled_now)
                 if self.hooks is not None and ctx.stop_reason is None:
-                    self._checkpointing(self.hooks.after_chunk, self, data_state)
+                    self._checkpointing(self.hooks.after_chunk, self._hook_call(), data_state)
                 signal_name = self.hooks.stop_requested() if self.hooks is not None else None
                 if signal_name:
                     ctx.request_stop(signal_name)
@@ -517,7 +252,7 @@ class Engine:
                     self._evaluate()
             self._flush_window()
             if self.hooks is not None:
-                self._checkpointing(self.hooks.at_end, self, self.iterator.get_state(), ctx.stop_reason)
+                self._checkpointing(self.hooks.at_end, self._hook_call(), self.iterator.get_state(), ctx.stop_reason)
             for cb in self.callbacks:
                 cb.on_train_end(ctx)
             final = self.final_metrics()
@@ -597,6 +332,9 @@ class Engine:
         except Exception:  # a model without plain weights (a sampler before its first draw): no summary
             return None
         return model_summary(weights)
+
+    def _hook_call(self) -> HookCall:
+        return HookCall(step=self.step, backend=self.backend, snapshot=self.snapshot, written=self.checkpoint_written)
 
     def _checkpointing(self, fn: Any, *args: Any) -> None:
         """Call a checkpoint hook; when it wrote a checkpoint, its time is a checkpointing phase."""

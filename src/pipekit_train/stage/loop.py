@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import pipekit
 from pipekit import CarryState, ConfigError, StatefulOperator, field
@@ -18,6 +17,9 @@ from ..optim._recipes import GradientRule, ParamGroup
 from ..tracking._metrics import Metric
 from ..tracking._writers import MetricWriter
 from .presets import with_presets
+
+if TYPE_CHECKING:
+    from ..backends._contract import Backend
 
 
 class TrainerCarryState(CarryState):
@@ -123,7 +125,7 @@ class TrainingLoop(StatefulOperator):
             counts passes over the training set (its batches per epoch) and `on_epoch_end` is not called.
         batch_size: Records per step: the global batch, split over the stage's devices (docs/scale.md).
         backend: The backend that trains the stage: any installed or registered name
-            (`pipekit_train.available_backends()`).
+            (`pipekit_train.available_backends()`); null: the model operator's own backend.
         callbacks: `Checkpoint`, `EarlyStopping`, `ReduceLROnPlateau`, `EMA`, trackers, your own.
         metric_writer: Where records go; null writes `metrics.jsonl` in the stage directory (a `JsonLinesWriter`);
             or `ConsoleWriter`, `TensorBoardWriter`, a `MultiWriter` of several.
@@ -176,7 +178,7 @@ class TrainingLoop(StatefulOperator):
     max_steps: int = 10_000
     steps_per_epoch: int | None = None
     batch_size: int = 32
-    backend: str = "equinox"
+    backend: str | None = None
     callbacks: tuple[Callback, ...] = ()
     metric_writer: MetricWriter | None = None
     eval_every_n_steps: int = 500
@@ -231,6 +233,13 @@ class TrainingLoop(StatefulOperator):
             )
         if self.name is not None and not self.name.replace("-", "_").isidentifier():
             raise ConfigError(f"TrainingLoop.name must be a simple name (letters, digits, _ or -), got {self.name!r}")
+        if self.backend is None:  # the model operator's own backend (a frozen operator: set once, here)
+            object.__setattr__(self, "backend", getattr(self.model_op, "backend", None) or None)
+            if self.backend is None:
+                raise ConfigError(
+                    f"TrainingLoop.backend is null and the model operator {self.model_op!r} names no backend; set "
+                    "backend: to an installed one (pipekit_train.available_backends())"
+                )
         check_backend_name(self.backend)
         from .carry import carry_settings
 
@@ -261,7 +270,10 @@ class TrainingLoop(StatefulOperator):
         """The fields a file must spell out: with a `preset`, those that differ from what the preset gives."""
         from .presets import explicit_fields
 
-        return explicit_fields(self, super().non_default_fields())
+        fields = explicit_fields(self, super().non_default_fields())
+        if fields.get("backend") == getattr(self.model_op, "backend", None):
+            del fields["backend"]  # the default: the model operator's backend
+        return fields
 
     def replace(self, **changes: Any) -> TrainingLoop:
         """A copy with some fields changed; a new `preset` fills again the fields the old one filled."""
@@ -269,6 +281,12 @@ class TrainingLoop(StatefulOperator):
             from .presets import replace_with_preset
 
             return replace_with_preset(self, changes)
+        if (
+            "model_op" in changes
+            and "backend" not in changes
+            and self.backend == getattr(self.model_op, "backend", None)
+        ):
+            changes = {**changes, "backend": None}  # it followed the model: it follows the new one
         return super().replace(**changes)
 
     @classmethod
@@ -286,10 +304,25 @@ class TrainingLoop(StatefulOperator):
             name="pretrain",
         )
 
+    # Settings given as callbacks (design/overview.md: why they stay callbacks) ------------------------------
+    @property
+    def ema_settings(self) -> Any:
+        """The stage's `EMA` callback (its decay, warm-up, which weights evaluate and return), or ``None``."""
+        from ..callbacks._controls import EMA
+
+        return next((cb for cb in self.callbacks if isinstance(cb, EMA)), None)
+
+    @property
+    def checkpoint_settings(self) -> Any:
+        """The stage's `Checkpoint` callback (cadence, retention, layout), or ``None``: no checkpoints."""
+        from ..checkpoint._settings import Checkpoint
+
+        return next((cb for cb in self.callbacks if isinstance(cb, Checkpoint)), None)
+
     # Running -----------------------------------------------------------------------------------------------
-    def adapter(self) -> ModuleType:
-        """The backend adapter module for `backend` (see ``adapters/README.md``)."""
-        return get_backend(self.backend)
+    def adapter(self) -> Backend:
+        """The backend object for `backend` (the contract: ``adapters/README.md``)."""
+        return get_backend(str(self.backend))  # set by `validate` (null: the model operator's backend)
 
     def initial_state(self) -> TrainerCarryState | None:
         """``None``: a stage run first starts fresh; a later stage of a `Sequential` gets the previous stage's state."""
@@ -309,7 +342,22 @@ class TrainingLoop(StatefulOperator):
 TrainingLoop.__init__ = with_presets(TrainingLoop.__init__)  # type: ignore[method-assign]
 
 
-def _example_model() -> ModelOp:
-    from ..adapters.equinox import EquinoxModel
+def stage_name(loop: TrainingLoop, incoming: TrainerCarryState | None) -> str:
+    """The name of stage `loop` after `incoming`: its `name`, else ``stage<index>`` (what the runner calls it)."""
+    return loop.name or f"stage{incoming.stage_index if incoming is not None else 0}"
 
-    return EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 1})
+
+def _example_model() -> ModelOp:
+    """The example model of the first installed backend (by name) that trains weights: the core names none."""
+    from ..backends._registry import BackendError, available_backends
+
+    for name in available_backends():
+        try:
+            backend = get_backend(name)
+        except (BackendError, ImportError):
+            continue
+        make = getattr(backend, "example_model", None)
+        if make is not None and "weights" in backend.capabilities:
+            model: ModelOp = make(4, 1)
+            return model
+    raise ConfigError("TrainingLoop.example: no installed backend trains weights and has an example_model")

@@ -1,20 +1,50 @@
-"""Pre-flight: every check a run makes before it trains, in one place. ``pipekit-train validate`` runs exactly this.
+"""Pre-flight: every check a stage makes before it trains, in one place. ``pipekit-train validate`` runs exactly this.
 
-`preflight_stage` checks one `TrainingLoop` (the optimizer configuration against `max_steps`, `batch_size`
-against the data, the validation and test data, then the backend's own `preflight`: shapes, the hand-off from the
-previous stage); `check_pipeline` runs it over every stage of a pipeline, threading the model each stage would
-hand the next. A stage runs it again before it claims its run directory, so a failed pre-flight writes nothing.
+`check` checks one `TrainingLoop` once: the optimizer configuration against `max_steps`, what the backend's
+capabilities allow (recipes, scale, transfer), `batch_size` against the data, the validation and test data, the
+backend's own rules (`Backend.check`: shapes, loss, data keys) and the hand-off from the previous stage (how the
+model starts: `stage.start.route`). Its result is a `StagePlan`, plain data the run reuses.
+
+`plan_pipeline` checks every stage of a pipeline before any trains, threading the model each stage would hand the
+next; it builds each stage's fresh model there, once, and the run takes it from the plan (``pipekit-train run``
+hands the plans to the stages through `run_settings`). A stage run without a plan (the Python API) checks itself
+before it claims its run directory, so a failed pre-flight writes nothing.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipekit import ConfigError, Operator, Sequential
 
 if TYPE_CHECKING:
+    from .._models import ModelOp
+    from ..backends._contract import Backend
     from .loop import TrainerCarryState, TrainingLoop
+    from .start import Route
+
+__all__ = ["StagePlan", "check", "check_pipeline", "plan_pipeline"]
+
+
+@dataclass(frozen=True, eq=False)
+class StagePlan:
+    """A checked stage: what its run reuses instead of checking or building again.
+
+    Attributes:
+        loop: The stage's `TrainingLoop` (the plan is for this object).
+        stage: The stage's name.
+        backend: The backend object that trains it.
+        route: How its model starts: ``"fresh"``, ``"carried"``, ``"converted"`` or ``"transferred"``.
+        fresh: The fresh model pre-flight built for it (`plan_pipeline`), or ``None``: the run builds it then.
+    """
+
+    loop: TrainingLoop
+    stage: str
+    backend: Backend
+    route: Route
+    fresh: ModelOp | None = None
 
 
 def _stages(op: Operator) -> list[Operator]:
@@ -26,14 +56,17 @@ def _stages(op: Operator) -> list[Operator]:
     return [op]
 
 
-def preflight_stage(loop: TrainingLoop, state: TrainerCarryState | None, stage: str) -> Any:
-    """Check `loop` as stage `stage` after `state`; return the bound model it would start from."""
+def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> StagePlan:
+    """Check `loop` as stage `stage` after `incoming` (see the module docstring); builds nothing."""
     from ..optim._config import check_optimizer_config
     from ..scale._mesh import check_mesh
     from ..scale._precision import check_precision
+    from .carry import check_carry_source
+    from .start import route
 
+    backend = loop.adapter()
     check_optimizer_config(loop.optimizer_config, loop.max_steps)
-    _check_recipes_supported(loop, stage)
+    _check_capabilities(loop, backend, stage)
     check_mesh(loop)  # the devices exist, the backend trains on a mesh, the global batch splits evenly
     check_precision(loop)
     loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
@@ -56,32 +89,51 @@ def preflight_stage(loop: TrainingLoop, state: TrainerCarryState | None, stage: 
                     f"stage {stage!r}: TrainingLoop.{role}'s {key!r} has per-example shape {tuple(spec[key][0])} but "
                     f"the training data's has {tuple(train_spec[key][0])}"
                 )
-    return loop.adapter().preflight(loop, state, stage)
+    backend.check(loop, incoming, stage)
+    check_carry_source(loop, incoming, stage)
+    return StagePlan(loop=loop, stage=stage, backend=backend, route=route(loop, incoming, stage, backend))
 
 
-#: The `TrainingLoop` fields of docs/recipes.md; an adapter that honours some lists them in its ``RECIPES``.
+#: The `TrainingLoop` fields of docs/recipes.md, each honoured by the backends whose capabilities list it.
 RECIPE_FIELDS = ("gradient", "param_groups", "diagnostics", "carry")
 
 
-def _check_recipes_supported(loop: TrainingLoop, stage: str) -> None:
-    """Refuse a recipe field the stage's backend does not honour (its adapter's ``RECIPES`` does not list it)."""
-    supported = getattr(loop.adapter(), "RECIPES", ())
+def _refusal(stage: str, loop: TrainingLoop, what: str, capability: str, remedy: str) -> ConfigError:
+    from ..backends._registry import backends_with
+
+    able = [b for b in backends_with(capability) if b != loop.backend]
+    where = f"train this stage with a backend that can ({', '.join(able)})" if able else "no installed backend can"
+    return ConfigError(
+        f"stage {stage!r}: backend {loop.backend!r} cannot {what}; {remedy}, or {where} (docs/recipes.md)"
+    )
+
+
+def _check_capabilities(loop: TrainingLoop, backend: Backend, stage: str) -> None:
+    """Refuse a field the stage's backend does not honour (its `capabilities` do not list it)."""
     for name in RECIPE_FIELDS:
         value = getattr(loop, name)
-        if value and name not in supported:
-            raise ConfigError(
-                f"stage {stage!r}: backend {loop.backend!r} cannot honour TrainingLoop.{name} ({value!r}); "
-                "remove it or train this stage with backend: equinox (docs/recipes.md)"
-            )
-    if "schedules" not in supported:
+        if value and name not in backend.capabilities:
+            raise _refusal(stage, loop, f"honour TrainingLoop.{name} ({value!r})", name, "remove it")
+    if loop.init_from and "init_from" not in backend.capabilities:
+        raise _refusal(
+            stage,
+            loop,
+            f"warm-start from a checkpoint (TrainingLoop.init_from {loop.init_from!r})",
+            "init_from",
+            "remove it",
+        )
+    if "schedules" not in backend.capabilities:
         from ..optim._schedules import schedules_in
 
         found = schedules_in(loop.loss, "loss") + schedules_in(loop.callbacks, "callbacks")
         if found:
             path, schedule = found[0]
-            raise ConfigError(
-                f"stage {stage!r}: backend {loop.backend!r} cannot follow a schedule (TrainingLoop.{path} is "
-                f"{schedule!r}); use a fixed value or train this stage with backend: equinox (docs/recipes.md)"
+            raise _refusal(
+                stage,
+                loop,
+                f"follow a schedule (TrainingLoop.{path} is {schedule!r})",
+                "schedules",
+                "use a fixed value",
             )
 
 
@@ -102,21 +154,35 @@ def _check_finite_data(dataset: Any, where: str) -> None:
             )
 
 
-def check_pipeline(op: Operator) -> str:
-    """Pre-flight every training stage of `op` (see the module docstring); returns a one-line description.
+def plan_pipeline(op: Operator) -> list[StagePlan]:
+    """Pre-flight every training stage of `op` before any trains (see the module docstring): one `StagePlan` per
+    stage, each with the fresh model its run will start from or fill in.
 
     Raises the same errors a run would raise before training.
     """
     from .carry import handoff
     from .loop import TrainerCarryState, TrainingLoop
+    from .start import starting_model
 
     loops = [s for s in _stages(op) if isinstance(s, TrainingLoop)]
-    state: TrainerCarryState | None = None
-    steps = 0
+    incoming: TrainerCarryState | None = None
+    plans = []
     for index, loop in enumerate(loops):
-        model = preflight_stage(loop, state, loop.name or f"stage{index}")
-        stage_dir = os.path.join("<run>", loop.name or f"stage{index}")
-        state = TrainerCarryState(model=model, stage_index=index + 1, **handoff(loop, stage_dir))
-        steps += loop.max_steps
-    plural = "s" if len(loops) != 1 else ""
-    return f"{len(loops)} training stage{plural}, {steps} steps in all"
+        name = loop.name or f"stage{index}"
+        plan = check(loop, incoming, name)
+        if plan.route in ("fresh", "transferred"):
+            from dataclasses import replace
+
+            plan = replace(plan, fresh=plan.backend.build(loop))
+        model = starting_model(loop, incoming, name, plan.backend, fresh=plan.fresh)
+        incoming = TrainerCarryState(model=model, stage_index=index + 1, **handoff(loop, os.path.join("<run>", name)))
+        plans.append(plan)
+    return plans
+
+
+def check_pipeline(op: Operator) -> str:
+    """`plan_pipeline`, described in one line (what ``pipekit-train validate`` prints)."""
+    plans = plan_pipeline(op)
+    steps = sum(p.loop.max_steps for p in plans)
+    plural = "s" if len(plans) != 1 else ""
+    return f"{len(plans)} training stage{plural}, {steps} steps in all"

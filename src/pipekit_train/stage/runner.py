@@ -1,4 +1,11 @@
-"""Running a `TrainingLoop` stage: the run directory, the adapter call, the artifact, the next carry-state."""
+"""Running a `TrainingLoop` stage, end to end: the stage flow of ``design/overview.md``.
+
+`run_stage` names the run and the stage, skips a stage that already finished (``resume: auto``), pre-flights it
+once (`stage.preflight.check`, or the plan ``pipekit-train run`` made before any stage trained), claims the run
+directory, decides where the model starts (`stage.start.starting_model`), hands the stage to the backend
+(`Backend.start`, the one call into the adapter), lets the `Engine` train it, and `finish` records it: the final
+weights in the run's registry, the artifact, ``final.json``, the store and the next stage's carry-state.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +25,9 @@ from .._jsonio import DamagedFileError, read_json, write_json
 from .._lock import DirectoryNotWritableError, check_writable, run_dir_lock
 from ..scale._distributed import allgather, barrier, initialize_distributed, is_primary, primary_holds
 from .carry import handoff
-from .engine import NonFiniteWeightsError, first_nonfinite
 from .loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
-from .preflight import preflight_stage
+from .preflight import StagePlan, check
+from .steps import NonFiniteWeightsError, first_nonfinite
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ class RunSettings:
         imports: The user modules imported before the pipeline was read (``--import``, ``$PIPEKIT_IMPORT``), each
             ``{"module": name, "file": path or None, "sha256": hex digest of the file or None}``; recorded in
             every stage's artifact (`TrainingArtifact.imports`).
+        plans: `StagePlan`s of stages already pre-flighted (`plan_pipeline`): such a stage is not checked again
+            and starts from the model its plan built.
     """
 
     run_dir: str | None = None
@@ -46,6 +55,7 @@ class RunSettings:
     force_resume: bool = False
     pipeline: Any = None
     imports: tuple[dict[str, Any], ...] = ()
+    plans: tuple[Any, ...] = ()
 
 
 _DEFAULT_SETTINGS = RunSettings()
@@ -274,26 +284,70 @@ def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[Trai
         if done is not None:
             return done
     # Everything that can be checked before training is checked before the run directory is created or claimed.
-    preflight_stage(loop, state, info.stage)
+    plan = next((p for p in settings.plans if p.loop is loop and p.stage == info.stage), None)
+    if plan is None:
+        plan = check(loop, state, info.stage)
     _check_store(settings)
     _check_targets(loop, info)
     # One writer per run directory: a second run is refused, naming the one that holds it. Several processes of one
     # run (jax.distributed): process 0 holds the lock, the others wait until it does (or fail with its refusal).
     with primary_holds("run-dir", lambda: run_dir_lock(run_dir)):
-        return _run_locked(loop, state, info, settings)
+        return _run_locked(plan, state, info, settings)
 
 
 def _run_locked(
-    loop: TrainingLoop, state: TrainerCarryState | None, info: RunInfo, settings: RunSettings
+    plan: StagePlan, state: TrainerCarryState | None, info: RunInfo, settings: RunSettings
 ) -> tuple[TrainingResult, TrainerCarryState]:
-    run_id, run_dir, stage_index = info.run_id, info.run_dir, info.stage_index
+    loop = plan.loop
     os.makedirs(info.stage_dir, exist_ok=True)
     if is_primary():
-        _write_run_meta(run_dir, run_id, settings)
+        _write_run_meta(info.run_dir, info.run_id, settings)
     from ..checkpoint._resume import make_hooks
+    from .start import starting_model
 
     hooks = make_hooks(loop, info, settings)
-    result = loop.adapter().run(loop, state, info, hooks)
+    model = starting_model(loop, state, info.stage, plan.backend, fresh=plan.fresh)
+    step_backend = plan.backend.start(loop, model, state)
+    result = train(loop, plan.backend, step_backend, info, hooks)
+    return finish(loop, result, info, settings, hooks)
+
+
+def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, hooks: Any) -> Any:
+    """The `Engine` over `step_backend` (after the hooks restore a warm start or a resume), and what the artifact
+    records of the backend: `Backend.info`, the topology, the run's steps and what the step backend adds."""
+    from contextlib import nullcontext
+
+    import jax
+    import numpy as np
+
+    from .engine import run_steps
+
+    running = getattr(step_backend, "running", None)
+    with running() if running is not None else nullcontext():
+        result = run_steps(getattr(step_backend, "engine_loop", loop), step_backend, info, hooks)
+    completed = result.stop_reason is None
+    final_metrics = getattr(step_backend, "final_metrics", None)
+    if completed and final_metrics is not None:
+        result.metrics.update(final_metrics(info.stage, info.stage_dir))
+    optimizer_state = getattr(step_backend, "optimizer_state", None)
+    result.opt_state = optimizer_state() if optimizer_state is not None else None
+    result.rng = np.asarray(jax.random.key_data(jax.random.key(loop.seed))).tolist()
+    summary = getattr(step_backend, "summary", None)
+    result.backend_info = {
+        **backend.info(),
+        "steps": result.step,
+        **result.backend_info,  # what the engine resolved: steps_per_call (after `auto`), the data path
+        **(summary() if summary is not None else {}),
+    }
+    return result
+
+
+def finish(
+    loop: TrainingLoop, result: Any, info: RunInfo, settings: RunSettings, hooks: Any
+) -> tuple[TrainingResult, TrainerCarryState]:
+    """Record a trained (or stopped) stage: the final weights in the run's registry, the artifact, ``final.json``,
+    the store; the carry-state the next stage starts from."""
+    run_id, run_dir, stage_index = info.run_id, info.run_dir, info.stage_index
     # A warm start (`init_from`) names the stage that wrote those weights as another parent.
     info = replace(info, parent_ids=tuple(dict.fromkeys(info.parent_ids + hooks.parent_ids)))
     interrupted = getattr(hooks, "interrupted", None)
@@ -334,14 +388,13 @@ def _run_locked(
 def _check_targets(loop: TrainingLoop, info: RunInfo) -> None:
     """Refuse before training when a folder the stage writes is read-only or full (it would fail at the first
     save, or after the whole training): the stage folder (metrics, final.json), the checkpoints, the models."""
-    from ..checkpoint._settings import Checkpoint
 
     targets = [
         ("run directory", info.run_dir),
         ("stage directory", info.stage_dir),
         ("model folder", os.path.join(info.run_dir, "models")),
     ]
-    if any(isinstance(cb, Checkpoint) for cb in loop.callbacks):
+    if loop.checkpoint_settings is not None:
         targets.append(("checkpoint directory", loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")))
     for what, path in targets:
         check_writable(path, f"stage {info.stage!r}: the {what}", "Choose another --run-dir (or checkpoint_dir)")
@@ -405,7 +458,7 @@ def _build_artifact(
         training_pipeline_yaml=yaml_text,
         pipeline_hash="sha256:" + hashlib.sha256(yaml_text.encode()).hexdigest(),
         dataset_hash=loop.dataset.content_hash(),
-        backend=loop.backend,
+        backend=str(loop.backend),
         backend_info=_with_topology(loop, result.backend_info),
         deps_lock=collect_deps_lock(),
         tracker_run_id=fields.pop("tracker_run_id", None),

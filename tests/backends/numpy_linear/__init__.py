@@ -1,15 +1,16 @@
 """``numpy-linear``: a complete pipekit-train backend in plain NumPy, the example to copy.
 
-A linear regression model ``y = x @ w + b`` trained by SGD with momentum on the MSE loss. It implements the
-contract in ``adapters/README.md``: the model operator `NumpyLinear`, a `StepBackend` driven by `run_steps` (which
-brings logging, validation, callbacks, checkpoints, exact resume and graceful stops), and the adapter functions
-`preflight`, `run`, `backend_info` and `example_model`. Importing it registers the backend in this process, so
+A linear regression model ``y = x @ w + b`` trained by SGD with momentum on the MSE loss. It implements exactly the
+contract in ``adapters/README.md``: the model operator `NumpyLinear`, a `StepBackend` the engine drives (which
+brings logging, validation, callbacks, checkpoints, exact resume and graceful stops), and the backend object
+`backend` (`name`, `requires`, `extra`, `capabilities`, `check`, `build`, `start`, `info`, and `example_model` for the
+conformance kit). Importing it registers the backend in this process, so
 
     PYTHONPATH=tests/backends pipekit-train run pipeline.yaml --import numpy_linear
 
 trains any pipeline whose stages say ``backend: numpy-linear``. The module imports no JAX (the core it plugs into
 still uses JAX for its own work: checkpoints, metric transfers). A packaged backend declares the entry point instead
-(``[project.entry-points."pipekit_train.backends"] numpy-linear = "numpy_linear"``).
+(``[project.entry-points."pipekit_train.backends"] numpy-linear = "numpy_linear:backend"``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from pipekit import ConfigError, ShapeError
 from pipekit_train import ModelOp
 
 NAME = "numpy-linear"
-REQUIRES = ("numpy",)
 
 
 class NumpyLinear(ModelOp):
@@ -74,6 +74,7 @@ class NumpyLinearBackend:
     """The `StepBackend`: the weights and the momentum buffers live here, as NumPy arrays, between steps."""
 
     def __init__(self, loop: Any, model: NumpyLinear, optimizer: dict[str, Any]) -> None:
+        """`model` is the bound model the core chose for the stage (fresh, or the previous stage's weights)."""
         self.loop, self.model_op = loop, model
         self.lr, self.momentum = optimizer["lr"], optimizer["momentum"]
         self.params = {k: v.copy() for k, v in model.weights().items()}  # our own copies, never the caller's arrays
@@ -116,6 +117,10 @@ class NumpyLinearBackend:
     def learning_rate(self, step: int) -> float:
         return self.lr * self.lr_scale
 
+    def optimizer_state(self) -> dict[str, Any]:
+        """Optional: what the next stage's user code sees as `TrainerCarryState.opt_state`."""
+        return {"velocity": self.velocity}
+
     def state_tree(self) -> dict[str, Any]:
         return {"params": self.params, "velocity": self.velocity, "lr_scale": np.asarray(self.lr_scale)}
 
@@ -133,8 +138,9 @@ class NumpyLinearBackend:
 
 def _optimizer(loop: Any) -> dict[str, Any]:
     """The optimizer settings this backend can honour; anything else is refused by name."""
-    from pipekit_train import EMA, MSE
-    from pipekit_train.optim._config import resolve_optimizer_config
+    from pipekit_train.callbacks import EMA
+    from pipekit_train.losses import MSE
+    from pipekit_train.optim import resolve_optimizer_config
 
     if loop.task is not None or not isinstance(loop.loss, MSE) or loop.loss.reduction != "mean":
         raise ConfigError(f"backend {NAME!r} trains with loss MSE() only, got loss={loop.loss!r}, task={loop.task!r}")
@@ -157,54 +163,47 @@ def _optimizer(loop: Any) -> dict[str, Any]:
     return config
 
 
-def preflight(loop: Any, incoming: Any, stage: str) -> NumpyLinear:
-    """Check the loss, optimizer, data shapes and the hand-off; return the bound model the stage starts from."""
-    _optimizer(loop)
-    spec = loop.dataset.element_spec()
-    model: NumpyLinear = loop.model_op
-    roles = (("input", loop.input_key, (model.in_size,)), ("target", loop.target_key, (model.out_size,)))
-    for role, key, want in roles:
-        if key not in spec:
-            raise ConfigError(f"stage {stage!r}: the {role} key {key!r} is not in the batches' keys {sorted(spec)}")
-        if tuple(spec[key][0]) != want:
-            raise ShapeError(
-                f"stage {stage!r} (backend {NAME!r}): {model!r} needs {role} {key!r} of shape {want} "
-                f"per example, the data has {tuple(spec[key][0])}"
-            )
-    previous = incoming.model if incoming is not None else None
-    if previous is None or (loop.transfer is not None and not loop.transfer.paths):  # Transfer(): start fresh
+class NumpyLinearBackendSpec:
+    """The backend object: what the training core calls (``adapters/README.md``), and nothing else."""
+
+    name = NAME
+    requires = ("numpy",)
+    extra = None
+    #: Models carry over whole to a next stage of this backend and warm-start from a checkpoint; no transfer by
+    #: paths, recipes or scale settings.
+    capabilities = frozenset({"weights", "init_from"})
+
+    def check(self, loop: Any, incoming: Any, stage: str) -> None:
+        """Pre-flight: the loss, the optimizer and the data's shapes against the model (nothing is built)."""
+        _optimizer(loop)
+        spec = loop.dataset.element_spec()
+        model: NumpyLinear = loop.model_op
+        roles = (("input", loop.input_key, (model.in_size,)), ("target", loop.target_key, (model.out_size,)))
+        for role, key, want in roles:
+            if key not in spec:
+                raise ConfigError(f"stage {stage!r}: the {role} key {key!r} is not in the batches' keys {sorted(spec)}")
+            if tuple(spec[key][0]) != want:
+                raise ShapeError(
+                    f"stage {stage!r} (backend {NAME!r}): {model!r} needs {role} {key!r} of shape {want} "
+                    f"per example, the data has {tuple(spec[key][0])}"
+                )
+
+    def build(self, loop: Any) -> NumpyLinear:
+        """Fresh weights from the seed."""
+        model: NumpyLinear = loop.model_op
         return model.bind(model.build(loop.seed))
-    if getattr(previous, "backend", None) != NAME:
-        raise ConfigError(
-            f"stage {stage!r} (backend {NAME!r}) cannot start from {previous!r}, a model of backend "
-            f"{getattr(previous, 'backend', '?')!r}"
-        )
-    if loop.transfer is not None or previous != model:
-        raise ConfigError(
-            f"stage {stage!r} (backend {NAME!r}) trains {model!r} but the previous stage produced "
-            f"{previous!r}; this backend carries a model whole or starts fresh (transfer: {{type: "
-            "Transfer}})"
-        )
-    return model.with_weights(previous.weights())  # the previous stage's weights, whole
+
+    def start(self, loop: Any, model: NumpyLinear, incoming: Any) -> NumpyLinearBackend:
+        """The step backend over `model`'s weights (whether fresh or carried over, the core decided)."""
+        return NumpyLinearBackend(loop, model, _optimizer(loop))
+
+    def info(self) -> dict[str, Any]:
+        return {"backend": NAME, "numpy": np.__version__}
+
+    def example_model(self, in_size: int, out_size: int) -> NumpyLinear:
+        """The conformance kit's model."""
+        return NumpyLinear(in_size=in_size, out_size=out_size)
 
 
-def run(loop: Any, incoming: Any, info: Any, hooks: Any) -> Any:
-    """Train one stage: the engine (`run_steps`) drives our `StepBackend`."""
-    from pipekit_train.adapters import run_steps
-
-    backend = NumpyLinearBackend(loop, preflight(loop, incoming, info.stage), _optimizer(loop))
-    result = run_steps(loop, backend, info, hooks)
-    result.opt_state = {"velocity": backend.velocity}
-    result.backend_info = {**backend_info(), "steps": result.step, "num_params": result.model.num_params()}
-    return result
-
-
-def backend_info() -> dict[str, Any]:
-    return {"backend": NAME, "numpy": np.__version__}
-
-
-def example_model(in_size: int, out_size: int) -> NumpyLinear:
-    return NumpyLinear(in_size=in_size, out_size=out_size)
-
-
-pipekit_train.register_backend(NAME, __name__)
+backend = NumpyLinearBackendSpec()
+pipekit_train.register_backend(NAME, backend)

@@ -13,6 +13,7 @@ import numpy_linear
 import pipekit
 from pipekit_train import MSE, ArraySource, CrossEntropy, TrainingDataset, TrainingLoop
 from pipekit_train.adapters.conformance import CHECKS
+from pipekit_train.stage.preflight import check
 
 BACKENDS = Path(__file__).resolve().parent.parent
 
@@ -61,12 +62,12 @@ def _loop(**overrides):
 def test_preflight_refuses_what_the_backend_cannot_honour(overrides, refused):
     loop = _loop(**overrides)
     with pytest.raises(pipekit.PipekitError, match=refused) as info:  # a ConfigError or a ShapeError
-        loop.adapter().preflight(loop, None, "stage0")
+        check(loop, None, "stage0")
     assert "numpy-linear" in str(info.value)
 
 
 def test_the_model_round_trips_through_yaml_and_its_weights():
-    op = numpy_linear.example_model(3, 2)
+    op = numpy_linear.backend.example_model(3, 2)
     bound = op.bind(op.build(7))
     assert pipekit.loads(pipekit.dumps(op)) == op
     assert bound.with_weights(bound.weights()).weights_hash() == bound.weights_hash()
@@ -82,6 +83,6 @@ def test_the_kit_catches_a_resume_that_forgets_the_optimizer_state(monkeypatch, 
 
 
 def test_the_kit_needs_the_adapters_example_model(monkeypatch, tmp_path):
-    monkeypatch.delattr(numpy_linear, "example_model")
-    with pytest.raises(AssertionError, match=r"numpy-linear: adapter numpy_linear has no example_model"):
+    monkeypatch.delattr(numpy_linear.NumpyLinearBackendSpec, "example_model")
+    with pytest.raises(AssertionError, match=r"numpy-linear: .* has no example_model"):
         CHECKS["returns_a_trained_model"](numpy_linear.NAME, tmp_path)

@@ -18,17 +18,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...stage.engine import AdapterResult, run_steps
+from ...stage.loop import stage_name
 from ..numpyro._mcmc import init_strategy
 from ..numpyro._ops import HMC, MALA, NUTS, Posterior
-from ..numpyro._posterior import report
 from ..numpyro._sampling import (
     SamplerControls,
     SamplerSetup,
     cached_program,
     check_digest,
     config_digest,
-    engine_loop,
     prepare,
     program_key,
 )
@@ -203,6 +201,11 @@ class _Program:
 class BlackjaxBackend(SamplerControls):
     """The `StepBackend` of ``blackjax``: one engine step is one iteration of every chain."""
 
+    def summary(self) -> dict[str, Any]:
+        """What the artifact's ``backend_info`` records of this run: the kernel, chains, draws, adapted step sizes."""
+        adapted = self.adapted()
+        return {**super().summary(), "step_size": [float(x) for x in adapted["step_size"].reshape(-1)]}
+
     def __init__(self, loop: Any, setup: SamplerSetup) -> None:
         self.loop = loop
         self.setup = setup
@@ -342,31 +345,22 @@ class BlackjaxBackend(SamplerControls):
         raise NotImplementedError("init_from is refused before a sampler stage starts")
 
 
-def run(loop: Any, incoming: Any, info: Any, hooks: Any = None) -> AdapterResult:
-    setup = prepare(loop, incoming, info.stage, KERNELS)
-    backend = BlackjaxBackend(loop, setup)
-    result = run_steps(engine_loop(loop, len(next(iter(setup.data.values())))), backend, info, hooks)
-    result.model = backend.bound_model()
-    if result.stop_reason is None:
-        result.metrics.update(report(backend.draws(), backend.divergences(), info.stage, info.stage_dir))
-    result.rng = [0, int(loop.seed)]
-    adapted = backend.adapted()
-    result.backend_info = {
-        **backend_info(),
-        "steps": result.step,
-        "steps_per_call": result.backend_info["steps_per_call"],  # the engine's chunk size (`auto` resolved)
-        "kernel": type(setup.kernel).__name__,
-        "num_chains": setup.kernel.num_chains,
-        "num_warmup": setup.kernel.num_warmup,
-        "num_samples": setup.num_samples,
-        "draws_per_chain": setup.kept,
-        "init": setup.init_source or setup.kernel.init_strategy,
-        "step_size": [float(x) for x in adapted["step_size"].reshape(-1)],
-    }
-    return result
+def check(loop: Any, incoming: Any, stage: str) -> None:
+    """The stage's pre-flight: the kernel, iterations, data against the model's sites, the hand-off."""
+    prepare(loop, incoming, stage, KERNELS)
 
 
-def backend_info() -> dict[str, Any]:
+def build(loop: Any) -> Any:
+    """The model before sampling: no draws yet."""
+    return loop.model_op.bind(Posterior({}))
+
+
+def start(loop: Any, model: Any, incoming: Any) -> BlackjaxBackend:
+    """The stage's `BlackjaxBackend`, from the previous stage's posterior or guide median when it handed one over."""
+    return BlackjaxBackend(loop, prepare(loop, incoming, stage_name(loop, incoming), KERNELS, check=False))
+
+
+def info() -> dict[str, Any]:
     import blackjax
     import numpyro
 
@@ -377,8 +371,3 @@ def backend_info() -> dict[str, Any]:
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
     }
-
-
-def preflight(loop: Any, incoming: Any, stage: str) -> Any:
-    setup = prepare(loop, incoming, stage, KERNELS)
-    return setup.model_op.bind(Posterior({}))

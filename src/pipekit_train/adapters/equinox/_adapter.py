@@ -1,7 +1,7 @@
-"""The Equinox adapter's contract functions: `preflight`, `run`, `backend_info`, and its `StepBackend`.
+"""The Equinox backend's contract methods (`check`, `build`, `transfer`, `start`, `info`) and its `StepBackend`.
 
-`run` drives the production path: the model is partitioned once, steps go through the cached, donating `jax.jit`
-step of `_steps`, and the backend-neutral `Engine` decides when to log, validate, checkpoint and stop.
+`start` hands the engine the production path: the model is partitioned once, steps go through the cached, donating
+`jax.jit` step of `_steps`, and the backend-neutral `Engine` decides when to log, validate, checkpoint and stop.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from pipekit import ConfigError, ShapeError, suggestion
+from pipekit import ConfigError, ShapeError
 
 from ...optim._optax import (
     build_optimizer,
@@ -23,10 +23,10 @@ from ...optim._optax import (
     reset_anchor,
     set_lr_scale,
 )
-from ...scale._mesh import describe, mesh_plan
+from ...scale._mesh import mesh_plan
 from ...scale._precision import compute_dtype
-from ...stage.carry import check_carry_source
-from ...stage.engine import AdapterResult, run_steps
+from ...stage.loop import stage_name
+from .._shared import check_input_and_target_keys, check_loss_fits
 from ._carry import carry_in, continue_optimizer_state
 from ._recipe_step import StepRecipe
 from ._steps import (
@@ -43,7 +43,7 @@ from ._steps import (
 from ._tree import apply_transfer
 
 if TYPE_CHECKING:
-    from ...stage.loop import RunInfo, TrainerCarryState, TrainingLoop
+    from ...stage.loop import TrainerCarryState, TrainingLoop
 
 _OPTIMIZERS: dict[Any, Any] = {}
 
@@ -75,7 +75,6 @@ class EquinoxBackend:
     """
 
     def __init__(self, loop: TrainingLoop, model_op: Any, module: Any, base_key: jax.Array) -> None:
-        from ...callbacks._controls import EMA
 
         self.loop = loop
         # Data parallel (`_mesh`): None trains unsharded on the default device.
@@ -88,7 +87,7 @@ class EquinoxBackend:
         # Donation deletes the arrays passed in: never hand the caller's own arrays to the step.
         params = host_copy(params)
         opt_state = self.optimizer.init(params)
-        ema = next((cb for cb in loop.callbacks if isinstance(cb, EMA)), None)
+        ema = loop.ema_settings
         self.ema_callback = ema
         self.ema_config = (ema.decay, ema.warmup) if ema is not None else None
         p_leaves, p_def = jax.tree.flatten(params)
@@ -158,6 +157,17 @@ class EquinoxBackend:
         return leaves
 
     # StepBackend -------------------------------------------------------------------------------------------
+    def optimizer_state(self) -> Any:
+        """The optimizer state the stage ends with (`TrainerCarryState.opt_state`)."""
+        return self.opt_state
+
+    def summary(self) -> dict[str, Any]:
+        """What the artifact's ``backend_info`` records of this run."""
+        return {
+            "num_params": int(sum(x.size for x in jax.tree.leaves(self.params))),
+            "precision": self.compute or "float32",
+        }
+
     @property
     def resident_data(self) -> bool:
         """Whether `train_window` can take device-resident data: on one device (no mesh), yes."""
@@ -314,42 +324,9 @@ def check_param_groups(loop: TrainingLoop, module: Any) -> None:
     group_labels(paths, loop.param_groups)
 
 
-#: The fresh module the last pre-flight built, as ``(loop, module)``: the run of that same `TrainingLoop` object
-#: takes it instead of building the model a second time (same seed, same key: the same weights). At most one
-#: module is held: a pre-flight of another loop replaces it, the run of its own loop releases it.
-_PREFLIGHT_BUILT: list[tuple[Any, Any]] = []
-
-
-def _fresh_module(loop: TrainingLoop, init_key: jax.Array, *, keep: bool, take: bool) -> Any:
-    """``loop.model_op.build(init_key)``, built once between a stage's pre-flight (`keep`) and its run (`take`)."""
-    if _PREFLIGHT_BUILT and _PREFLIGHT_BUILT[0][0] is loop:
-        module = _PREFLIGHT_BUILT[0][1]
-        if take:
-            _PREFLIGHT_BUILT.clear()
-        return module
-    module = loop.model_op.build(init_key)
-    if keep:
-        _PREFLIGHT_BUILT[:] = [(loop, module)]
-    return module
-
-
-def initial_module(
-    loop: TrainingLoop,
-    incoming: TrainerCarryState | None,
-    init_key: jax.Array,
-    stage: str,
-    *,
-    keep: bool = False,
-    take: bool = False,
-) -> Any:
-    """The Equinox module a stage starts from: fresh, carried over whole, or assembled by `loop.transfer`.
-
-    `keep` (the pre-flight) remembers the fresh module it builds; `take` (the run of the same loop) uses it.
-    """
-    from ...backends._convert import starting_module
-
-    fresh = lambda: _fresh_module(loop, init_key, keep=keep, take=take)
-    return starting_module(loop, incoming, stage, fresh, apply_transfer)
+def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
+    """The backend's pre-flight: shapes of the data, model and loss, abstractly, and the parameter groups."""
+    check_before_compile(loop)
 
 
 def check_before_compile(loop: TrainingLoop) -> None:
@@ -362,87 +339,48 @@ def check_before_compile(loop: TrainingLoop) -> None:
         from ._tree import abstract
 
         check_param_groups(loop, loop.model_op.module if loop.model_op.module is not None else abstract(loop.model_op))
-    spec = loop.dataset.element_spec()
-    for role, key in (("input_key", loop.input_key), ("target_key", loop.target_key)):
-        if loop.task is None and key not in spec:
-            raise ConfigError(
-                f"TrainingLoop.{role} is {key!r} but the dataset's batches have keys {sorted(spec)}"
-                f"{suggestion(key, spec)}"
-            )
-    if loop.task is not None:
-        from ._primitives import check_task
-        from ._tree import abstract
-
-        model = loop.model_op.module if loop.model_op.module is not None else abstract(loop.model_op)
-        abstract_batch = {
-            k: jax.ShapeDtypeStruct((loop.batch_size, *s), d)  # type: ignore[no-untyped-call]
-            for k, (s, d) in spec.items()
-        }
-        check_task(loop.task, model, abstract_batch)
+    if loop.task is None:
+        check_loss_fits(loop, check_input_and_target_keys(loop))
         return
-    shape, dtype = spec[loop.input_key]
-    out = loop.model_op.check_input(tuple(shape), dtype)
-    target_shape, target_dtype = spec[loop.target_key]
-    batch = loop.batch_size
-    predicted = jax.ShapeDtypeStruct((batch, *out.shape), out.dtype)  # type: ignore[no-untyped-call]
-    target = jax.ShapeDtypeStruct((batch, *target_shape), target_dtype)  # type: ignore[no-untyped-call]
-    loss = loop.loss
-    assert loss is not None, "TrainingLoop.validate: a loop without a task has a loss"
-    try:
-        jax.eval_shape(lambda p, t: loss(p, t), predicted, target)
-    except Exception as e:
-        raise ShapeError(
-            f"loss {loop.loss!r} cannot compare the model's predictions of shape {predicted.shape} "
-            f"({predicted.dtype}) with targets {loop.target_key!r} of shape {target.shape} ({target.dtype}): "
-            f"{str(e).splitlines()[0]}"
-        ) from None
+    from ._primitives import check_task
+    from ._tree import abstract
+
+    model = loop.model_op.module if loop.model_op.module is not None else abstract(loop.model_op)
+    abstract_batch = {
+        k: jax.ShapeDtypeStruct((loop.batch_size, *s), d)  # type: ignore[no-untyped-call]
+        for k, (s, d) in loop.dataset.element_spec().items()
+    }
+    check_task(loop.task, model, abstract_batch)
 
 
-def step_backend(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> EquinoxBackend:
-    """The stage's `StepBackend` at its start, without the engine: what `pipekit-train lr-find` steps by hand."""
-    check_before_compile(loop)
-    init_key, step_key = jax.random.split(jax.random.key(loop.seed))
-    return EquinoxBackend(loop, loop.model_op, initial_module(loop, incoming, init_key, stage, take=True), step_key)
+def build(loop: TrainingLoop) -> Any:
+    """`loop.model_op` bound to fresh weights: ``build`` with the first half of ``split(key(seed))`` (the second
+    half is the steps' key), exactly as a hand-written Equinox loop does."""
+    # Unpacked, not indexed: indexing (`[0]`) would compile a slice of the key array that nothing else needs.
+    init_key, _ = jax.random.split(jax.random.key(loop.seed))
+    return loop.model_op.bind(loop.model_op.build(init_key))
 
 
-def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, hooks: Any = None) -> AdapterResult:
-    """Train one stage and return the trained model, its final metrics and what the artifact needs."""
-    check_before_compile(loop)
-    root = jax.random.key(loop.seed)
-    init_key, step_key = jax.random.split(root)
-    incoming, carried_opt_state = carry_in(loop, incoming, info.stage)  # `TrainingLoop.carry`
-    module = initial_module(loop, incoming, init_key, info.stage, take=True)
+def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
+    """`fresh` with the sub-trees `spec` names copied from `previous` (both bound Equinox models)."""
+    return fresh.bind(apply_transfer(spec, previous.module, fresh.module))
+
+
+def start(loop: TrainingLoop, model: Any, incoming: TrainerCarryState | None) -> EquinoxBackend:
+    """The stage's `EquinoxBackend` holding `model`'s weights; `TrainingLoop.carry` applied from `incoming`."""
+    _, step_key = jax.random.split(jax.random.key(loop.seed))
+    stage = stage_name(loop, incoming)
+    module, carried_opt_state = carry_in(loop, incoming, model.module, stage)  # `TrainingLoop.carry`
     backend = EquinoxBackend(loop, loop.model_op, module, step_key)
     if carried_opt_state is not None:
-        continue_optimizer_state(backend, carried_opt_state, info.stage)
-    result = run_steps(loop, backend, info, hooks)
-    result.opt_state = backend.opt_state
-    result.rng = np.asarray(jax.random.key_data(root)).tolist()
-    result.backend_info = {
-        **backend_info(),
-        **describe(loop),
-        "num_params": int(sum(x.size for x in jax.tree.leaves(backend.params))),
-        "steps": result.step,
-        "steps_per_call": result.backend_info["steps_per_call"],  # what `auto` resolved to
-        "data": result.backend_info["data"],  # device-resident or host batches
-        "precision": backend.compute or "float32",
-    }
-    return result
+        continue_optimizer_state(backend, carried_opt_state, stage)
+    return backend
 
 
-def backend_info() -> dict[str, Any]:
+def info() -> dict[str, Any]:
     return {
         "backend": "equinox",
         "equinox": eqx.__version__,
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
     }
-
-
-def preflight(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> Any:
-    """Check shapes and the hand-off from `incoming` without compiling; the bound model the stage starts from."""
-    check_before_compile(loop)
-    check_carry_source(loop, incoming, stage)
-    # Unpacked as `run` does: indexing (`[0]`) would compile a slice of the key array that nothing else needs.
-    init_key, _ = jax.random.split(jax.random.key(loop.seed))
-    return loop.model_op.bind(initial_module(loop, incoming, init_key, stage, keep=True))

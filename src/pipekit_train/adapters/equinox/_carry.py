@@ -3,7 +3,6 @@ model, and its optimizer state continued (see `pipekit_train.stage.carry`)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import jax
@@ -22,28 +21,29 @@ def _is_hyper(name: str) -> bool:
     return "hyper" in name.split("/")
 
 
-def carry_in(loop: Any, incoming: Any, stage: str) -> tuple[Any, Any]:
-    """``(incoming, opt_state)``: the carry-state with the model `carry.weights` asks for, and the previous stage's
+def carry_in(loop: Any, incoming: Any, module: Any, stage: str) -> tuple[Any, Any]:
+    """``(module, opt_state)``: the module the stage starts from with the weights `carry.weights` asks for (the
+    previous stage's EMA weights or raw parameters instead of the model it returned), and the previous stage's
     final optimizer state as saved when `carry.optimizer_state` (else ``None``)."""
     if not wants_checkpoint(loop.carry):
-        return incoming, None
+        return module, None
     check_carry_source(loop, incoming, stage)
     optimizer_state, weights = carry_settings(loop.carry)
     saved = read_final_state(incoming, stage)
     if weights != "returned":
         key = "ema" if weights == "ema" else "params"
-        previous = incoming.model
-        if getattr(previous, "backend", None) != "equinox" or key not in saved:
+        if getattr(incoming.model, "backend", None) != "equinox" or key not in saved or loop.transfer is not None:
             raise ConfigError(
                 f"stage {stage!r}: TrainingLoop.carry.weights is {weights!r} but the previous stage's final "
-                f"checkpoint holds no {key!r} of an Equinox model (it has {sorted(saved)})"
+                f"checkpoint holds no {key!r} of an Equinox model carried whole (it has {sorted(saved)}"
+                + (", and the stage assembles its model with transfer" if loop.transfer is not None else "")
+                + ")"
             )
-        params, consts, static = partition(previous.module)
+        params, consts, static = partition(module)
         what = "EMA weights" if key == "ema" else "parameters"
         chosen = match_by_path(saved[key], params, what, stage)
-        incoming = copy.copy(incoming)
-        incoming.model = previous.bind(combine(chosen, consts, static))
-    return incoming, (saved["opt_state"] if optimizer_state else None)
+        module = combine(chosen, consts, static)
+    return module, (saved["opt_state"] if optimizer_state else None)
 
 
 def _restart(carried: Any, fresh: Any) -> Any:

@@ -2,9 +2,8 @@
 
 `TrainingLoop(backend="keras")` finds this package through the ``pipekit_train.backends`` entry point. Importing
 it is cheap (it registers the ``KerasModel`` operator type); Keras is imported when a model is built or a stage
-runs, with ``KERAS_BACKEND`` set to ``jax`` if it is unset (another value is refused). The contract functions
-(`preflight`, `run`, `backend_info`, `example_model`) are described in the repository's ``adapters/README.md``;
-``docs/backends.md`` says what this backend supports.
+runs, with ``KERAS_BACKEND`` set to ``jax`` if it is unset (another value is refused). `backend` is the backend
+object of the contract in the repository's ``adapters/README.md``; ``docs/backends.md`` says what it supports.
 
 Also public: `to_keras_loss` (a pipekit loss for ``model.compile``), `build_keras_optimizer` and
 `PipekitSchedule` (an ``optimizer_config`` for Keras), and `register_converter` / `convert_model` (moving
@@ -13,9 +12,10 @@ models between backends; ``mlp`` Equinox ⇄ Keras is built in).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..._lazy import attach as _attach
+from ...backends._contract import LazyBackend
 from ._convert import convert_model as convert_model
 from ._convert import register_converter as register_converter
 from ._convert import registered_converters as registered_converters
@@ -23,12 +23,6 @@ from ._model import KerasModel as KerasModel
 from ._model import KerasState as KerasState
 from ._model import register_keras_model as register_keras_model
 from ._model import registered_keras_models as registered_keras_models
-
-#: The packages this backend needs (checked when a stage first uses it), and the extra that installs them.
-REQUIRES = ("keras",)
-EXTRA = "keras"
-#: The scale settings this adapter honours: data parallel with replicated variables (docs/scale.md).
-SCALE = ("mesh",)
 
 if TYPE_CHECKING:
     from ._env import import_keras as import_keras
@@ -40,44 +34,32 @@ if TYPE_CHECKING:
 
 __getattr__, __dir__, _lazy_all = _attach(__name__, __file__, globals())
 __all__ = [
-    "EXTRA",
-    "REQUIRES",
+    "KerasBackendSpec",
     "KerasModel",
     "KerasState",
-    "backend_info",
+    "backend",
     "convert_model",
-    "example_model",
-    "preflight",
     "register_converter",
     "register_keras_model",
     "registered_converters",
     "registered_keras_models",
-    "run",
     *_lazy_all,
 ]
 
 
-def preflight(loop: Any, incoming: Any, stage: str) -> Any:
-    """Check `loop` before anything compiles; return the bound model the stage would start from."""
-    from ._adapter import preflight as impl
+class KerasBackendSpec(LazyBackend):
+    """The Keras backend (the contract: ``adapters/README.md``); `backend` is the object the entry point names."""
 
-    return impl(loop, incoming, stage)
+    name = "keras"
+    requires = ("keras",)
+    extra = "keras"
+    #: Data parallel with replicated variables (docs/scale.md); models carried, converted and transferred.
+    capabilities = frozenset({"weights", "transfer", "init_from", "mesh"})
+    impl = "pipekit_train.adapters.keras._adapter"
 
-
-def run(loop: Any, incoming: Any, info: Any, hooks: Any) -> Any:
-    """Train one stage; see ``adapters/README.md``."""
-    from ._adapter import run as impl
-
-    return impl(loop, incoming, info, hooks)
-
-
-def backend_info() -> dict[str, Any]:
-    """The Keras and JAX versions and devices recorded in every artifact of this backend."""
-    from ._adapter import backend_info as impl
-
-    return impl()
+    def example_model(self, in_size: int, out_size: int) -> KerasModel:
+        """A small model of ``in_size -> out_size`` for the conformance kit."""
+        return KerasModel(factory="mlp", kwargs={"in_size": in_size, "out_size": out_size, "width_size": 8, "depth": 1})
 
 
-def example_model(in_size: int, out_size: int) -> KerasModel:
-    """A small model of ``in_size -> out_size`` for the conformance checks."""
-    return KerasModel(factory="mlp", kwargs={"in_size": in_size, "out_size": out_size, "width_size": 8, "depth": 1})
+backend = KerasBackendSpec()

@@ -1,7 +1,7 @@
-"""The Keras adapter's contract functions: `preflight`, `run`, `backend_info`, and its `StepBackend`.
+"""The Keras backend's contract functions (`check`, `build`, `transfer`, `start`, `info`) and its `StepBackend`.
 
-`run` builds (or takes over) the model's state as arrays, and hands a `KerasBackend` to `run_steps`: the
-backend-neutral `Engine` decides when to log, validate, checkpoint and stop, exactly as for Equinox.
+`start` takes the model's state as arrays into a `KerasBackend`: the backend-neutral `Engine` decides when to log,
+validate, checkpoint and stop, exactly as for Equinox.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipekit import ConfigError, ShapeError, suggestion
+from pipekit import ConfigError, ShapeError
 
 from ...optim._optax import learning_rate_at
 from ...scale._mesh import mesh_plan
-from ...stage.engine import AdapterResult, run_steps
+from .._shared import check_input_and_target_keys, check_loss_fits
 from ._env import import_keras
 from ._model import KerasModel, KerasState
 from ._steps import program
 from ._tree import apply_transfer
 
 if TYPE_CHECKING:
-    from ...stage.loop import RunInfo, TrainerCarryState, TrainingLoop
+    from ...stage.loop import TrainerCarryState, TrainingLoop
 
 keras = import_keras()
 
@@ -39,14 +39,13 @@ class KerasBackend:
     """The `StepBackend` of the Keras adapter: the model's variables, the optimizer's and the EMA, as arrays."""
 
     def __init__(self, loop: TrainingLoop, state: KerasState, base_key: jax.Array) -> None:
-        from ...callbacks._controls import EMA
         from ...optim._schedules import fixed_value
 
         self.loop = loop
         self.model_op = loop.model_op
         # Data parallel (`_mesh`): None trains unsharded; otherwise the state lives replicated on the mesh.
         self.plan = mesh_plan(loop)
-        ema = next((cb for cb in loop.callbacks if isinstance(cb, EMA)), None)
+        ema = loop.ema_settings
         self.ema_callback = ema
         ema_config = (fixed_value(ema.decay, "EMA.decay"), ema.warmup) if ema is not None else None
         self.program = program(loop, state.model, ema_config)
@@ -101,6 +100,14 @@ class KerasBackend:
         self.state = (t, _copy(non_trainable), _copy(opt_vars) if opt_vars is not None else old[2], e)
         self._place()
 
+    def optimizer_state(self) -> Any:
+        """The optimizer's variables the stage ends with (`TrainerCarryState.opt_state`)."""
+        return list(self.state[2])
+
+    def summary(self) -> dict[str, Any]:
+        """What the artifact's ``backend_info`` records of this run."""
+        return {"num_params": int(sum(int(np.size(a)) for a in self.state[0]))}
+
     def get_lr_scale(self) -> float:
         return float(self.state[2][self.program.scale_index])
 
@@ -136,11 +143,19 @@ class KerasBackend:
 
 
 # The stage ---------------------------------------------------------------------------------------------------
-def initial_state(loop: TrainingLoop, incoming: TrainerCarryState | None, init_key: jax.Array, stage: str) -> Any:
-    """The `KerasState` a stage starts from: fresh, carried over whole, converted, or assembled by `transfer`."""
-    from ...backends._convert import starting_module
+def build(loop: TrainingLoop) -> Any:
+    """`loop.model_op` bound to a fresh `KerasState` (built from the first half of ``split(key(seed))``)."""
+    init_key, _ = jax.random.split(jax.random.key(loop.seed))
+    return loop.model_op.bind(loop.model_op.build(init_key), check=False)
 
-    return starting_module(loop, incoming, stage, lambda: loop.model_op.build(init_key), apply_transfer)
+
+def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
+    """`fresh` with the layers `spec` names copied from `previous` (both bound Keras models)."""
+    return fresh.bind(apply_transfer(spec, previous.module, fresh.module), check=False)
+
+
+def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
+    check_before_compile(loop)
 
 
 def check_before_compile(loop: TrainingLoop) -> None:
@@ -151,55 +166,23 @@ def check_before_compile(loop: TrainingLoop) -> None:
         )
     if not isinstance(loop.model_op, KerasModel):
         raise ConfigError(f"backend 'keras' trains KerasModel operators, got {loop.model_op!r}")
-    spec = loop.dataset.element_spec()
-    for role, key in (("input_key", loop.input_key), ("target_key", loop.target_key)):
-        if key not in spec:
-            raise ConfigError(
-                f"TrainingLoop.{role} is {key!r} but the dataset's batches have keys {sorted(spec)}"
-                f"{suggestion(key, spec)}"
-            )
+    spec = check_input_and_target_keys(loop)
     from ._optimizers import build_keras_optimizer
 
     build_keras_optimizer(  # refuses keys Keras cannot honour, before anything is built
         loop.optimizer_config, max_steps=loop.max_steps, grad_clip_norm=loop.grad_clip_norm, accum=loop.accum
     )
-    shape, dtype = spec[loop.input_key]
-    out = loop.model_op.check_input(tuple(shape), dtype)
-    target_shape, target_dtype = spec[loop.target_key]
-    batch = loop.batch_size
-    # jax.ShapeDtypeStruct is untyped (no-untyped-call below)
-    predicted = jax.tree.map(lambda o: jax.ShapeDtypeStruct((batch, *o.shape), o.dtype), out)  # type: ignore[no-untyped-call]
-    target = jax.ShapeDtypeStruct((batch, *target_shape), target_dtype)  # type: ignore[no-untyped-call]
-    try:
-        jax.eval_shape(lambda p, t: loop.loss(p, t), predicted, target)  # type: ignore[misc]
-    except Exception as e:
-        shown = getattr(predicted, "shape", predicted)
-        raise ShapeError(
-            f"loss {loop.loss!r} cannot compare the model's predictions of shape {shown} with targets "
-            f"{loop.target_key!r} of shape {target.shape} ({target.dtype}): {str(e).splitlines()[0]}"
-        ) from None
+    check_loss_fits(loop, spec)
 
 
-def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, hooks: Any = None) -> AdapterResult:
-    """Train one stage and return the trained model, its final metrics and what the artifact needs."""
-    check_before_compile(loop)
-    root = jax.random.key(loop.seed)
-    init_key, step_key = jax.random.split(root)
-    state = initial_state(loop, incoming, init_key, info.stage)
-    backend = KerasBackend(loop, state, step_key)
-    result = run_steps(loop, backend, info, hooks)
-    result.opt_state = list(backend.state[2])
-    result.rng = np.asarray(jax.random.key_data(root)).tolist()
-    result.backend_info = {
-        **backend_info(),
-        "num_params": int(sum(int(np.size(a)) for a in backend.state[0])),
-        "steps": result.step,
-        "steps_per_call": result.backend_info["steps_per_call"],  # the engine's chunk size (`auto` resolved)
-    }
-    return result
+def start(loop: TrainingLoop, model: Any, incoming: TrainerCarryState | None) -> KerasBackend:
+    """The stage's `KerasBackend`, holding `model`'s state; the steps' key is the second half of
+    ``split(key(seed))``."""
+    _, step_key = jax.random.split(jax.random.key(loop.seed))
+    return KerasBackend(loop, model.module, step_key)
 
 
-def backend_info() -> dict[str, Any]:
+def info() -> dict[str, Any]:
     return {
         "backend": "keras",
         "keras": keras.__version__,
@@ -207,10 +190,3 @@ def backend_info() -> dict[str, Any]:
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
     }
-
-
-def preflight(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> Any:
-    """Check shapes and the hand-off from `incoming` without compiling; the bound model the stage starts from."""
-    check_before_compile(loop)
-    init_key = jax.random.split(jax.random.key(loop.seed))[0]
-    return loop.model_op.bind(initial_state(loop, incoming, init_key, stage), check=False)

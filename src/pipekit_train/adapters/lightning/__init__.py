@@ -4,9 +4,8 @@
 Importing it is cheap (it registers the ``TorchModel`` operator type); torch is imported when a model is built or a
 stage runs. The step is plain torch (forward, the mapped pipekit loss, ``backward``, a ``torch.optim`` step) driven
 by the backend-neutral engine: no ``Trainer.fit``, whose per-step overhead is not ours to pay. Users who want a
-``LightningModule`` get one from `build_lightning_module`. The contract functions (`preflight`, `run`,
-`backend_info`, `example_model`) are described in the repository's ``adapters/README.md``; ``docs/backends.md``
-says what this backend supports.
+``LightningModule`` get one from `build_lightning_module`. `backend` is the backend object of the contract in the
+repository's ``adapters/README.md``; ``docs/backends.md`` says what it supports.
 
 Also public: `to_torch_loss` / `register_torch_loss` (a pipekit loss as a torch function), `build_torch_optimizer`
 (an ``optimizer_config`` for ``torch.optim``), and the ``mlp`` converters Equinox ⇄ torch and Keras ⇄ torch.
@@ -14,18 +13,14 @@ Also public: `to_torch_loss` / `register_torch_loss` (a pipekit loss as a torch 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..._lazy import attach as _attach
+from ...backends._contract import LazyBackend
 from . import _convert as _convert  # registers the mlp converters (imports no torch)
 from ._model import TorchModel as TorchModel
 from ._model import register_torch_model as register_torch_model
 from ._model import registered_torch_models as registered_torch_models
-
-#: The packages this backend needs (checked when a stage first uses it), and the extra that installs them.
-#: Lightning itself is needed only by `build_lightning_module`.
-REQUIRES = ("torch",)
-EXTRA = "lightning"
 
 if TYPE_CHECKING:
     from ._adapter import build_lightning_module as build_lightning_module
@@ -36,40 +31,28 @@ if TYPE_CHECKING:
 
 __getattr__, __dir__, _lazy_all = _attach(__name__, __file__, globals())
 __all__ = [
-    "EXTRA",
-    "REQUIRES",
+    "LightningBackendSpec",
     "TorchModel",
-    "backend_info",
-    "example_model",
-    "preflight",
+    "backend",
     "register_torch_model",
     "registered_torch_models",
-    "run",
     *_lazy_all,
 ]
 
 
-def preflight(loop: Any, incoming: Any, stage: str) -> Any:
-    """Check `loop` before anything trains; return the bound model the stage would start from."""
-    from ._adapter import preflight as impl
+class LightningBackendSpec(LazyBackend):
+    """The Lightning backend (the contract: ``adapters/README.md``); `backend` is the object the entry point names.
+    Lightning itself is needed only by `build_lightning_module`."""
 
-    return impl(loop, incoming, stage)
+    name = "lightning"
+    requires = ("torch",)
+    extra = "lightning"
+    capabilities = frozenset({"weights", "transfer", "init_from"})
+    impl = "pipekit_train.adapters.lightning._adapter"
 
-
-def run(loop: Any, incoming: Any, info: Any, hooks: Any) -> Any:
-    """Train one stage; see ``adapters/README.md``."""
-    from ._adapter import run as impl
-
-    return impl(loop, incoming, info, hooks)
-
-
-def backend_info() -> dict[str, Any]:
-    """The torch and Lightning versions and the thread count recorded in every artifact of this backend."""
-    from ._adapter import backend_info as impl
-
-    return impl()
+    def example_model(self, in_size: int, out_size: int) -> TorchModel:
+        """A small model of ``in_size -> out_size`` for the conformance kit."""
+        return TorchModel(factory="mlp", kwargs={"in_size": in_size, "out_size": out_size, "width_size": 8, "depth": 1})
 
 
-def example_model(in_size: int, out_size: int) -> TorchModel:
-    """A small model of ``in_size -> out_size`` for the conformance checks."""
-    return TorchModel(factory="mlp", kwargs={"in_size": in_size, "out_size": out_size, "width_size": 8, "depth": 1})
+backend = LightningBackendSpec()

@@ -1,10 +1,10 @@
-"""The Lightning adapter's contract functions: `preflight`, `run`, `backend_info`, its `StepBackend`, and
-`build_lightning_module`.
+"""The Lightning backend's contract functions (`check`, `build`, `transfer`, `start`, `info`), its
+`StepBackend`, and `build_lightning_module`.
 
-`run` builds (or takes over) the torch module and hands a `TorchBackend` to `run_steps`: the backend-neutral
-`Engine` decides when to log, validate, checkpoint and stop, exactly as for Equinox. A step is plain torch
-(forward, the mapped loss, ``backward``, a ``torch.optim`` update) in torch's deterministic mode with a fixed
-number of threads, the dropout generator seeded from ``(seed, step)``: a stopped run resumes bitwise.
+`start` takes over the torch module in a `TorchBackend`: the backend-neutral `Engine` decides when to log,
+validate, checkpoint and stop, exactly as for Equinox. A step is plain torch (forward, the mapped loss,
+``backward``, a ``torch.optim`` update) in torch's deterministic mode with a fixed number of threads, the dropout
+generator seeded from ``(seed, step)``: a stopped run resumes bitwise.
 """
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipekit import ConfigError, ShapeError, suggestion
+from pipekit import ConfigError, ShapeError
 
 from ...optim._schedules import fixed_value
-from ...stage.engine import AdapterResult, run_steps
+from .._shared import check_input_and_target_keys, check_loss_fits
 from ._losses import split, to_torch_loss
 from ._model import TorchModel
 from ._optimizers import TorchOptimizer, check_torch_optimizer_config, schedule_table
 from ._tree import apply_transfer, copy_module, to_numpy, to_tensor
 
 if TYPE_CHECKING:
-    from ...stage.loop import RunInfo, TrainerCarryState, TrainingLoop
+    from ...stage.loop import TrainerCarryState, TrainingLoop
 
-__all__ = ["TorchBackend", "backend_info", "build_lightning_module", "preflight", "run", "threads"]
+__all__ = ["TorchBackend", "build", "build_lightning_module", "check", "info", "start", "threads", "transfer"]
 
 
 def threads() -> int:
@@ -76,8 +76,19 @@ class TorchBackend:
     #: Torch steps one at a time in Python: `steps_per_call: auto` means one step per call here.
     fuses_steps = False
 
+    def running(self) -> contextlib.AbstractContextManager[None]:
+        """The engine trains inside torch's deterministic mode with the stage's thread count."""
+        return deterministic()
+
+    def optimizer_state(self) -> Any:
+        """The optimizer's state arrays the stage ends with (`TrainerCarryState.opt_state`)."""
+        return self.optimizer.state_arrays()
+
+    def summary(self) -> dict[str, Any]:
+        """What the artifact's ``backend_info`` records of this run."""
+        return {"num_params": int(sum(p.numel() for p in self.params))}
+
     def __init__(self, loop: TrainingLoop, module: nn.Module) -> None:
-        from ...callbacks._controls import EMA
 
         self.loop = loop
         self.model_op = loop.model_op
@@ -96,7 +107,7 @@ class TorchBackend:
         self.loss_fn = to_torch_loss(loop.loss)
         self.aux_prefix = getattr(loop.loss, "aux_prefix", "loss/")
         self.dtype = self.params[0].dtype if self.params else torch.float32
-        self.ema_callback = next((cb for cb in loop.callbacks if isinstance(cb, EMA)), None)
+        self.ema_callback = loop.ema_settings
         self.ema = [p.detach().clone() for p in self.params] if self.ema_callback is not None else []
 
     # StepBackend -------------------------------------------------------------------------------------------
@@ -227,11 +238,20 @@ class TorchBackend:
 
 
 # The stage ---------------------------------------------------------------------------------------------------
-def initial_module(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> nn.Module:
-    """The module a stage starts from: fresh, carried over whole, converted, or assembled by `transfer`."""
-    from ...backends._convert import starting_module
+def build(loop: TrainingLoop) -> Any:
+    """`loop.model_op` bound to a fresh torch module (``build(seed)``, in deterministic mode)."""
+    with deterministic():
+        return loop.model_op.bind(loop.model_op.build(loop.seed), check=False)
 
-    return starting_module(loop, incoming, stage, lambda: loop.model_op.build(loop.seed), apply_transfer)  # type: ignore[no-any-return]
+
+def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
+    """`fresh` with the sub-modules `spec` names copied from `previous` (both bound torch models)."""
+    with deterministic():
+        return fresh.bind(apply_transfer(spec, previous.module, fresh.module), check=False)
+
+
+def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
+    check_before_run(loop)
 
 
 def check_before_run(loop: TrainingLoop) -> None:
@@ -247,48 +267,16 @@ def check_before_run(loop: TrainingLoop) -> None:
     to_torch_loss(loop.loss)  # refuses a loss without a torch mapping
     if getattr(loop.loss, "reduction", None) == "none":
         raise ConfigError(f"backend 'lightning': loss {loop.loss!r} does not reduce to a scalar (reduction='none')")
-    spec = loop.dataset.element_spec()
-    for role, key in (("input_key", loop.input_key), ("target_key", loop.target_key)):
-        if key not in spec:
-            raise ConfigError(
-                f"TrainingLoop.{role} is {key!r} but the dataset's batches have keys {sorted(spec)}"
-                f"{suggestion(key, spec)}"
-            )
+    spec = check_input_and_target_keys(loop)
     check_torch_optimizer_config(loop.optimizer_config)
-    import jax
 
-    shape, dtype = spec[loop.input_key]
-    out = loop.model_op.check_input(tuple(shape), dtype)
-    target_shape, target_dtype = spec[loop.target_key]
-    batch = loop.batch_size
-    predicted = jax.tree.map(lambda o: jax.ShapeDtypeStruct((batch, *o.shape), o.dtype), out)  # type: ignore[no-untyped-call]
-    target = jax.ShapeDtypeStruct((batch, *target_shape), target_dtype)  # type: ignore[no-untyped-call]
-    try:
-        jax.eval_shape(lambda p, t: loop.loss(p, t), predicted, target)  # type: ignore[misc]
-    except Exception as e:
-        shown = getattr(predicted, "shape", predicted)
-        raise ShapeError(
-            f"loss {loop.loss!r} cannot compare the model's predictions of shape {shown} with targets "
-            f"{loop.target_key!r} of shape {target.shape} ({target.dtype}): {str(e).splitlines()[0]}"
-        ) from None
+    check_loss_fits(loop, spec)
 
 
-def run(loop: TrainingLoop, incoming: TrainerCarryState | None, info: RunInfo, hooks: Any = None) -> AdapterResult:
-    """Train one stage and return the trained model, its final metrics and what the artifact needs."""
-    check_before_run(loop)
+def start(loop: TrainingLoop, model: Any, incoming: TrainerCarryState | None) -> TorchBackend:
+    """The stage's `TorchBackend` over a copy of `model`'s module (the caller's module is never trained in place)."""
     with deterministic():
-        module = copy_module(initial_module(loop, incoming, info.stage))
-        backend = TorchBackend(loop, module)
-        result = run_steps(loop, backend, info, hooks)
-    result.opt_state = backend.optimizer.state_arrays()
-    result.rng = [int(loop.seed)]
-    result.backend_info = {
-        **backend_info(),
-        "num_params": int(sum(p.numel() for p in backend.params)),
-        "steps": result.step,
-        "steps_per_call": result.backend_info["steps_per_call"],  # the engine's chunk size (`auto` resolved)
-    }
-    return result
+        return TorchBackend(loop, copy_module(model.module))
 
 
 def _version(dist: str) -> str | None:
@@ -298,7 +286,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def backend_info() -> dict[str, Any]:
+def info() -> dict[str, Any]:
     return {
         "backend": "lightning",
         "torch": torch.__version__,
@@ -307,12 +295,6 @@ def backend_info() -> dict[str, Any]:
         "deterministic": True,
         "devices": ["cpu"],
     }
-
-
-def preflight(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> Any:
-    """Check shapes and the hand-off from `incoming` without training; the bound model the stage starts from."""
-    check_before_run(loop)
-    return loop.model_op.bind(initial_module(loop, incoming, stage), check=False)
 
 
 # A LightningModule for Trainer.fit -----------------------------------------------------------------------------

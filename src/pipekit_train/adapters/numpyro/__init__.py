@@ -4,8 +4,8 @@
 Importing this package is cheap (no NumPyro, no JAX beyond what the loss base class needs): it registers the
 operators a YAML file names — `NumpyroModel`, `BlackjaxModel` (the same models for the ``blackjax`` backend),
 `NumpyroGuide`, the kernels `NUTS`, `HMC` and `MALA` (BlackJAX only), the losses `Trace_ELBO` and
-`TraceMeanField_ELBO` — and `register_numpyro_model`. The adapter modules of the two backends are
-`pipekit_train.adapters.numpyro.mcmc` and `pipekit_train.adapters.numpyro.svi`. See ``docs/bayesian.md``.
+`TraceMeanField_ELBO` — and `register_numpyro_model`. The backend objects of the two backends are
+``backend`` in `pipekit_train.adapters.numpyro.mcmc` and `pipekit_train.adapters.numpyro.svi`. See ``docs/bayesian.md``.
 """
 
 from __future__ import annotations

@@ -16,16 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...stage.engine import AdapterResult, run_steps
-from ._ops import HMC, NUTS, NumpyroModel, Posterior
-from ._posterior import report
+from ...stage.loop import stage_name
+from ._ops import HMC, NUTS, Posterior
 from ._sampling import (
     SamplerControls,
     SamplerSetup,
     cached_program,
     check_digest,
     config_digest,
-    engine_loop,
     prepare,
     program_key,
 )
@@ -184,29 +182,22 @@ class MCMCBackend(SamplerControls):
         raise NotImplementedError("init_from is refused before a sampler stage starts")
 
 
-def run(loop: Any, incoming: Any, info: Any, hooks: Any = None) -> AdapterResult:
-    setup = prepare(loop, incoming, info.stage, (NUTS, HMC))
-    backend = MCMCBackend(loop, setup)
-    result = run_steps(engine_loop(loop, len(next(iter(setup.data.values())))), backend, info, hooks)
-    result.model = backend.bound_model()
-    if result.stop_reason is None:
-        result.metrics.update(report(backend.draws(), backend.divergences(), info.stage, info.stage_dir))
-    result.rng = [0, int(loop.seed)]
-    result.backend_info = {
-        **backend_info(),
-        "steps": result.step,
-        "steps_per_call": result.backend_info["steps_per_call"],  # the engine's chunk size (`auto` resolved)
-        "kernel": type(setup.kernel).__name__,
-        "num_chains": setup.kernel.num_chains,
-        "num_warmup": setup.kernel.num_warmup,
-        "num_samples": setup.num_samples,
-        "draws_per_chain": setup.kept,
-        "init": setup.init_source or setup.kernel.init_strategy,
-    }
-    return result
+def check(loop: Any, incoming: Any, stage: str) -> None:
+    """The stage's pre-flight: the kernel, iterations, data against the model's sites, the hand-off."""
+    prepare(loop, incoming, stage, (NUTS, HMC))
 
 
-def backend_info() -> dict[str, Any]:
+def build(loop: Any) -> Any:
+    """The model before sampling: no draws yet."""
+    return loop.model_op.bind(Posterior({}))
+
+
+def start(loop: Any, model: Any, incoming: Any) -> MCMCBackend:
+    """The stage's `MCMCBackend`, from the previous stage's posterior or guide median when it handed one over."""
+    return MCMCBackend(loop, prepare(loop, incoming, stage_name(loop, incoming), (NUTS, HMC), check=False))
+
+
+def info() -> dict[str, Any]:
     import numpyro
 
     return {
@@ -215,12 +206,3 @@ def backend_info() -> dict[str, Any]:
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
     }
-
-
-def preflight(loop: Any, incoming: Any, stage: str) -> Any:
-    setup = prepare(loop, incoming, stage, (NUTS, HMC))
-    return setup.model_op.bind(Posterior({}))
-
-
-def example_model(in_size: int, out_size: int) -> NumpyroModel:
-    return NumpyroModel(model="linear_regression")

@@ -30,9 +30,26 @@ class SamplerSetup:
     init_source: str | None
 
 
-def prepare(loop: Any, incoming: Any, stage: str, kernels: tuple[type[_Kernel], ...]) -> SamplerSetup:
-    """Every check a sampler stage can make before compiling; one-line `ConfigError`s."""
+def prepare(
+    loop: Any, incoming: Any, stage: str, kernels: tuple[type[_Kernel], ...], *, check: bool = True
+) -> SamplerSetup:
+    """The sampler stage's setup; with `check` (pre-flight), every check it can make before compiling, each a
+    one-line `ConfigError`. `start` prepares again without them: they ran once, in pre-flight."""
     model_op = loop.model_op
+    kernel = loop.task
+    if check:
+        _check(loop, stage, kernels)
+    num_samples = kernel.samples_for(loop.max_steps)
+    kept = kernel.kept(loop.max_steps)
+    data = full_data(loop.dataset)
+    if check:
+        check_data(model_op, data, stage)
+        check_sites(model_op, data, stage)
+    init_values, source = _initial_point(model_op, incoming, data, stage, loop.backend)
+    return SamplerSetup(model_op, kernel, data, num_samples, kept, init_values, source)
+
+
+def _check(loop: Any, stage: str, kernels: tuple[type[_Kernel], ...]) -> None:
     kernel = loop.task
     names = "/".join(k.__name__ for k in kernels)
     if not isinstance(kernel, kernels):
@@ -51,13 +68,6 @@ def prepare(loop: Any, incoming: Any, stage: str, kernels: tuple[type[_Kernel], 
         raise ConfigError(f"stage {stage!r}: init_from warm-starts optimizers; a sampler starts from its init_strategy")
     if loop.transfer is not None:
         raise ConfigError(f"stage {stage!r}: a sampler stage takes no `transfer`; it starts from the whole model")
-    num_samples = kernel.samples_for(loop.max_steps)
-    kept = kernel.kept(loop.max_steps)
-    data = full_data(loop.dataset)
-    check_data(model_op, data, stage)
-    check_sites(model_op, data, stage)
-    init_values, source = _initial_point(model_op, incoming, data, stage, loop.backend)
-    return SamplerSetup(model_op, kernel, data, num_samples, kept, init_values, source)
 
 
 def _initial_point(
@@ -102,7 +112,33 @@ def check_digest(saved: Any, expected: np.ndarray, stage: str) -> None:
 
 
 class SamplerControls:
-    """The `StepBackend` methods that have no meaning for a sampler."""
+    """What the two samplers' step backends share: the engine's loop (a `batch_size` above the data capped: a
+    sampler takes no batches), the run's summary for the artifact, the posterior report, and the `StepBackend`
+    methods that have no meaning for a sampler."""
+
+    loop: Any
+    setup: SamplerSetup
+
+    @property
+    def engine_loop(self) -> Any:
+        return engine_loop(self.loop, len(next(iter(self.setup.data.values()))))
+
+    def summary(self) -> dict[str, Any]:
+        k = self.setup.kernel
+        return {
+            "kernel": type(k).__name__,
+            "num_chains": k.num_chains,
+            "num_warmup": k.num_warmup,
+            "num_samples": self.setup.num_samples,
+            "draws_per_chain": self.setup.kept,
+            "init": self.setup.init_source or k.init_strategy,
+        }
+
+    def final_metrics(self, stage: str, stage_dir: str) -> dict[str, float]:
+        """The posterior's diagnostics (printed and written beside the stage's metrics) when sampling completed."""
+        from ._posterior import report
+
+        return report(self.draws(), self.divergences(), stage, stage_dir)  # type: ignore[attr-defined]
 
     def get_lr_scale(self) -> float:
         return 1.0

@@ -22,8 +22,7 @@ import numpy as np
 from pipekit import ConfigError, PipekitError
 
 from ...optim._optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
-from ...scale._mesh import describe, mesh_plan
-from ...stage.engine import AdapterResult, run_steps
+from ...scale._mesh import mesh_plan
 from ._data import check_data, check_sites, full_data
 from ._ops import _ELBO, GuideParams, NumpyroGuide
 
@@ -63,7 +62,9 @@ def _guide_for(op: NumpyroGuide, model: Any) -> Any:
     return wrapped
 
 
-def _check(loop: Any, incoming: Any, stage: str) -> tuple[NumpyroGuide, dict[str, np.ndarray], Any]:
+def check(loop: Any, incoming: Any, stage: str) -> None:
+    """The stage's pre-flight: the ELBO, the data against the model's sites, the hand-off from `incoming`, and the
+    guide initialised once on a few records (a guide that does not fit the model is one line, now)."""
     op = loop.model_op
     if not isinstance(loop.loss, _ELBO):
         raise ConfigError(
@@ -80,17 +81,40 @@ def _check(loop: Any, incoming: Any, stage: str) -> tuple[NumpyroGuide, dict[str
     for role, ds in (("val_dataset", loop.val_dataset), ("test_dataset", loop.test_dataset)):
         if ds is not None:
             check_data(op, full_data(ds), f"{stage}.{role}")
-    init = None
     previous = getattr(incoming, "model", None)
-    if previous is not None:
-        if not (isinstance(previous, NumpyroGuide) and previous.replace() == op.replace()):
-            raise ConfigError(
-                f"stage {stage!r} (backend 'numpyro-svi') fits {op!r} but the previous stage produced {previous!r}; "
-                "an SVI stage continues only the same model and guide"
-            )
-        init = previous.params if previous.module is not None else None
-    _check_guide(op, data, stage, init)
-    return op, data, init
+    if previous is not None and not (isinstance(previous, NumpyroGuide) and previous.replace() == op.replace()):
+        raise ConfigError(
+            f"stage {stage!r} (backend 'numpyro-svi') fits {op!r} but the previous stage produced {previous!r}; "
+            "an SVI stage continues only the same model and guide"
+        )
+    _check_guide(op, data, stage, _start_point(incoming))
+
+
+def _start_point(incoming: Any) -> Any:
+    """The previous stage's guide parameters (the same guide, checked in pre-flight), or ``None``: start fresh."""
+    previous = getattr(incoming, "model", None)
+    return previous.params if previous is not None and previous.module is not None else None
+
+
+def build(loop: Any) -> Any:
+    """The guide before fitting (no parameters yet: SVI initialises them in `start`)."""
+    return loop.model_op.bind(GuideParams({}))
+
+
+def start(loop: Any, model: Any, incoming: Any) -> SVIBackend:
+    """The stage's `SVIBackend`, continuing the previous stage's guide parameters when it handed one over."""
+    return SVIBackend(loop, loop.model_op, full_data(loop.dataset), _start_point(incoming))
+
+
+def info() -> dict[str, Any]:
+    import numpyro
+
+    return {
+        "backend": "numpyro-svi",
+        "numpyro": numpyro.__version__,
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+    }
 
 
 def _check_guide(op: NumpyroGuide, data: dict[str, Any], stage: str, init: Any) -> None:
@@ -159,6 +183,20 @@ class SVIBackend:
                 shardings = (rep, self.plan.batch(stacked), rep)
                 setattr(self, name, jax.jit(impl, in_shardings=shardings, out_shardings=(rep, rep)))
         self._eval = jax.jit(self._eval_impl)
+
+    def optimizer_state(self) -> Any:
+        """The SVI state the stage ends with (`TrainerCarryState.opt_state`)."""
+        return self.state
+
+    def summary(self) -> dict[str, Any]:
+        """What the artifact's ``backend_info`` records of this fit."""
+        return {
+            "guide": self.op.guide,
+            "elbo": type(self.loop.loss).__name__,
+            "num_particles": self.loop.loss.num_particles,
+            "num_params": int(sum(np.size(v) for v in self.params().values())),
+            "likelihood_scale": self.n / min(self.loop.batch_size, self.n),
+        }
 
     def _placed(self, state: Any) -> Any:
         """`state` replicated on the stage's mesh (as it is without one): what the sharded steps take."""
@@ -239,40 +277,3 @@ class SVIBackend:
         i, (params, opt) = self.state.optim_state
         params = {k: jnp.asarray(tree["params"][k]) for k in params}
         self.state = self._placed(self.state._replace(optim_state=(i, (params, opt))))
-
-
-def run(loop: Any, incoming: Any, info: Any, hooks: Any = None) -> AdapterResult:
-    op, data, init = _check(loop, incoming, info.stage)
-    backend = SVIBackend(loop, op, data, init)
-    result = run_steps(loop, backend, info, hooks)
-    result.model = backend.bound_model()
-    result.opt_state = backend.state
-    result.rng = [0, int(loop.seed)]
-    result.backend_info = {
-        **backend_info(),
-        **describe(loop),
-        "steps": result.step,
-        "steps_per_call": result.backend_info["steps_per_call"],  # the engine's chunk size (`auto` resolved)
-        "guide": op.guide,
-        "elbo": type(loop.loss).__name__,
-        "num_particles": loop.loss.num_particles,
-        "num_params": int(sum(np.size(v) for v in backend.params().values())),
-        "likelihood_scale": backend.n / min(loop.batch_size, backend.n),
-    }
-    return result
-
-
-def backend_info() -> dict[str, Any]:
-    import numpyro
-
-    return {
-        "backend": "numpyro-svi",
-        "numpyro": numpyro.__version__,
-        "jax": jax.__version__,
-        "devices": [str(d) for d in jax.devices()],
-    }
-
-
-def preflight(loop: Any, incoming: Any, stage: str) -> Any:
-    op, _, init = _check(loop, incoming, stage)
-    return op.bind(GuideParams(init or {}))

@@ -1,41 +1,33 @@
-"""The ``numpyro-mcmc`` backend's adapter module (the contract in ``adapters/README.md``); cheap to import."""
+"""The ``numpyro-mcmc`` backend object (the contract in ``adapters/README.md``); cheap to import."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...backends._contract import LazyBackend
 from ._ops import NumpyroModel
 
-#: The packages this backend needs (checked when a stage first uses it).
-REQUIRES = ("numpyro",)
-EXTRA = "numpyro"
-
-#: The conformance kit trains a regression with MSE and SGD, which a sampler cannot do. tests/bayes/ checks the same
-#: properties for this backend: determinism for a seed, bitwise resume after SIGKILL, callbacks, artifacts with
-#: their parents, the model-registry round trip and the hand-off between stages.
-CONFORMANCE_SKIP = {"*": "a sampler has no MSE/SGD regression to train; tests/bayes/ checks these properties for it"}
+__all__ = ["NumpyroMCMCBackendSpec", "backend"]
 
 
-def preflight(loop: Any, incoming: Any, stage: str) -> Any:
-    """Check the stage (kernel, iterations, data, sites, hand-off) before compiling; the unsampled model."""
-    from ._mcmc import preflight as impl
+class NumpyroMCMCBackendSpec(LazyBackend):
+    """NumPyro's NUTS and HMC, sampled in chunks by the engine; the trained model is the posterior."""
 
-    return impl(loop, incoming, stage)
+    name = "numpyro-mcmc"
+    requires = ("numpyro",)
+    extra = "numpyro"
+    capabilities: frozenset[str] = frozenset()
+    impl = "pipekit_train.adapters.numpyro._mcmc"
+
+    def example_fields(self) -> dict[str, Any]:
+        """The conformance kit's loop fields for a sampler: NUTS as the task (5 warm-up iterations), no loss."""
+        from ._ops import NUTS
+
+        return {"loss": None, "task": NUTS(num_warmup=5, max_tree_depth=4), "val_dataset": None}
+
+    def example_model(self, in_size: int, out_size: int) -> NumpyroModel:
+        """A Bayesian linear regression (``x``, ``y``) for the sampler variant of the conformance kit."""
+        return NumpyroModel(model="linear_regression")
 
 
-def run(loop: Any, incoming: Any, info: Any, hooks: Any = None) -> Any:
-    """Sample one stage in chunks through the engine; the trained model is the posterior."""
-    from ._mcmc import run as impl
-
-    return impl(loop, incoming, info, hooks)
-
-
-def backend_info() -> dict[str, Any]:
-    from ._mcmc import backend_info as impl
-
-    return impl()
-
-
-def example_model(in_size: int, out_size: int) -> NumpyroModel:
-    """A Bayesian linear regression (``x``, ``y``) for the conformance checks that apply to samplers."""
-    return NumpyroModel(model="linear_regression")
+backend = NumpyroMCMCBackendSpec()

@@ -40,6 +40,7 @@ from pipekit_train.adapters.lightning import (
     to_torch_loss,
 )
 from pipekit_train.optim._optax import build_optimizer, learning_rate_at
+from pipekit_train.stage.preflight import check
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 4)).astype(np.float32)
@@ -336,7 +337,7 @@ def test_a_loss_without_a_torch_version_is_refused_before_training():
 
     loop = _loop(loss=Hinge())
     with pytest.raises(pipekit.ConfigError, match="backend 'lightning' has no torch version of loss Hinge"):
-        loop.adapter().preflight(loop, None, "stage0")
+        check(loop, None, "stage0")
 
 
 # Optimizers -----------------------------------------------------------------------------------------------------
@@ -383,7 +384,7 @@ def test_keys_torch_cannot_honour_are_refused_naming_the_backend():
         build_torch_optimizer({"name": "rmsprop", "momentum": 0.9, "nesterov": True}, _params(), max_steps=10)
     loop = _loop(optimizer_config={"name": "lion", "lr": 0.001})
     with pytest.raises(pipekit.ConfigError, match="backend 'lightning'"):
-        loop.adapter().preflight(loop, None, "stage0")
+        check(loop, None, "stage0")
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ from pipekit_train.adapters.keras import (
     register_keras_model,
     to_keras_loss,
 )
+from pipekit_train.stage.preflight import check
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 4)).astype(np.float32)
@@ -398,7 +399,7 @@ def test_a_key_keras_cannot_honour_is_refused_naming_the_backend():
         build_keras_optimizer({"name": "rmsprop", "momentum": 0.9, "nesterov": True}, max_steps=10)
     loop = _loop(optimizer_config={"name": "rmsprop", "momentum": 0.9, "nesterov": True})
     with pytest.raises(pipekit.ConfigError, match="backend 'keras'"):
-        loop.adapter().preflight(loop, None, "stage0")
+        check(loop, None, "stage0")
 
 
 @pytest.mark.parametrize(

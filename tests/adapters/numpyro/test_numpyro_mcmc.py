@@ -40,7 +40,7 @@ def conjugate(tmp_path_factory):
 
 
 def test_chunked_draws_equal_numpyro_mcmc_run_bitwise(conjugate):
-    """Chunks of 50 iterations give NumPyro's own ``MCMC.run`` draws (one chunk: tests/bayes/test_eight_schools.py)."""
+    """Chunks of 50 iterations give NumPyro's own ``MCMC.run`` draws (one chunk: test_eight_schools.py)."""
     from numpyro.infer import MCMC
     from numpyro.infer import NUTS as NumpyroNUTS
 

@@ -25,8 +25,9 @@ from pipekit_train import (
 )
 from pipekit_train.adapters.blackjax import HMC, MALA, NUTS, BlackjaxModel
 from pipekit_train.adapters.numpyro import NumpyroModel
+from pipekit_train.stage.preflight import check
 
-from .conftest import POST_MEAN, POST_SD, Y, kill_in_warmup_and_in_sampling_then_resume
+from ..numpyro.conftest import POST_MEAN, POST_SD, Y, kill_in_warmup_and_in_sampling_then_resume
 
 pytest.importorskip("blackjax")
 pytestmark = pytest.mark.xdist_group("bayes-blackjax")  # one worker: the fixture is sampled once
@@ -168,10 +169,10 @@ def test_kernels_and_models_are_checked_before_sampling():
         _loop(backend="numpyro-mcmc")
     np_loop = _loop(model_op=NumpyroModel(model="conjugate_normal"), backend="numpyro-mcmc", task=MALA())
     with pytest.raises(ConfigError, match="needs its kernel as `task` \\(NUTS/HMC"):
-        np_loop.adapter().preflight(np_loop, None, "s")
+        check(np_loop, None, "s")
     loop = _loop(max_steps=10)
     with pytest.raises(ConfigError, match=f"set max_steps: {WARMUP + SAMPLES}"):
-        loop.adapter().preflight(loop, None, "s")
+        check(loop, None, "s")
 
 
 def test_operators_round_trip_through_yaml():

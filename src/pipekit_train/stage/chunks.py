@@ -1,0 +1,95 @@
+"""How the engine fuses steps into compiled calls: `steps_per_call` (``auto`` resolved by the batch size and the
+callbacks), and chunks that never cross a log, eval, checkpoint or epoch boundary, so a resumed run makes exactly
+the chunks an uninterrupted one makes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..callbacks._base import Callback
+
+__all__ = ["AUTO_CHUNK_BYTES", "AUTO_MAX_STEPS", "ChunkPlan", "callback_keys", "chunk_plan", "needs_every_step"]
+
+
+#: `steps_per_call: auto` fuses at most this many steps into one compiled call: enough that the dispatch costs
+#: nothing per step, few enough that a graceful stop (SIGTERM) or the progress display waits at most one chunk.
+AUTO_MAX_STEPS = 100
+
+
+#: ... and at most this many bytes of one call's stacked batches (on the host, or gathered on the device).
+AUTO_CHUNK_BYTES = 64 * 2**20
+
+
+def needs_every_step(cb: Callback) -> bool:
+    """Whether `cb` needs the host after every single step (`Callback.needs_every_step`; ``None``: inferred)."""
+    declared = type(cb).needs_every_step
+    if declared is not None:
+        return bool(declared)
+    return type(cb).on_step_end is not Callback.on_step_end
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    """The largest divisor of `n` that is at most `cap` (1 at least)."""
+    best = 1
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            for q in (d, n // d):
+                if best < q <= cap:
+                    best = q
+    return best
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How a stage cuts its steps into compiled calls (`Engine.next_chunk`).
+
+    Attributes:
+        size: The usual chunk: an explicit `steps_per_call`, or what `auto` resolved to. Chunks start at multiples
+            of it and never cross a boundary (log, eval, checkpoint, epoch end, `max_steps`).
+        small: With `auto`, what fills a stretch shorter than `size` (before a boundary that is not a multiple of
+            `size`, the tail before `max_steps`, after a resume between boundaries); then single steps. So an
+            `auto` stage compiles at most three chunk lengths: `size`, `small` and 1.
+        auto: Whether `steps_per_call` is `auto`.
+    """
+
+    size: int
+    small: int
+    auto: bool
+
+
+def chunk_plan(
+    loop: Any, periods: list[int], fuses: bool, batch_bytes: int, callbacks: tuple[Callback, ...]
+) -> ChunkPlan:
+    """Resolve `loop.steps_per_call` into a `ChunkPlan` (see docs/performance.md, "Fusion").
+
+    `periods` are the step multiples chunks must not cross (log, eval, epoch, checkpoint cadences); `fuses` says
+    whether the backend runs several steps per call at all (a backend that cannot treats `auto` as 1);
+    `batch_bytes` is one batch's size on the host. `auto` takes the largest divisor of the periods' (and
+    `max_steps`') common divisor that fits the caps (`AUTO_MAX_STEPS`, `AUTO_CHUNK_BYTES`), so every stretch
+    between two boundaries is a whole number of equal chunks; when that divisor is poor (periods 100 and 33), the
+    shortest period within the caps instead.
+    """
+    setting = loop.steps_per_call
+    if setting != "auto":
+        return ChunkPlan(int(setting), 1, False)
+    if not fuses or any(needs_every_step(cb) for cb in callbacks):
+        return ChunkPlan(1, 1, True)
+    cap = max(1, min(AUTO_MAX_STEPS, AUTO_CHUNK_BYTES // max(1, batch_bytes)))
+    every = [p for p in periods if p] + [int(loop.max_steps)]
+    divisor = _largest_divisor(math.gcd(*every), cap)
+    shortest = min(cap, *every)
+    size = divisor if 4 * divisor >= shortest else shortest
+    return ChunkPlan(size, max(1, size // 8), True)
+
+
+def callback_keys(callbacks: tuple[Callback, ...]) -> list[str]:
+    """``"EarlyStopping:0"``-style keys: a callback's type and how many callbacks of that type come before it."""
+    seen: dict[str, int] = {}
+    keys = []
+    for cb in callbacks:
+        name = type(cb).__name__
+        keys.append(f"{name}:{seen.get(name, 0)}")
+        seen[name] = seen.get(name, 0) + 1
+    return keys

@@ -1,0 +1,97 @@
+"""Where a stage's model starts: fresh, carried over, converted from another backend, or transferred.
+
+The core decides; the backend only builds (`Backend.build`) and, with the ``transfer`` capability, fills a fresh
+model from the previous one (`Backend.transfer`). The same rules hold for every backend:
+
+* no previous model (a first stage), or ``transfer: {type: Transfer}`` without paths: **fresh**;
+* the previous stage's model, of this stage's backend and architecture: **carried** over whole;
+* a model of another backend goes through its registered converter first (**converted**), or is refused;
+* ``transfer:`` with paths: a fresh model with those sub-trees copied from the previous one (**transferred**).
+
+A backend without the ``weights`` capability (a sampler) always starts from its own `build`: it takes its initial
+point from the previous stage in `Backend.start`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from pipekit import ConfigError
+
+from ..backends._convert import convert_model, find_converter, refuse_foreign
+
+if TYPE_CHECKING:
+    from .._models import ModelOp
+    from ..backends._contract import Backend
+    from .loop import TrainerCarryState, TrainingLoop
+
+__all__ = ["Route", "route", "starting_model"]
+
+Route = Literal["fresh", "carried", "converted", "transferred"]
+
+
+def route(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str, backend: Backend) -> Route:
+    """How the stage's model starts (see the module docstring); refuses a hand-off the rules do not allow.
+
+    Needs no weights: pre-flight calls it with the model the previous stage will hand over.
+    """
+    previous = incoming.model if incoming is not None else None
+    if previous is None or "weights" not in backend.capabilities:
+        return "fresh"
+    if loop.transfer is not None and not loop.transfer.paths:
+        return "fresh"
+    converted = getattr(previous, "backend", None) != backend.name
+    if converted and find_converter(previous, backend.name) is None:
+        raise refuse_foreign(previous, backend.name, stage)
+    if loop.transfer is not None:
+        if "transfer" not in backend.capabilities:
+            from ..backends._registry import backends_with
+
+            raise ConfigError(
+                f"stage {stage!r}: backend {loop.backend!r} cannot assemble a model by paths (TrainingLoop.transfer "
+                f"{loop.transfer!r}); carry the whole model, start fresh with `transfer: {{type: Transfer}}`, or "
+                f"train this stage with a backend that can: {', '.join(backends_with('transfer')) or 'none installed'}"
+            )
+        return "transferred"
+    if converted:
+        return "converted"
+    if previous == loop.model_op:
+        return "carried"
+    raise ConfigError(
+        f"stage {stage!r} trains {loop.model_op!r} but the previous stage produced {previous!r}; "
+        "say which weights to carry over with `transfer:` (for example "
+        "`transfer: {type: Transfer, paths: {encoder: encoder}}`, or `transfer: {type: Transfer}` to start fresh)"
+    )
+
+
+def starting_model(
+    loop: TrainingLoop,
+    incoming: TrainerCarryState | None,
+    stage: str,
+    backend: Backend,
+    fresh: ModelOp | None = None,
+) -> ModelOp:
+    """The bound model the stage starts from. `fresh` is a model pre-flight already built for this stage (it is
+    used instead of building again); the backend builds at most once here."""
+    how = route(loop, incoming, stage, backend)
+
+    def built() -> ModelOp:
+        return fresh if fresh is not None else backend.build(loop)
+
+    if how == "fresh":
+        return built()
+    assert incoming is not None and incoming.model is not None
+    previous: Any = incoming.model
+    if getattr(previous, "backend", None) != backend.name:
+        previous = convert_model(previous, backend.name)
+    if how == "transferred":
+        transfer = getattr(backend, "transfer", None)
+        assert transfer is not None, f"backend {loop.backend!r} lists 'transfer' but has no transfer method"
+        result: ModelOp = transfer(loop.transfer, previous, built())
+        return result
+    if previous != loop.model_op:  # a converter that produced another architecture
+        raise ConfigError(
+            f"stage {stage!r} trains {loop.model_op!r} but converting the previous stage's model gave {previous!r}; "
+            "say which weights to carry over with `transfer:`"
+        )
+    return previous  # type: ignore[no-any-return]

@@ -1,0 +1,179 @@
+"""What the engine drives and what it hands back: the `StepBackend` protocol (a backend's step methods), the
+`StageHooks` the checkpoint and resume machinery implements, the plain `EngineSnapshot` hooks read, the
+`AdapterResult` of a stage, and the divergence errors. The contract an adapter author implements against is this
+module plus `pipekit_train.backends.Backend` (``adapters/README.md``)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = [
+    "AdapterResult",
+    "EngineSnapshot",
+    "HookCall",
+    "NonFiniteLossError",
+    "NonFiniteWeightsError",
+    "StageHooks",
+    "StepBackend",
+    "first_nonfinite",
+    "now_iso",
+]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite. The message names the stage, step and epoch."""
+
+
+class NonFiniteWeightsError(FloatingPointError):
+    """The weights hold NaN or infinity; nothing was saved or registered with them. The message names the array."""
+
+
+def first_nonfinite(tree: Any) -> str | None:
+    """The path of the first floating-point array of `tree` (a pytree or a flat mapping) holding NaN or infinity."""
+    import jax
+
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        host = np.asarray(leaf)
+        if host.dtype.kind in "fc" and not np.isfinite(host).all():
+            return jax.tree_util.keystr(path)
+    return None
+
+
+class StepBackend(Protocol):
+    """What the engine needs from a backend adapter.
+
+    Optional, read with ``getattr``: ``fuses_steps`` (default ``True``; ``False``: `steps_per_call: auto` means
+    one step per call, for a backend that steps in Python anyway), ``resident_data`` (default ``False``; ``True``:
+    the backend has ``train_window(window, n, step)`` taking a `pipekit_train.data._device.DeviceWindow`, so a
+    small in-memory training set can live on the device; see docs/performance.md).
+    """
+
+    def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Mapping[str, Any]:
+        """Run ``len(batches)`` optimizer steps starting at `step`; metrics with a leading axis when > 1."""
+
+    def evaluate(self, batch: dict[str, np.ndarray]) -> Mapping[str, Any]:
+        """Metrics of one batch in inference mode."""
+
+    def bound_model(self) -> Any:
+        """The model operator bound to the current weights."""
+
+    def set_model(self, model_op: Any) -> None:
+        """Replace the current weights (same structure)."""
+
+    def get_lr_scale(self) -> float:
+        """The run-time learning-rate multiplier (1.0 unless `ReduceLROnPlateau` lowered it)."""
+
+    def set_lr_scale(self, value: float) -> None:
+        """Set the run-time learning-rate multiplier; it is part of `state_tree` so it survives a resume."""
+
+    def learning_rate(self, step: int) -> float:
+        """The learning rate at `step` (the schedule times the multiplier), for logging."""
+
+    def state_tree(self) -> Mapping[str, Any]:
+        """Every array a checkpoint needs to continue exactly (weights, optimizer state, ...), a dict of pytrees."""
+
+    def load_state_tree(self, tree: Mapping[str, Any]) -> None:
+        """The inverse of `state_tree` (the tree comes back with the same structure, as arrays)."""
+
+    def weights_tree(self) -> Mapping[str, Any]:
+        """The model's weights alone: what a warm start (`TrainingLoop.init_from`) copies from a checkpoint.
+
+        Its keys are keys of `state_tree`, with the same structure underneath."""
+
+    def load_weights_tree(self, tree: Mapping[str, Any]) -> None:
+        """Replace the weights only (the inverse of `weights_tree`); the optimizer state stays."""
+
+
+@dataclass
+class EngineSnapshot:
+    """What the engine knows after a chunk, as plain data: what checkpoint hooks save with the arrays.
+
+    Attributes:
+        step: Optimizer steps taken.
+        epoch: The epoch of `step`.
+        pending: The steps not yet logged, ``[[step, {metric: value}], ...]`` as host floats, already checked to be
+            finite (a checkpoint never holds weights past a non-finite loss).
+        last_train: The last logged window's means (``loss``, ``lr``, ...).
+        last_eval: The last validation metrics (``validate/...``).
+        evaluated_at: The step `last_eval` was computed at, or ``None``.
+        callback_states: Each callback's state, by its `callback_keys` key (its type and how many callbacks of that
+            type come before it), so adding a callback of another type does not move any other's state.
+    """
+
+    step: int
+    epoch: int
+    pending: list[list[Any]]
+    last_train: dict[str, float]
+    last_eval: dict[str, float]
+    evaluated_at: int | None
+    callback_states: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """What the engine hands its hooks after a chunk and at the end, never the engine itself.
+
+    Attributes:
+        step: The steps taken so far.
+        backend: The stage's `StepBackend` (its state to save, a best checkpoint to load back).
+        snapshot: The engine's state as plain data (`EngineSnapshot`), taken when a checkpoint is written (it reads
+            the pending step losses to the host and checks them).
+        written: Tell the engine (and so the callbacks' ``on_checkpoint``) that a checkpoint of that step was written.
+    """
+
+    step: int
+    backend: StepBackend
+    snapshot: Callable[[], EngineSnapshot]
+    written: Callable[[int], None]
+
+
+class StageHooks(Protocol):
+    """What the engine calls on checkpoint, resume and signal hooks (`pipekit_train.checkpoint` supplies them)."""
+
+    parent_ids: tuple[str, ...]
+    restored_meta: Mapping[str, Any] | None
+
+    def restore(self, backend: StepBackend) -> tuple[int, dict[str, Any] | None, dict[str, dict[str, Any]] | None]:
+        """Before the first step: load a warm start and/or the checkpoint to resume; ``(step, data, callbacks)``."""
+
+    def boundaries(self) -> list[int]:
+        """Step multiples a fused chunk must not cross (the checkpoint cadence)."""
+
+    def after_chunk(self, call: HookCall, data_state: dict[str, Any]) -> None:
+        """After every dispatch: save when the cadence says so."""
+
+    def stop_requested(self) -> str | None:
+        """A signal's name when SIGINT/SIGTERM asked the stage to stop."""
+
+    def at_end(self, call: HookCall, data_state: dict[str, Any], stop_reason: str | None) -> None:
+        """After the last step: a final save, waiting for background writes, `restore_best`."""
+
+    def close(self) -> None:
+        """Release what the hooks hold (signal handlers, writers), also after an error."""
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class AdapterResult:
+    """What an adapter's ``run`` returns to `TrainingLoop`."""
+
+    model: Any
+    opt_state: Any
+    step: int
+    epoch: int
+    metrics: dict[str, float]
+    backend_info: dict[str, Any]
+    artifact_fields: dict[str, Any] = field(default_factory=dict)
+    started_at: str = ""
+    ended_at: str = ""
+    status: str = "completed"
+    stop_reason: str | None = None
+    rng: Any = None
