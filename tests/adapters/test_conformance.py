@@ -12,7 +12,7 @@ import importlib.metadata
 import pytest
 
 from pipekit_train import available_backends
-from pipekit_train.adapters.conformance import CHECKS, checks_for
+from pipekit_train.adapters.conformance import CHECKS
 from pipekit_train.backends._registry import ENTRY_POINT_GROUP
 
 INSTALLED = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
@@ -28,4 +28,4 @@ def test_the_kit_has_every_documented_check():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_adapter_contract(backend, check, tmp_path):
     """Every backend passes the kit: samplers and variational fits its sampler variant (no skips)."""
-    checks_for(backend)[check](backend, tmp_path)
+    CHECKS[check](backend, tmp_path)

@@ -17,7 +17,7 @@ users do, through `TrainingLoop`, `pipekit.Sequential` and the CLI. The model is
 ``example_model(4, 1)`` (see ``adapters/README.md``), the loss `MSE` and the optimizer SGD with momentum, which every
 backend with the ``weights`` capability is expected to honour. A backend that trains otherwise (a sampler, a
 variational fit) gives the loop fields of its own problem on the same data with ``example_fields()`` (a kernel as
-`task`, an ELBO as `loss`), and `checks_for` gives it the **sampler variant**: the same checks where they mean
+`task`, an ELBO as `loss`), and every check gives it the **sampler variant**: the same checks where they mean
 something (determinism, SIGTERM and a bitwise resume, retention, artifacts and lineage, the registry round trip,
 the hand-off to a next stage, refusing a foreign model, the CLI), each judged by what the backend is. The backend
 must be registered in this process before a check runs (an installed entry point, or the module that calls
@@ -471,13 +471,6 @@ CHECKS: dict[str, Callable[[str, Path], None]] = {
 }
 
 
-def checks_for(backend: str) -> dict[str, Callable[[str, Path], None]]:
-    """The checks that apply to `backend`: all of them; each judges a backend without the ``weights`` capability
-    (a sampler) by what it is (the sampler variant, see the module docstring)."""
-    _capabilities(backend)  # an unknown or uninstalled backend is one clear error here
-    return dict(CHECKS)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run every check against one backend; print one line per check; exit 1 if any failed."""
     parser = argparse.ArgumentParser(
@@ -492,8 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name in args.imports:
         importlib.import_module(name)
-    applicable = checks_for(args.backend)
-    selected = {name: applicable[name] for name in args.check} if args.check else applicable
+    _capabilities(args.backend)  # an unknown or uninstalled backend is one clear error, before any check runs
+    selected = {name: CHECKS[name] for name in args.check} if args.check else CHECKS
     failed = 0
     for name, check in selected.items():
         started = time.perf_counter()

@@ -23,7 +23,7 @@ from pipekit import ConfigError, suggestion
 
 from ._contract import CAPABILITIES, Backend, missing_members
 
-__all__ = ["BackendError", "available_backends", "backends_with", "get_backend", "register_backend"]
+__all__ = ["BackendError", "able_to", "available_backends", "backends_with", "get_backend", "register_backend"]
 
 ENTRY_POINT_GROUP = "pipekit_train.backends"
 
@@ -156,3 +156,9 @@ def backends_with(capability: str) -> list[str]:
 def adapter_of(loop: Any) -> Backend:
     """The backend object for `loop.backend`."""
     return get_backend(loop.backend)
+
+
+def able_to(capability: str, besides: str | None = None) -> str:
+    """`backends_with(capability)` as a refusal's remedy says it: ``"equinox, keras"``, or ``"none installed"``;
+    `besides` (the stage's own backend) left out."""
+    return ", ".join(b for b in backends_with(capability) if b != besides) or "none installed"

@@ -64,6 +64,8 @@ class InputSpec:
 # Inference functions ------------------------------------------------------------------------------------------
 def inference_function(model: Any) -> Callable[[Any], Any]:
     """``predict(x)`` over a batch for the bound model operator `model` (its `ModelOp.inference_function`)."""
+    from ..backends._registry import able_to
+
     if getattr(model, "module", None) is None:
         raise ExportError(f"{model!r} has no weights bound; export a trained model (an artifact or a model URI)")
     try:
@@ -72,15 +74,9 @@ def inference_function(model: Any) -> Callable[[Any], Any]:
         raise ExportError(
             f"cannot export {type(model).__name__} (backend {getattr(model, 'backend', '?')!r}): its model operator "
             "has no JAX inference function (ModelOp.inference_function); the models of backends with the export "
-            f"capability can be exported ({able_to_export()})"
+            f"capability can be exported ({able_to('export')})"
         ) from None
     return fn
-
-
-def able_to_export() -> str:
-    from ..backends._registry import backends_with
-
-    return ", ".join(backends_with("export")) or "none installed"
 
 
 # Input shapes ------------------------------------------------------------------------------------------------

@@ -275,12 +275,11 @@ def lr_find(
     loop = loops[index]
     name = loop.name or f"stage{index}"
     if "lr_find" not in loop.adapter().capabilities:
-        from ..backends._registry import backends_with
+        from ..backends._registry import able_to
 
         raise ConfigError(
             f"lr-find: stage {name!r} trains on backend {loop.backend!r}, which cannot be stepped by hand at a set "
-            "learning rate (its capabilities do not list lr_find); lr-find supports "
-            + ", ".join(backends_with("lr_find"))
+            "learning rate (its capabilities do not list lr_find); lr-find supports " + able_to("lr_find")
         )
     copy, notes = _sweep_copy(loop, steps)
     incoming, more = _incoming(loops, index, from_run)

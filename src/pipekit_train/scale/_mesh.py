@@ -33,13 +33,6 @@ def supports(loop: Any, setting: str) -> bool:
     return setting in loop.adapter().capabilities
 
 
-def able(setting: str) -> str:
-    """The installed backends that honour `setting`, for a refusal's remedy."""
-    from ..backends._registry import backends_with
-
-    return ", ".join(backends_with(setting)) or "none installed"
-
-
 def mesh_settings(mesh: Any, where: str = "TrainingLoop.mesh") -> tuple[int | None, bool]:
     """``(devices, shard_params)`` of a `mesh` mapping (``None`` devices: every local device); one-line errors."""
     if mesh is None:
@@ -209,18 +202,20 @@ def mesh_plan(loop: TrainingLoop) -> MeshPlan | None:
 
 def check_mesh(loop: TrainingLoop) -> None:
     """Pre-flight: the mesh a stage asks for exists, its backend trains on one, and the batch splits evenly."""
+    from ..backends._registry import able_to
+
     wanted, shard = mesh_settings(loop.mesh)
     if not supports(loop, "mesh"):
         if (wanted is not None and wanted > 1) or shard:
             raise ConfigError(
                 f"TrainingLoop.mesh is {loop.mesh!r} but backend {loop.backend!r} trains on one device only "
-                f"(data parallel: {able('mesh')}); remove mesh or set mesh: {{devices: 1}}"
+                f"(data parallel: {able_to('mesh')}); remove mesh or set mesh: {{devices: 1}}"
             )
         return
     if shard and not supports(loop, "shard_params"):
         raise ConfigError(
             f"TrainingLoop.mesh.shard_params is true but backend {loop.backend!r} keeps its variables replicated "
-            f"(parameter sharding: {able('shard_params')}); remove shard_params"
+            f"(parameter sharding: {able_to('shard_params')}); remove shard_params"
         )
     import jax
 
@@ -228,7 +223,7 @@ def check_mesh(loop: TrainingLoop) -> None:
     if processes > 1 and not supports(loop, "processes"):
         raise ConfigError(
             f"this process is one of {processes} (jax.distributed is initialized) but backend {loop.backend!r} "
-            f"trains in one process only (multi-process: {able('processes')}); run it without pipekit-train launch"
+            f"trains in one process only (multi-process: {able_to('processes')}); run it without pipekit-train launch"
         )
     if processes > 1 and shard:
         raise ConfigError(

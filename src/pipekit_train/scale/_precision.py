@@ -50,13 +50,14 @@ def compute_dtype(precision: Any, where: str = "TrainingLoop.precision") -> str 
 
 def check_precision(loop: Any) -> None:
     """Pre-flight: a compute dtype other than float32 only on a backend whose step casts (``precision``)."""
-    from ._mesh import able, supports
+    from ..backends._registry import able_to
+    from ._mesh import supports
 
     dtype = compute_dtype(loop.precision)
     if dtype is not None and not supports(loop, "precision"):
         raise ConfigError(
             f"TrainingLoop.precision is {loop.precision!r} but backend {loop.backend!r} trains in float32 only "
-            f"(mixed precision: {able('precision')}); remove precision"
+            f"(mixed precision: {able_to('precision')}); remove precision"
         )
 
 

@@ -14,7 +14,7 @@ before it claims its run directory, so a failed pre-flight writes nothing.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pipekit import ConfigError, Operator, Sequential
@@ -99,10 +99,12 @@ RECIPE_FIELDS = ("gradient", "param_groups", "diagnostics", "carry")
 
 
 def _refusal(stage: str, loop: TrainingLoop, what: str, capability: str, remedy: str) -> ConfigError:
-    from ..backends._registry import backends_with
+    from ..backends._registry import able_to
 
-    able = [b for b in backends_with(capability) if b != loop.backend]
-    where = f"train this stage with a backend that can ({', '.join(able)})" if able else "no installed backend can"
+    able = able_to(capability, besides=loop.backend)
+    where = (
+        "no installed backend can" if able == "none installed" else f"train this stage with a backend that can ({able})"
+    )
     return ConfigError(
         f"stage {stage!r}: backend {loop.backend!r} cannot {what}; {remedy}, or {where} (docs/recipes.md)"
     )
@@ -171,8 +173,6 @@ def plan_pipeline(op: Operator) -> list[StagePlan]:
         name = loop.name or f"stage{index}"
         plan = check(loop, incoming, name)
         if plan.route in ("fresh", "transferred"):
-            from dataclasses import replace
-
             plan = replace(plan, fresh=plan.backend.build(loop))
         model = starting_model(loop, incoming, name, plan.backend, fresh=plan.fresh)
         incoming = TrainerCarryState(model=model, stage_index=index + 1, **handoff(loop, os.path.join("<run>", name)))

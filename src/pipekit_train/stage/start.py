@@ -45,12 +45,12 @@ def route(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str, ba
         raise refuse_foreign(previous, backend.name, stage)
     if loop.transfer is not None:
         if "transfer" not in backend.capabilities:
-            from ..backends._registry import backends_with
+            from ..backends._registry import able_to
 
             raise ConfigError(
                 f"stage {stage!r}: backend {loop.backend!r} cannot assemble a model by paths (TrainingLoop.transfer "
                 f"{loop.transfer!r}); carry the whole model, start fresh with `transfer: {{type: Transfer}}`, or "
-                f"train this stage with a backend that can: {', '.join(backends_with('transfer')) or 'none installed'}"
+                f"train this stage with a backend that can: {able_to('transfer', besides=backend.name)}"
             )
         return "transferred"
     if converted:

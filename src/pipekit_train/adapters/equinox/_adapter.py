@@ -325,11 +325,6 @@ def check_param_groups(loop: TrainingLoop, module: Any) -> None:
 
 
 def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
-    """The backend's pre-flight: shapes of the data, model and loss, abstractly, and the parameter groups."""
-    check_before_compile(loop)
-
-
-def check_before_compile(loop: TrainingLoop) -> None:
     """Refuse data/model/loss mismatches with named shapes before anything is compiled or built.
 
     Works on the architecture alone (`jax.eval_shape` of the model's `build`), so it runs before any weights

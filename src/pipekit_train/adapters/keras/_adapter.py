@@ -155,10 +155,6 @@ def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
 
 
 def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
-    check_before_compile(loop)
-
-
-def check_before_compile(loop: TrainingLoop) -> None:
     """Refuse what this backend cannot do, and data/model/loss mismatches, before anything is compiled."""
     if loop.task is not None:
         raise ConfigError(

@@ -103,7 +103,7 @@ class TorchBackend:
             grad_clip_norm=loop.grad_clip_norm,
             accum=loop.accum,
         )
-        assert loop.loss is not None  # check_before_run refused a loop without one
+        assert loop.loss is not None  # check refused a loop without one
         self.loss_fn = to_torch_loss(loop.loss)
         self.aux_prefix = getattr(loop.loss, "aux_prefix", "loss/")
         self.dtype = self.params[0].dtype if self.params else torch.float32
@@ -251,10 +251,6 @@ def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
 
 
 def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
-    check_before_run(loop)
-
-
-def check_before_run(loop: TrainingLoop) -> None:
     """Refuse what this backend cannot do, and data/model/loss mismatches, before anything trains."""
     if loop.task is not None:
         raise ConfigError(
