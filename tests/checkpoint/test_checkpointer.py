@@ -358,7 +358,12 @@ def test_missing_commit_marker_or_tmp_dir_is_ignored_and_the_previous_one_used(t
     (tmp_path / "2").rename(tmp_path / "2.orbax-checkpoint-tmp")  # never renamed into place
     for reader in (ckpt, Checkpointer(tmp_path)):
         assert reader.latest_step() == 1 and reader.steps() == [1] and reader.best_step() == 1
-        assert reader.restore("latest")[1] == {"next_index": 1}
+        with pytest.warns(PipekitTrainWarning) as said:  # the newer steps are named, never skipped quietly
+            assert reader.restore("latest")[1] == {"next_index": 1}
+        assert [str(w.message).split(" never committed ")[1] for w in said] == [
+            "(missing state/commit_success.txt); restoring step 1",
+            "(missing commit_success.txt); restoring step 1",
+        ]
         with pytest.raises(
             CheckpointNotFoundError, match=r"step 4 in .* is not a committed checkpoint \(missing commit_"
         ):
@@ -375,7 +380,8 @@ def test_flat_missing_commit_marker_or_tmp_dir_is_ignored_and_the_previous_one_u
     (tmp_path / "2").rename(tmp_path / ".pipekit-tmp-2-123-abcdef")  # never renamed into place
     for reader in (ckpt, Checkpointer(tmp_path)):
         assert reader.latest_step() == 1 and reader.steps() == [1] and reader.best_step() == 1
-        assert reader.restore("latest")[1] == {"next_index": 1}
+        with pytest.warns(PipekitTrainWarning, match=r"step 3 .* never committed \(missing commit_success.txt\)"):
+            assert reader.restore("latest")[1] == {"next_index": 1}
         with pytest.raises(CheckpointNotFoundError, match=r"step 3 in .* \(missing commit_success.txt\)"):
             reader.restore(3)
     with Checkpointer(tmp_path, keep=(Last(n=5),)) as writer:  # the first save clears what a killed writer left

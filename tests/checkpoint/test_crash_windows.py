@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from pipekit_train import Checkpointer, Last, PipekitTrainWarning
+from pipekit_train import Checkpointer, Last, PipekitTrainWarning, run_settings
 from pipekit_train.checkpoint import list_runs
 
 
@@ -50,3 +54,83 @@ def test_a_damaged_record_of_an_unlisted_step_is_ignored_not_trusted(tmp_path: P
     record.write_text(record.read_text().replace('"run_id": "r"', '"run_id": "x"'))
     (row,) = list_runs(tmp_path)
     assert row["steps"] == [10]
+
+
+@pytest.mark.parametrize(("layout", "marker"), [("flat", "commit_success.txt"), ("orbax", "_CHECKPOINT_METADATA")])
+def test_restore_latest_names_a_newer_step_whose_commit_marker_is_gone(tmp_path: Path, layout: str, marker: str):
+    with Checkpointer(tmp_path / "ck", keep=(Last(n=3),), async_save=False, layout=layout) as ckpt:
+        for step in (10, 20):
+            ckpt.save(step, state={"w": jnp.full(3, step)}, data_iter={"i": step}, meta={})
+    (tmp_path / "ck" / "20" / marker).unlink()
+    with (
+        Checkpointer(tmp_path / "ck", keep=(Last(n=3),), async_save=False) as ckpt,
+        pytest.warns(
+            PipekitTrainWarning,
+            match=rf"the checkpoint of step 20 in {tmp_path / 'ck'} never committed \(missing {marker}\); "
+            r"restoring step 10$",
+        ),
+    ):
+        state, data_iter, _ = ckpt.restore("latest")
+    assert data_iter == {"i": 10} and float(state["w"][0]) == 10.0
+
+
+PIPELINE = """\
+pipekit: 1
+type: TrainingLoop
+name: fit
+model_op: {type: EquinoxModel, factory: mlp, kwargs: {in_size: 3, out_size: 1, width_size: 4, depth: 1}}
+dataset: {type: TrainingDataset, source: {type: NpzSource, path: DATA}}
+loss: {type: MSE}
+max_steps: 40
+batch_size: 8
+progress: false
+callbacks: [{type: Checkpoint, every_n_steps: 10, keep: [{type: Last, n: 1}]}]
+"""
+
+# Run the pipeline, SIGKILLed by itself once step 40 has committed, before the manifest lists it and before step 30
+# is deleted: the crash window between the final commit and the rotation, hit exactly, in a real process.
+KILLED_AFTER_THE_LAST_COMMIT = """\
+import os, signal, sys
+import pipekit
+import pipekit_train
+import pipekit_train.checkpoint._checkpointer as checkpointer
+
+write = checkpointer._write_manifest
+def killed(directory, header, entries):
+    if any(e.step == 40 for e in entries):
+        os.kill(os.getpid(), signal.SIGKILL)
+    write(directory, header, entries)
+checkpointer._write_manifest = killed
+with pipekit_train.run_settings(run_dir=sys.argv[2], store=False):
+    pipekit.loads(open(sys.argv[1]).read()).run()
+"""
+
+
+def test_retention_is_applied_again_when_resuming_after_a_kill_between_the_last_commit_and_the_manifest(
+    tmp_path: Path, xla_cache_env: dict[str, str]
+):
+    import pipekit
+
+    x = np.random.default_rng(0).normal(size=(32, 3)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=x, y=x[:, :1])
+    (tmp_path / "pipe.yaml").write_text(PIPELINE.replace("DATA", str(tmp_path / "data.npz")))
+    (tmp_path / "killed.py").write_text(KILLED_AFTER_THE_LAST_COMMIT)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", **xla_cache_env}
+    killed = subprocess.run(
+        [sys.executable, "killed.py", "pipe.yaml", "run"], cwd=tmp_path, env=env, capture_output=True, timeout=120
+    )
+    assert killed.returncode == -9, killed.stderr.decode()
+    checkpoints = tmp_path / "run" / "fit" / "checkpoints"
+    listed = [e["step"] for e in json.loads((checkpoints / "manifest.json").read_text())["entries"]]
+    assert listed == [30] and sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [30, 40]
+
+    with run_settings(run_dir=str(tmp_path / "ref"), store=False):
+        reference, _ = pipekit.loads((tmp_path / "pipe.yaml").read_text()).run()
+    with (
+        run_settings(run_dir=str(tmp_path / "run"), store=False, resume="auto"),
+        pytest.warns(PipekitTrainWarning, match=r"step\(s\) \[40\] were committed but missing from manifest.json"),
+    ):
+        resumed, _ = pipekit.loads((tmp_path / "pipe.yaml").read_text()).run()
+    assert resumed.weights_hash() == reference.weights_hash()
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name.isdigit()) == ["40"], "Last(n=1) not applied"
+    assert [e["step"] for e in json.loads((checkpoints / "manifest.json").read_text())["entries"]] == [40]

@@ -8,6 +8,7 @@ either).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -43,7 +44,7 @@ class CountSteps(Callback, register=False):
         return None
 
 
-def _loop(**fields: Any) -> TrainingLoop:
+def _loop(*extra: Callback, **fields: Any) -> TrainingLoop:
     return TrainingLoop(
         model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 3, "out_size": 1, "width_size": 4, "depth": 1}),
         dataset=TrainingDataset(source=ArraySource(arrays={"x": X, "y": X[:, :1]})),
@@ -52,7 +53,7 @@ def _loop(**fields: Any) -> TrainingLoop:
         batch_size=8,
         progress=False,
         name="fit",
-        callbacks=(Checkpoint(every_n_steps=2, keep=(Last(n=1),), async_save=False), CountSteps()),
+        callbacks=(Checkpoint(every_n_steps=2, keep=(Last(n=1),), async_save=False), CountSteps(), *extra),
         **fields,
     )
 
@@ -139,3 +140,22 @@ def test_the_cli_refuses_a_read_only_run_directory_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and str(run_dir) in err[0], err
     assert "Traceback" not in err[0]
+
+
+def test_a_read_only_register_model_registry_is_refused_in_pre_flight(
+    tmp_path: Path, read_only: Callable[[Path], Path]
+):
+    from pipekit_train import RegisterModel
+    from pipekit_train.stage import check_pipeline
+
+    registry = read_only(tmp_path / "registry")
+    loop = _loop(RegisterModel(registry=str(registry)))
+    where = re.escape(str(registry))
+    match = rf"stage 'fit': the model registry of RegisterModel {where} (cannot be|is a file).*RegisterModel\.registry"
+    with pytest.raises(DirectoryNotWritableError, match=match):  # `pipekit-train validate` says it too
+        check_pipeline(loop)
+    STEPS.clear()
+    with run_settings(run_dir=str(tmp_path / "run"), store=False), pytest.raises(DirectoryNotWritableError) as refused:
+        loop.run()
+    assert STEPS == [] and not (tmp_path / "run").exists(), "refused only after training"
+    assert "\n" not in str(refused.value) and "nothing was trained" in str(refused.value)

@@ -45,6 +45,7 @@ from ._layout import (
     _delete_step,
     _file_digests,
     _json_digest,
+    _never_committed,
     _optional,
     _pending,
     _prepare_state,
@@ -53,6 +54,7 @@ from ._layout import (
     _short,
     _step,
     _to_host,
+    _uncommitted_after,
     _uncommitted_reason,
     _with_io_retry,
     _write_manifest,
@@ -388,6 +390,10 @@ class Checkpointer:
             step = self.latest_step()
             if step is None:
                 raise CheckpointNotFoundError(f"no committed checkpoint in {self.directory}{_pending(self.directory)}")
+            for step_dir, missing in _uncommitted_after(self.directory, step):  # never quietly an older step
+                warnings.warn(
+                    _never_committed(step_dir, missing, f"restoring step {step}"), PipekitTrainWarning, stacklevel=3
+                )
             return step
         if which == "best":
             step = self.best_step()
@@ -462,13 +468,10 @@ class Checkpointer:
         with self._lock:
             entries = [e for e in self._entries.values() if _uncommitted_reason(self.directory / str(e.step)) is None]
             entries.append(entry)
-            own = [e for e in entries if self._is_own(e)]
-            kept = union_select(self.keep, own, self.mode) | {e.step for e in entries if not self._is_own(e)}
-            retained = sorted((e for e in entries if e.step in kept), key=_step)
-            header = {"monitor": self.monitor, "mode": self.mode, "keep": [repr(s) for s in self.keep]}
+            retained, doomed = self._retention(entries)
             try:
                 if is_primary():  # several processes: process 0 writes the manifest and deletes, after Orbax's commit
-                    _with_io_retry(lambda: _write_manifest(self.directory, header, retained))
+                    self._write_listed(retained)
             except OSError as e:
                 self._entries[entry.step] = entry  # listed by the next manifest write that succeeds
                 raise CheckpointSaveError(
@@ -476,12 +479,55 @@ class Checkpointer:
                     "nothing was deleted"
                 ) from e
             self._entries = {e.step: e for e in retained}
-        for doomed in sorted(e.step for e in entries if e.step not in kept and is_primary()):
-            try:
-                _with_io_retry(functools.partial(_delete_step, self.directory / str(doomed)))
-            except OSError as e:
-                logger.warning("could not delete checkpoint step %s in %s: %s", doomed, self.directory, e)
+        self._delete(doomed)
         barrier("checkpoint-manifest")  # no process reads the manifest before process 0 wrote it
+
+    def prune(self) -> list[int]:
+        """Delete the committed checkpoints that no selector in `keep` retains, as a `save` does after its commit.
+
+        A save applies `keep` right after its commit; a crash in between (after the commit, before the manifest
+        update or the deletions) leaves checkpoints the policy no longer keeps. A resumed run calls this once its
+        checkpoint is accepted, and again at the end, so the directory holds what `keep` says. Checkpoints scored
+        under another metric or mode are never deleted.
+
+        Returns:
+            The steps deleted, ascending (none when the directory already matches `keep`).
+        """
+        self.wait()
+        with self._lock:
+            entries = [e for e in self._entries.values() if _uncommitted_reason(self.directory / str(e.step)) is None]
+            retained, doomed = self._retention(entries)
+            if not doomed:
+                return []
+            try:
+                if is_primary():
+                    self._write_listed(retained)
+            except OSError as e:
+                logger.warning("could not update %s in %s (%s); nothing was deleted", MANIFEST, self.directory, e)
+                return []
+            self._entries = {e.step: e for e in retained}
+        self._delete(doomed)
+        logger.info("deleted checkpoint step(s) %s of %s: not kept by %s", doomed, self.directory, list(self.keep))
+        return doomed
+
+    def _retention(self, entries: list[ManifestEntry]) -> tuple[list[ManifestEntry], list[int]]:
+        """(the entries `keep` retains, by step; the steps it does not), over committed `entries`."""
+        own = [e for e in entries if self._is_own(e)]
+        kept = union_select(self.keep, own, self.mode) | {e.step for e in entries if not self._is_own(e)}
+        retained = sorted((e for e in entries if e.step in kept), key=_step)
+        return retained, sorted(e.step for e in entries if e.step not in kept)
+
+    def _write_listed(self, retained: list[ManifestEntry]) -> None:
+        header = {"monitor": self.monitor, "mode": self.mode, "keep": [repr(s) for s in self.keep]}
+        _with_io_retry(lambda: _write_manifest(self.directory, header, retained))
+
+    def _delete(self, doomed: list[int]) -> None:
+        """Delete the step directories of `doomed` (process 0 of several); the manifest no longer lists them."""
+        for step in doomed if is_primary() else []:
+            try:
+                _with_io_retry(functools.partial(_delete_step, self.directory / str(step)))
+            except OSError as e:
+                logger.warning("could not delete checkpoint step %s in %s: %s", step, self.directory, e)
 
 
 class _Job:

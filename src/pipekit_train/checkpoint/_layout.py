@@ -232,6 +232,25 @@ def _uncommitted_reason(step_dir: Path) -> str | None:
     return None
 
 
+def _uncommitted_after(directory: Path, latest: int | None) -> list[tuple[Path, str]]:
+    """Step directories newer than the committed step `latest` that never committed (a crash during their save, or a
+    commit marker deleted), oldest first, each with what is missing."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for child in sorted(directory.iterdir(), key=lambda p: (len(p.name), p.name)):
+        if child.name.isdigit() and (latest is None or int(child.name) > latest):
+            reason = _uncommitted_reason(child)
+            if reason is not None:
+                found.append((child, reason))
+    return found
+
+
+def _never_committed(step_dir: Path, reason: str, instead: str) -> str:
+    """The one message for a newer step that is skipped because it never committed (resume, ``restore('latest')``)."""
+    return f"the checkpoint of step {step_dir.name} in {step_dir.parent} never committed ({reason}); {instead}"
+
+
 def _pending(directory: Path) -> str:
     """A note listing interrupted (uncommitted) step directories, for error messages."""
     if not directory.is_dir():

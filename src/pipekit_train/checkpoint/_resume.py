@@ -10,7 +10,8 @@
   multiples of ``Checkpoint.every_n_steps`` (chunks never cross that boundary, so a resumed run makes the same
   chunks as an uninterrupted one).
 - ``stop_requested()``: SIGINT/SIGTERM received (the handlers only set a flag; the step finishes first).
-- ``at_end(call, data_state, stop_reason)``: a last save, waiting for asynchronous writes, `restore_best`.
+- ``at_end(call, data_state, stop_reason)``: a last save, waiting for asynchronous writes, retention
+  (`Checkpointer.prune`, also applied once a resumed checkpoint is accepted), `restore_best`.
 
 The data position saved with step ``s`` is the iterator's state right after the batches of step ``s`` were drawn,
 and the PRNG key of every step is derived from the seed and the step number, so restoring the three (weights and
@@ -217,6 +218,9 @@ class CheckpointHooks:
             )
         backend.load_state_tree(state)
         self.last_saved = step
+        # A crash between a commit and its rotation leaves checkpoints `keep` no longer retains: apply it now that
+        # the checkpoint is accepted (a refused resume deletes nothing).
+        ckpt.prune()
         callbacks = dict(meta.get("callbacks", {}))
         if callbacks and all(k.isdigit() for k in callbacks):  # written by 0.1, by position in the sorted list
             from ..stage.chunks import callback_keys
@@ -230,23 +234,15 @@ class CheckpointHooks:
     def _set_aside_uncommitted(self, latest: int | None) -> None:
         """Step directories newer than the latest committed checkpoint never committed (a crash during the save):
         say which and why, and move them aside, so the resumed run can write those steps again."""
-        from ._layout import _uncommitted_reason
+        from ._layout import _never_committed, _uncommitted_after
 
-        directory = Path(self.directory)
-        if not directory.is_dir():
-            return
-        for child in sorted(directory.iterdir(), key=lambda p: (len(p.name), p.name)):
-            if not child.name.isdigit() or (latest is not None and int(child.name) <= latest):
-                continue
-            reason = _uncommitted_reason(child)
-            if reason is None:
-                continue
+        resumed = f"resuming from step {latest}" if latest is not None else "starting fresh"
+        for child, reason in _uncommitted_after(Path(self.directory), latest):
             aside = child.with_name(f"{child.name}.uncommitted-{int(time.time())}")
             child.rename(aside)
-            resumed = f"resuming from step {latest}" if latest is not None else "starting fresh"
             warnings.warn(
-                f"stage {self.info.stage!r}: the checkpoint of step {child.name} in {directory} never committed "
-                f"({reason}); {resumed}. Its files were moved to {aside.name}",
+                f"stage {self.info.stage!r}: {_never_committed(child, reason, resumed)}. Its files were moved to "
+                f"{aside.name}",
                 PipekitTrainWarning,
                 stacklevel=3,
             )
@@ -271,6 +267,7 @@ class CheckpointHooks:
                 self._save(call, data_state, stop_reason)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
+                self.checkpointer.prune()  # the directory holds what `keep` says, whatever a crash left
             if self.signals.reason is not None:
                 self.interrupted = (self.signals.reason, self.signals.signum)
             if self.loop.restore_best:

@@ -67,6 +67,7 @@ def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) ->
     backend = loop.adapter()
     check_optimizer_config(loop.optimizer_config, loop.max_steps)
     _check_capabilities(loop, backend, stage)
+    _check_registries(loop, stage)
     check_mesh(loop)  # the devices exist, the backend trains on a mesh, the global batch splits evenly
     check_precision(loop)
     loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
@@ -136,6 +137,24 @@ def _check_capabilities(loop: TrainingLoop, backend: Backend, stage: str) -> Non
                 f"follow a schedule (TrainingLoop.{path} is {schedule!r})",
                 "schedules",
                 "use a fixed value",
+            )
+
+
+def _check_registries(loop: TrainingLoop, stage: str) -> None:
+    """Refuse a `RegisterModel` registry that cannot be written (read-only or full): found now, not after the whole
+    training, when the callback stores the model. The run's own folders and the store are checked when the run
+    directory is known (`stage.runner`)."""
+    from .._lock import check_writable
+    from ..callbacks._trackers import RegisterModel
+    from ..provenance._model_registry import ENV_VAR, LocalModelRegistry
+
+    for callback in loop.callbacks:
+        if isinstance(callback, RegisterModel):
+            check_writable(
+                LocalModelRegistry(callback.registry).root,
+                f"stage {stage!r}: the model registry of RegisterModel",
+                f"RegisterModel stores the trained model there, so its registry must be a folder this process can "
+                f"write: choose another RegisterModel.registry (or ${ENV_VAR})",
             )
 
 
