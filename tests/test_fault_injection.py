@@ -176,7 +176,8 @@ CHECKPOINT = [  # the default (flat) layout; the matrix also covers the orbax on
 )
 def test_resume_from_a_damaged_checkpoint(work: Path, name: str, where: Callable[[Path], Path], damage: str):
     expected = _final_hash(work)
-    (work / "run/fit/final.json").unlink()
+    for end in ("final.json", "artifact.json"):  # as if stopped before the stage recorded its end
+        (work / "run/fit" / end).unlink()
     path = where(work)
     DAMAGE[damage](path)
     out = _cli("run", "pipe.yaml", "--run-dir", "run", "--resume", "auto", "--no-store", cwd=work)

@@ -555,7 +555,9 @@ def unfinished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with _cwd(work):
         code = train_cli.main(["run", "pipe.yaml", "--run-dir", "src", "--no-store", "--set", "max_steps=20"])
     assert code == 0
-    (work / "src" / "fit" / "final.json").unlink()
+    (work / "src" / "fit" / "final.json").unlink()  # as if stopped by SIGTERM: an artifact, status "stopped"
+    record = json.loads((work / "src" / "fit" / "artifact.json").read_text())
+    (work / "src" / "fit" / "artifact.json").write_text(json.dumps({**record, "status": "stopped: SIGTERM"}))
     return work
 
 
@@ -664,7 +666,8 @@ def test_resume_from_a_corrupted_checkpoint_fails_naming_the_file_and_loses_noth
     work = _workspace(tmp_path / "corrupt", PIPE_B)
     with _cwd(work):
         assert train_cli.main(["run", "pipe.yaml", "--run-dir", "run", "--no-store", "--set", "max_steps=20"]) == 0
-    (work / "run" / "fit" / "final.json").unlink()
+    for end in ("final.json", "artifact.json"):  # as if stopped before the stage recorded its end
+        (work / "run" / "fit" / end).unlink()
     step_dir = work / "run" / "fit" / "checkpoints" / "20"
     victim = step_dir / "state.bin"  # the default (flat) layout: every leaf's bytes
     data = bytearray(victim.read_bytes())

@@ -207,7 +207,9 @@ def _resume(root: Path) -> Any:
 
 
 def _resume_from_checkpoint(root: Path) -> Any:
-    (root / "run/fit/final.json").unlink()  # the run stopped after its last commit: resume reads the checkpoints
+    # The run stopped after its last commit, before recording its end: resume reads the checkpoints.
+    for end in ("final.json", "artifact.json"):
+        (root / "run/fit" / end).unlink()
     return _resume(root)
 
 

@@ -129,12 +129,23 @@ FINAL_FILE = "final.json"
 def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, TrainerCarryState] | None:
     """A stage that already finished in this run directory: its model and artifact, without training again."""
     from ..provenance._artifact import TrainingArtifact
+    from .recorded import take_back
 
     path = os.path.join(info.stage_dir, FINAL_FILE)
-    if not os.path.exists(path):
-        return None
     redo = f"delete {info.stage_dir} to train stage {info.stage!r} again"
-    final = _read_final(path, info.stage, redo)
+    exists, damaged = os.path.exists(path), None
+    if exists:
+        try:
+            final = _read_final(path, info.stage, redo)
+        except DamagedFileError as e:
+            damaged = e
+    barrier("final-read")  # several processes: each has read final.json before process 0 may restore it
+    # A lost final.json (deleted or damaged) of a stage whose artifact is recorded: restored from that artifact, or
+    # refused; never trained and recorded a second time.
+    if not exists or damaged is not None:
+        if not take_back(info, loop, damaged):
+            return None
+        final = _read_final(path, info.stage, redo)
     record = read_json(
         os.path.join(info.stage_dir, "artifact.json"),
         what=f"stage {info.stage!r}'s artifact",
@@ -195,7 +206,7 @@ def _absolute(model_uri: str, run_dir: str) -> str:
     return f"pipekit-model:sha256:{digest}?root=" + quote(os.path.abspath(os.path.join(run_dir, root)), safe="/")
 
 
-def _write_final(info: RunInfo, result: Any, artifact: Any, model_uri: str) -> None:
+def _write_final(info: RunInfo, step: int, epoch: int, artifact_id: str, model_uri: str) -> None:
     """Mark the stage finished, so a resume of this run skips it and takes these weights.
 
     The registry root is written relative to the run directory, so a moved run directory still resumes.
@@ -209,9 +220,9 @@ def _write_final(info: RunInfo, result: Any, artifact: Any, model_uri: str) -> N
         model_uri = f"pipekit-model:sha256:{digest}?root=" + quote(relative, safe="/")
     final: dict[str, Any] = {
         "model_uri": model_uri,
-        "step": result.step,
-        "epoch": result.epoch,
-        "artifact_id": artifact.artifact_id,
+        "step": step,
+        "epoch": epoch,
+        "artifact_id": artifact_id,
     }
     final["digest"] = _final_digest(final)
     write_json(os.path.join(info.stage_dir, FINAL_FILE), final)
@@ -366,7 +377,7 @@ def finish(
     # final.json marks the stage finished: written before the store insert, so a crash between the two leaves one
     # artifact, which a resume finds in artifact.json and records (it never trains or records the stage again).
     if model_uri is not None:  # process 0 (or the only process) writes what the run keeps
-        _write_final(info, result, artifact, model_uri)
+        _write_final(info, result.step, result.epoch, artifact.artifact_id, model_uri)
     _record_in_store(artifact, settings, info)
     barrier("stage-end")  # several processes: none goes on before process 0 has recorded the stage
     new_state = TrainerCarryState(
