@@ -218,14 +218,14 @@ def reference_hash(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.mark.parametrize("layout", ["flat", "orbax"])
 def test_a_file_size_limit_mid_save_stops_with_the_free_space_and_resumes_bitwise(
-    tmp_path: Path, reference_hash: str, layout: str
+    tmp_path: Path, reference_hash: str, layout: str, xla_cache_env: dict[str, str]
 ):
     run_dir = tmp_path / "run"
     ckpt_dir = run_dir / "fit" / "checkpoints"
     # 5000 bytes: above the metrics.jsonl (about 2 KB at step 10) and the manifest, below the checkpoint's own JSON
     # (flat meta.json about 8 KB; orbax _METADATA about 10 KB), so the save is what hits the limit.
     code = _CHILD.format(here=str(Path(__file__).parent), run_dir=str(run_dir), limit=5000, layout=layout)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, **xla_cache_env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(sys.path)}
     child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     lines = child.stderr.strip().splitlines()
     assert child.returncode == 3, child.stderr[-3000:]
