@@ -25,6 +25,10 @@ class Mismatch(Exception):
         super().__init__(expected)
 
 
+#: The range of an int field: what a 64-bit integer holds.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def describe(hint: Any) -> str:
     """A short human name for a type hint: ``int``, ``tuple of Callback``, ``'mean', 'sum' or 'none'``."""
     if hint is Any:
@@ -117,6 +121,8 @@ def coerce(value: Any, hint: Any) -> Any:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise Mismatch("int", value)
+        if not INT64_MIN <= value <= INT64_MAX:  # nothing past a 64-bit int reaches NumPy, JAX or a JSON reader
+            raise Mismatch(f"an int that fits in 64 bits ({INT64_MIN} to {INT64_MAX})", value)
         return value
     if hint is bool:
         if not isinstance(value, bool):

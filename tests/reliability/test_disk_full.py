@@ -1,18 +1,25 @@
-"""A disk that fills up in the middle of a checkpoint save.
+"""A disk that fills up in the middle of a checkpoint save (and a file-size limit reached in the middle of one).
 
 The run directory lies on a small tmpfs (mounted here when the machine allows it; otherwise the save's write call
 gets an ``ENOSPC`` injected). Training fills the disk, all but a few kilobytes, just before the step-10 save, so
 the writer (pipekit's flat layout, or Orbax) has written part of that checkpoint when it runs out of space.
 Asserted: the run stops with one line naming the save, the step-5 checkpoint stays committed and intact, and once
 space is freed ``resume="auto"`` ends with the weights of an uninterrupted run, bit for bit.
+
+The portable twin, which needs no mount and injects nothing: a real process lowers its own ``RLIMIT_FSIZE`` just
+before the step-10 save (``SIGXFSZ`` ignored, so writes past the limit fail with ``EFBIG`` as on a full disk) and
+must stop with one line naming the checkpoint directory and the free space.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import resource
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +76,22 @@ class FillDisk(Callback, register=False):
             os.ftruncate(fd, max(0, written - self.free))
         finally:
             os.close(fd)
+
+    def fingerprint(self) -> None:
+        return None
+
+
+class LimitFileSize(Callback, register=False):
+    """At `step`, lowers this process's file-size limit to `limit` bytes (a test-only callback, run in a child)."""
+
+    step: int = 10
+    limit: int = 0
+    order: int = -100  # before the checkpoint of the same step
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        if ctx.step == self.step:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, not a signal
+            resource.setrlimit(resource.RLIMIT_FSIZE, (self.limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
     def fingerprint(self) -> None:
         return None
@@ -168,4 +191,61 @@ def test_a_disk_full_mid_save_keeps_the_last_checkpoint_and_resumes_bitwise(
     with run_settings(run_dir=str(run_dir), store=False, resume="auto"):
         _, resumed = _loop(layout=layout).run()
     assert resumed.trained_model_hash == reference.trained_model_hash
+    assert resumed.backend_info["steps"] == 20
+
+
+# The child: trains with the file-size limit lowered before the step-10 save, prints the one line it stops with.
+_CHILD = """
+import sys
+sys.path.insert(0, {here!r})
+from test_disk_full import LimitFileSize, _loop
+from pipekit_train import CheckpointSaveError, run_settings
+with run_settings(run_dir={run_dir!r}, store=False):
+    try:
+        _loop(LimitFileSize(limit={limit}), layout={layout!r}).run()
+    except CheckpointSaveError as e:
+        print(e, file=sys.stderr)
+        sys.exit(3)
+"""
+
+
+@pytest.fixture(scope="module")
+def reference_hash(tmp_path_factory: pytest.TempPathFactory) -> str:
+    with run_settings(run_dir=str(tmp_path_factory.mktemp("reference")), store=False):
+        _, reference = _loop().run()
+    return str(reference.trained_model_hash)
+
+
+@pytest.mark.parametrize("layout", ["flat", "orbax"])
+def test_a_file_size_limit_mid_save_stops_with_the_free_space_and_resumes_bitwise(
+    tmp_path: Path, reference_hash: str, layout: str, xla_cache_env: dict[str, str]
+):
+    run_dir = tmp_path / "run"
+    ckpt_dir = run_dir / "fit" / "checkpoints"
+    # 5000 bytes: above the metrics.jsonl (about 2 KB at step 10) and the manifest, below the checkpoint's own JSON
+    # (flat meta.json about 8 KB; orbax _METADATA about 10 KB), so the save is what hits the limit.
+    code = _CHILD.format(here=str(Path(__file__).parent), run_dir=str(run_dir), limit=5000, layout=layout)
+    env = {**os.environ, **xla_cache_env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    lines = child.stderr.strip().splitlines()
+    assert child.returncode == 3, child.stderr[-3000:]
+    message = lines[-1]
+    print(message)
+    assert message.startswith(f"saving step 10 to {ckpt_dir} failed"), message
+    assert "File too large" in message or "os_error_code='27'" in message, message
+    assert " free on the file system of " in message and "file-size limit" in message, message
+    assert len(message) < 700, message
+    # Orbax's writer threads ended before the exit (none fails at interpreter shutdown after the line). Orbax's own
+    # absl log of its failed thread comes before the line; that is Orbax's logging, left as it is.
+    assert "interpreter shutdown" not in child.stderr, child.stderr[-3000:]
+
+    # Step 5 is committed, listed and intact; nothing of step 10 is left to be taken for a checkpoint.
+    assert Checkpointer(ckpt_dir).steps() == [5]
+    assert not list(ckpt_dir.glob(".pipekit-tmp-*")) and not (ckpt_dir / "10").exists()
+    _, _, meta = Checkpointer(ckpt_dir).restore(5)
+    assert meta["step"] == 5
+
+    with run_settings(run_dir=str(run_dir), store=False, resume="auto"):  # this process has no limit: room again
+        _, resumed = _loop(layout=layout).run()
+    assert resumed.trained_model_hash == reference_hash
     assert resumed.backend_info["steps"] == 20

@@ -9,7 +9,13 @@ Every multi-process run is a real ``pipekit-train launch`` subprocess tree; the 
   parameters are **bitwise** those of the uninterrupted 2x2 run (same devices, same all-reduce order, same batches:
   nothing is left to differ), and the store holds one artifact for the run;
 - the killed run's checkpoint resumed by one process (4 devices) is refused, the message naming both topologies;
-- a failing process makes `launch` stop the others and end with one line naming it.
+- a failing process makes `launch` stop the others and end with one line naming it;
+- one process SIGKILLs itself after step 10 (a test callback, `killer.py`, imported with ``--import``): `launch`
+  stops the survivor at once with one line naming the lost process and the signal, no step directory is left
+  half-committed, and ``--resume auto`` ends bitwise where the uninterrupted run ended;
+- the same kill without `launch` (two ``pipekit-train run`` started by hand): the survivor, stuck in a collective,
+  is stopped by JAX's coordination service once the lost process misses its heartbeats
+  (``PIPEKIT_HEARTBEAT_TIMEOUT``), naming the lost task.
 
 Against one process with 4 devices the 2x2 run agrees within float tolerance only: gloo's cross-process all-reduce
 adds the partial gradients in another order than XLA's in-process one (measured: 6e-8 at most after 24 steps).
@@ -62,7 +68,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _launch_args(run: str, *extra: str, processes: int = 2) -> list[str]:
+def _launch_args(run: str, *extra: str, processes: int = 2, pipeline: str = "pipe.yaml") -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -72,7 +78,7 @@ def _launch_args(run: str, *extra: str, processes: int = 2) -> list[str]:
         str(processes),
         "--devices-per-process",
         "2",
-        "pipe.yaml",
+        pipeline,
         "--run-dir",
         run,
         "--store",
@@ -81,9 +87,16 @@ def _launch_args(run: str, *extra: str, processes: int = 2) -> list[str]:
     ]
 
 
-def _launch(work: Path, run: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def _launch(
+    work: Path, run: str, *extra: str, pipeline: str = "pipe.yaml", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        _launch_args(run, *extra), cwd=work, env=_env(), capture_output=True, text=True, timeout=TIMEOUT
+        _launch_args(run, *extra, pipeline=pipeline),
+        cwd=work,
+        env={**_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
 
 
@@ -109,12 +122,38 @@ def _artifacts(work: Path, run: str) -> list[dict[str, Any]]:
         return [dict(store.get(r[0]).backend_info) for r in rows]
 
 
+#: A test-only callback: process `process` SIGKILLs itself after step `step`, when $KILL_PROCESS_AT is set.
+KILLER = """\
+import os
+import signal
+
+from pipekit_train import Callback
+
+
+class KillProcessAt(Callback):
+    step: int = 10
+    process: int = 1
+
+    def on_step_end(self, ctx, metrics):
+        import jax
+
+        if os.environ.get("KILL_PROCESS_AT") and ctx.step >= self.step and jax.process_index() == self.process:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def fingerprint(self):
+        return None  # observes only: the resumed run (without $KILL_PROCESS_AT) is the same training
+"""
+KILL = "  - {type: KillProcessAt, step: 10, process: 1}\n"
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory, xla_cache_env: dict[str, str]) -> Path:
     root = tmp_path_factory.mktemp("mp")
     x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
     np.savez(root / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
     (root / "pipe.yaml").write_text(PIPELINE)
+    (root / "pipe_kill.yaml").write_text(PIPELINE + KILL)
+    (root / "killer.py").write_text(KILLER)
     _CACHE.update(xla_cache_env)  # the run's persistent compilation cache (tests/conftest.py)
     out = _launch(root, "full")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -164,6 +203,55 @@ def test_sigkill_every_process_and_resume_is_bitwise_the_uninterrupted_run(work:
         assert np.array_equal(got[name], want[name]), name
     (info,) = _artifacts(work, run)
     assert (info["num_processes"], info["num_devices"]) == (2, 4)
+
+
+def _committed_or_set_aside(ckdir: Path) -> list[int]:
+    """The committed steps of a checkpoint directory, asserting that nothing else looks like a step."""
+    steps = []
+    for entry in ckdir.iterdir():
+        if entry.name.isdigit():  # a step directory exists only after its commit rename
+            assert (entry / "commit_success.txt").is_file() and (entry / "_CHECKPOINT_METADATA").is_file(), entry
+            steps.append(int(entry.name))
+        else:
+            assert entry.name == "manifest.json" or ".orbax-checkpoint-tmp" in entry.name, entry
+    return sorted(steps)
+
+
+def test_one_process_sigkilled_stops_the_other_and_resumes_bitwise(work: Path) -> None:
+    run = "lost"
+    out = _launch(work, run, "--import", "killer", pipeline="pipe_kill.yaml", env={"KILL_PROCESS_AT": "1"})
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert re.match(
+        r"pipekit-train launch: process 1 of 2 \(pid \d+\) was killed by SIGKILL, so the run cannot go on", last
+    )
+    assert "--resume auto" in last and "stopped the other 1" in last, last
+    assert not (work / run / "fit" / "final.json").exists()
+    steps = _committed_or_set_aside(work / run / "fit" / "checkpoints")
+    assert steps and max(steps) <= 10, steps  # killed after step 10: step 12 was never reached
+
+    resumed = _launch(work, run, "--import", "killer", "--resume", "auto", pipeline="pipe_kill.yaml")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got, want = _weights(work, run), _weights(work, "full")
+    assert got.keys() == want.keys() and want
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
+
+
+def test_one_process_sigkilled_without_launch_stops_the_other_by_heartbeat(work: Path) -> None:
+    """No supervisor: JAX's coordination service stops the survivor once the lost process misses its heartbeats."""
+    from pipekit_train.cli._launch import _free_port, child_env
+
+    port, procs = _free_port(), []
+    for index in (0, 1):
+        env = child_env({**_env(), "KILL_PROCESS_AT": "1", "PIPEKIT_HEARTBEAT_TIMEOUT": "3"}, port, 2, index, 2)
+        command = [sys.executable, "-m", "pipekit_train.cli", "run", "pipe_kill.yaml", "--import", "killer"]
+        command += ["--run-dir", "unsupervised", "--store", "unsupervised.sqlite"]
+        procs.append(subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    errors = [p.communicate(timeout=TIMEOUT)[1].decode(errors="replace") for p in procs]
+    assert procs[1].returncode == -signal.SIGKILL, errors[1][-2000:]
+    assert procs[0].returncode not in (0, None), errors[0][-2000:]  # stopped, not hanging (TIMEOUT bounds it)
+    assert re.search(r"tasks are unhealthy \(stopped sending heartbeats\):\s*1\b", errors[0]), errors[0][-2000:]
 
 
 def test_resume_with_another_process_count_is_refused_naming_both_topologies(
@@ -254,6 +342,9 @@ def test_environment_settings_and_their_errors() -> None:
         settings_from_env({**full, "PIPEKIT_COORDINATOR": "localhost"})
     with pytest.raises(ConfigError, match=r"\$PIPEKIT_DISTRIBUTED must be 'auto' .* got 'yes'"):
         settings_from_env({"PIPEKIT_DISTRIBUTED": "yes"})
+    assert settings_from_env({**full, "PIPEKIT_HEARTBEAT_TIMEOUT": "5"})["heartbeat_timeout_seconds"] == 5
+    with pytest.raises(ConfigError, match=r"\$PIPEKIT_HEARTBEAT_TIMEOUT must be an int of at least 1, got '0'"):
+        settings_from_env({**full, "PIPEKIT_HEARTBEAT_TIMEOUT": "0"})
 
 
 def test_each_process_reads_its_part_of_every_global_batch() -> None:

@@ -52,6 +52,7 @@ from ._layout import (
     _remove_stale_tmp,
     _scan,
     _short,
+    _space_note,
     _step,
     _to_host,
     _uncommitted_after,
@@ -63,6 +64,8 @@ from ._selectors import Best, Last, ManifestEntry, Mode, Selector, finite_score,
 from ._settings import _check_keep, check_layout
 
 logger = logging.getLogger("pipekit_train.checkpoint")
+#: Orbax's own threads of one save, named as Orbax 0.12 names them (joined after a failed save).
+_ORBAX_SAVE_THREADS = frozenset({"write_metadata_after_commits", "json_ch_save"})
 
 Layout = Literal["auto", "flat", "orbax"]
 
@@ -288,8 +291,8 @@ class Checkpointer:
                 files = write_flat(self.directory, step, hosts, list(leaves.values()), size, data_iter, record)
             except OSError as e:
                 raise CheckpointSaveError(
-                    f"saving step {step} to {self.directory} failed{where}: {e}; {intact} (free space or fix the "
-                    "directory, then resume with --resume auto)"
+                    f"saving step {step} to {self.directory} failed{where}: {e}{_space_note(self.directory, e)}; "
+                    f"{intact} (free space or fix the directory, then resume with --resume auto)"
                 ) from e
             self._finalize(entry, files)
             return
@@ -305,8 +308,8 @@ class Checkpointer:
         except Exception as e:
             self._discard_manager()
             raise CheckpointSaveError(
-                f"saving step {step} to {self.directory} failed{where}: {_short(e)}; {intact} (free space or fix the "
-                "directory, then resume with --resume auto)"
+                f"saving step {step} to {self.directory} failed{where}: {_short(e)}{_space_note(self.directory, e)}; "
+                f"{intact} (free space or fix the directory, then resume with --resume auto)"
             ) from e
         try:
             self._finalize(entry, None)
@@ -336,6 +339,12 @@ class Checkpointer:
             return
         with contextlib.suppress(Exception):  # the failure just reported
             manager.wait_until_finished()
+        # The waiting stops at the first failure; Orbax's other writer threads of that save (its metadata writer)
+        # still run, and a process that exits now prints their tracebacks after the one-line error. Let them end.
+        for thread in threading.enumerate():
+            if thread.name in _ORBAX_SAVE_THREADS and thread is not threading.current_thread():
+                with contextlib.suppress(Exception):  # Orbax's join re-raises the thread's own failure
+                    thread.join(timeout=60)
         try:
             manager.close()
         except Exception as e:
@@ -456,8 +465,8 @@ class Checkpointer:
                 self._manager.wait_until_finished()
             except Exception as e:
                 raise CheckpointSaveError(
-                    f"saving step {entry.step} to {self.directory} failed in the background: {_short(e)}; "
-                    f"the checkpoints already listed in {MANIFEST} are intact"
+                    f"saving step {entry.step} to {self.directory} failed in the background: {_short(e)}"
+                    f"{_space_note(self.directory, e)}; the checkpoints already listed in {MANIFEST} are intact"
                 ) from e
         reason = _uncommitted_reason(step_dir)
         if reason is not None:
@@ -475,8 +484,8 @@ class Checkpointer:
             except OSError as e:
                 self._entries[entry.step] = entry  # listed by the next manifest write that succeeds
                 raise CheckpointSaveError(
-                    f"step {entry.step} committed in {self.directory} but {MANIFEST} could not be updated ({e}); "
-                    "nothing was deleted"
+                    f"step {entry.step} committed in {self.directory} but {MANIFEST} could not be updated ({e})"
+                    f"{_space_note(self.directory, e)}; nothing was deleted"
                 ) from e
             self._entries = {e.step: e for e in retained}
         self._delete(doomed)

@@ -389,6 +389,46 @@ def _short(e: BaseException) -> str:
     return f"{head}: ... {text[-170:]}"  # the cause ("No space left on device") comes last
 
 
+_FULL_TEXTS = ("No space left on device", "os_error_code='28'", "File too large", "os_error_code='27'")
+
+
+def _space_note(directory: Path, e: BaseException) -> str:
+    """For a save that failed because the disk (or the file-size limit) is full: how much room is left there.
+
+    ``""`` for any other failure. ENOSPC and EFBIG are found on the exception chain (the flat writer) or in the text
+    Orbax / TensorStore turn them into (``os_error_code='28'``).
+    """
+    chain: list[BaseException] = []
+    seen: BaseException | None = e
+    while seen is not None and len(chain) < 10:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    codes = {x.errno for x in chain if isinstance(x, OSError)}
+    text = " ".join(str(x) for x in chain)
+    too_large = errno.EFBIG in codes or "File too large" in text or "os_error_code='27'" in text
+    if not (codes & {errno.ENOSPC, errno.EFBIG, errno.EDQUOT} or any(t in text for t in _FULL_TEXTS)):
+        return ""
+    where = directory
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    try:
+        free = f"{_size(shutil.disk_usage(where).free)} free on the file system of {where}"
+    except OSError as err:
+        free = f"the free space of {where} cannot be read ({err.strerror})"
+    if too_large:
+        return f" ({free}; a file outgrew this process's file-size limit, 'ulimit -f')"
+    return f" ({free})"
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    scaled, units = n / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while scaled >= 1024 and len(units) > 1:
+        scaled, units = scaled / 1024, units[1:]
+    return f"{scaled:.1f} {units[0]}"
+
+
 # Argument checks ---------------------------------------------------------------------------------------------
 def _check_step(where: str, step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:

@@ -7,8 +7,12 @@ environment (``PIPEKIT_COORDINATOR`` on a free localhost port, ``PIPEKIT_NUM_PRO
 
 - streams every process's output line by line, each line prefixed with ``[p/N]``;
 - forwards SIGINT and SIGTERM to every process once (they agree on the step to stop at, save, and exit 130 / 143);
-- when one process fails, kills the others (a multi-process step cannot go on without it) and ends with one line
-  naming the process, its exit code and its last line of error output; the exit code is that process's.
+- when one process fails or is lost (killed by a signal: SIGKILL, the out-of-memory killer), kills the others at
+  once with SIGKILL (a multi-process step cannot go on without it: they would wait in a collective, or at a
+  barrier of their next save, for ever; a graceful SIGTERM stop would need the lost process's agreement) and ends
+  with one line naming the process, its exit code or signal and its last line of error output; the exit code is
+  that process's (1 for a signal). Checkpoints commit by one rename after every process wrote its part, so the
+  killed ones leave at most an uncommitted temporary directory, which resume sets aside.
 
 It is for testing and for one machine; on a cluster, start one ``pipekit-train run`` per host with the same
 variables (or ``PIPEKIT_DISTRIBUTED=auto``, JAX's cluster detection): docs/scale.md.
@@ -161,7 +165,12 @@ def _supervise(procs: list[subprocess.Popen[bytes]], relays: list[tuple[_Relay, 
             for relay in relays[failed]:
                 relay.join(timeout=5)
             last = relays[failed][1].last or relays[failed][0].last or "(no output)"
-            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            how = f"exited with code {code}"
+            if code < 0:  # lost (SIGKILL, out of memory): the others would wait for it in a collective forever
+                how = (
+                    f"(pid {procs[failed].pid}) was killed by {signal.Signals(-code).name}, so the run cannot go on; "
+                    "its last committed checkpoint is intact (continue with --resume auto)"
+                )
             stopped = f"; stopped the other {len(others)}" if others else ""
             print(
                 f"pipekit-train launch: process {failed} of {count} {how}{stopped}. Its last line: {last}",

@@ -3,7 +3,8 @@
 The file is an SQLite database in WAL mode, so readers never block the writer and many processes on one machine
 (the runs of a sweep) can record at once: each write is one short ``BEGIN IMMEDIATE`` transaction and a writer that
 finds the database locked waits (``busy_timeout``) rather than failing. WAL needs every process on the same host
-(it shares memory through a ``-shm`` file), so keep the file on a local disk, not a network file system.
+(it shares memory through a ``-shm`` file), so keep the file on a local disk: a store on a network file system
+(NFS, SMB, sshfs, Ceph, Lustre, ...; `_netfs.network_filesystem`) is refused unless ``PIPEKIT_ALLOW_NETWORK_STORE=1``.
 
 The whole artifact is kept as JSON; the columns and the ``parents``, ``metrics`` and ``imports`` tables beside it
 are indexes for the queries.
@@ -37,6 +38,7 @@ from typing import Any
 
 from ._artifact import TrainingArtifact
 from ._errors import ArtifactIntegrityError, ArtifactStoreError, UnknownArtifactError
+from ._netfs import ALLOW_ENV_VAR, network_filesystem
 from ._schema import (
     _DIGEST_SQL_FUNCTION,
     _INDEX_COLUMNS,
@@ -113,6 +115,8 @@ class ArtifactStore:
         SQLite errors become one-line errors naming the file (`ArtifactIntegrityError` when the
         file is damaged).
         """
+        if not self._ready:
+            self._refuse_network_filesystem()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
@@ -131,6 +135,18 @@ class ArtifactStore:
             raise self._database_error(e) from None
         finally:
             conn.close()
+
+    def _refuse_network_filesystem(self) -> None:
+        """A store on NFS, SMB, sshfs, ... is refused: WAL's locks do not reach across machines (``_netfs.py``)."""
+        found = network_filesystem(self.path)
+        if found is None or os.environ.get(ALLOW_ENV_VAR) == "1":
+            return
+        raise ArtifactStoreError(
+            f"{self.path}: the artifact store is on a network file system, {found}; SQLite's WAL mode needs every "
+            "process that opens the store on one machine, and two machines would corrupt it. Keep the store on a "
+            f"local disk (--store PATH or PIPEKIT_ARTIFACT_STORE), or set {ALLOW_ENV_VAR}=1 if only one machine "
+            "will ever open it"
+        )
 
     def _recovery(self, run_dir: str | None = None) -> str:
         run = run_dir or "RUN_DIR"

@@ -10,6 +10,8 @@ does any computation, from the environment:
 ``PIPEKIT_NUM_PROCESSES``       how many processes take part
 ``PIPEKIT_PROCESS_ID``          this process's index, ``0 .. N-1``
 ``PIPEKIT_DISTRIBUTED=auto``    let JAX detect all three from the cluster (SLURM, Open MPI, Kubernetes, TPU)
+``PIPEKIT_HEARTBEAT_TIMEOUT``   seconds without a heartbeat after which JAX's coordination service takes a
+                                process for dead and stops the others (default: JAX's, 100)
 ==============================  ==========================================================================
 
 Everything else is the same program on every process: the mesh spans every process's devices (`_mesh`), each
@@ -36,7 +38,8 @@ COORDINATOR = "PIPEKIT_COORDINATOR"
 NUM_PROCESSES = "PIPEKIT_NUM_PROCESSES"
 PROCESS_ID = "PIPEKIT_PROCESS_ID"
 DISTRIBUTED = "PIPEKIT_DISTRIBUTED"
-ENV_VARS = (COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED)
+HEARTBEAT = "PIPEKIT_HEARTBEAT_TIMEOUT"
+ENV_VARS = (COORDINATOR, NUM_PROCESSES, PROCESS_ID, DISTRIBUTED, HEARTBEAT)
 
 #: How long a process waits for the others at a barrier or an agreement (the slowest save or compile).
 TIMEOUT_MS = 30 * 60 * 1000
@@ -96,6 +99,8 @@ def settings_from_env(env: dict[str, str] | None = None) -> dict[str, Any] | Non
             raise ConfigError(f"${PROCESS_ID} must be below ${NUM_PROCESSES} ({count}), got {out['process_id']}")
     if out.get("num_processes") == 1 and mode != "auto":
         return None
+    if env.get(HEARTBEAT, "").strip():  # a process killed outside `launch`: how soon the survivors give up
+        out["heartbeat_timeout_seconds"] = _env_int(HEARTBEAT, env[HEARTBEAT], 1)
     return out
 
 

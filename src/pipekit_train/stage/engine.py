@@ -288,6 +288,8 @@ class Engine:
                         "error": f"{type(exc).__name__}: {exc}",
                     }
                 )
+            with contextlib.suppress(Exception):  # on a full disk the last lines cannot be flushed: not the error
+                self.writer.close()
             raise
         finally:
             progress.close()

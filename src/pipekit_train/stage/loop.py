@@ -105,6 +105,20 @@ class RunInfo:
     stage_dir: str = ""
 
 
+#: The largest step count or batch size a `TrainingLoop` accepts: JAX (without x64) and optax count steps in int32.
+MAX_COUNT = 2**31 - 1
+_OPTIONAL_COUNTS = ("steps_per_epoch", "eval_batch_size")
+_COUNTS = (
+    "max_steps",
+    "batch_size",
+    "eval_every_n_steps",
+    "log_every_n_steps",
+    "accum",
+    "steps_per_call",
+    *_OPTIONAL_COUNTS,
+)
+
+
 class TrainingLoop(StatefulOperator):
     """Train `model_op` on `dataset`, producing a trained model operator and an artifact.
 
@@ -209,19 +223,18 @@ class TrainingLoop(StatefulOperator):
     preset: str | None = None
 
     def validate(self) -> None:
-        for name in ("max_steps", "batch_size", "eval_every_n_steps", "log_every_n_steps", "accum", "steps_per_call"):
+        for name in _COUNTS:
             value = getattr(self, name)
-            if value != "auto" and value <= 0:
-                also = " or auto" if name == "steps_per_call" else ""
+            if value is None or value == "auto":
+                continue
+            also = " or auto" if name == "steps_per_call" else " or null" if name in _OPTIONAL_COUNTS else ""
+            if value <= 0:
                 raise ConfigError(f"TrainingLoop.{name} must be a positive int{also}, got {value}")
-        if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
-            raise ConfigError(
-                f"TrainingLoop.steps_per_epoch must be a positive int or null, got {self.steps_per_epoch}"
-            )
-        if self.eval_batch_size is not None and self.eval_batch_size <= 0:
-            raise ConfigError(
-                f"TrainingLoop.eval_batch_size must be a positive int or null, got {self.eval_batch_size}"
-            )
+            if value > MAX_COUNT:
+                raise ConfigError(
+                    f"TrainingLoop.{name} must be at most {MAX_COUNT} (2**31 - 1: steps and batch sizes are 32-bit "
+                    f"ints in the compiled step and the optimizer's step count), got {value}"
+                )
         if self.grad_clip_norm is not None and self.grad_clip_norm <= 0:
             raise ConfigError(f"TrainingLoop.grad_clip_norm must be positive or null, got {self.grad_clip_norm}")
         if self.loss is None and self.task is None:

@@ -3,7 +3,9 @@
 `check` checks one `TrainingLoop` once: the optimizer configuration against `max_steps`, what the backend's
 capabilities allow (recipes, scale, transfer), `batch_size` against the data, the validation and test data, the
 backend's own rules (`Backend.check`: shapes, loss, data keys) and the hand-off from the previous stage (how the
-model starts: `stage.start.route`). Its result is a `StagePlan`, plain data the run reuses.
+model starts: `stage.start.route`). Its result is a `StagePlan`, plain data the run reuses. A backend that can
+size its model from the architecture alone (Equinox: `jax.eval_shape` of the factory) asks `check_model_size`
+whether the weights can fit in memory at all, so an absurd width is refused before anything is allocated.
 
 `plan_pipeline` checks every stage of a pipeline before any trains, threading the model each stage would hand the
 next; it builds each stage's fresh model there, once, and the run takes it from the plan (``pipekit-train run``
@@ -13,6 +15,7 @@ before it claims its run directory, so a failed pre-flight writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
     from .loop import TrainerCarryState, TrainingLoop
     from .start import Route
 
-__all__ = ["StagePlan", "check", "check_pipeline", "plan_pipeline"]
+__all__ = ["StagePlan", "check", "check_model_size", "check_pipeline", "memory_limit", "plan_pipeline"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,3 +208,47 @@ def check_pipeline(op: Operator) -> str:
     steps = sum(p.loop.max_steps for p in plans)
     plural = "s" if len(plans) != 1 else ""
     return f"{len(plans)} training stage{plural}, {steps} steps in all"
+
+
+def memory_limit() -> tuple[int, str] | None:
+    """The memory this process can use at most, in bytes, and where that figure comes from; ``None`` if unknown.
+
+    The physical memory (``os.sysconf``), or the container's limit (cgroup v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) where that is lower.
+    """
+    found: list[tuple[int, str]] = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # no such sysconf name here
+        found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the machine's memory"))
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 2**62:
+            found.append((int(text), f"the container's memory limit ({path})"))
+    return min(found) if found else None
+
+
+def check_model_size(n_params: int, n_bytes: int, stage: str, model: object, device_bytes: int | None = None) -> None:
+    """Refuse a model whose weights alone exceed the memory there is (before anything is allocated).
+
+    Args:
+        n_params: The number of parameters (from the architecture's abstract shapes).
+        n_bytes: Their size in bytes.
+        stage: The stage's name, for the message.
+        model: The model operator, for the message.
+        device_bytes: The accelerator's memory, when the backend knows it (``None`` on CPU: the host's counts).
+    """
+    limit = (device_bytes, "the device's memory") if device_bytes else memory_limit()
+    if limit is None or n_bytes <= limit[0]:
+        return
+    raise ConfigError(
+        f"stage {stage!r}: {model!r} has {n_params:,} parameters ({_gib(n_bytes)} of weights alone; training "
+        f"needs about 4 times that with gradients and Adam's moments) but {limit[1]} is {_gib(limit[0])}; "
+        "choose smaller sizes (model_op.kwargs)"
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"

@@ -324,12 +324,26 @@ def check_param_groups(loop: TrainingLoop, module: Any) -> None:
     group_labels(paths, loop.param_groups)
 
 
+def check_size(loop: TrainingLoop, stage: str) -> None:
+    """The weights' size from the architecture's abstract shapes (nothing allocated) against the memory there is."""
+    from ...stage.preflight import check_model_size
+    from ._tree import abstract
+
+    leaves = [x for x in jax.tree_util.tree_leaves(abstract(loop.model_op)) if hasattr(x, "shape")]
+    n_params = sum(int(np.prod(x.shape, dtype=object)) for x in leaves)
+    n_bytes = sum(int(np.prod(x.shape, dtype=object)) * np.dtype(x.dtype).itemsize for x in leaves)
+    stats = jax.local_devices()[0].memory_stats() or {}
+    check_model_size(n_params, n_bytes, stage, loop.model_op, device_bytes=stats.get("bytes_limit"))
+
+
 def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
     """Refuse data/model/loss mismatches with named shapes before anything is compiled or built.
 
     Works on the architecture alone (`jax.eval_shape` of the model's `build`), so it runs before any weights
     exist; a `transfer` cannot change shapes (it refuses mismatched sub-trees itself).
     """
+    if loop.model_op.module is None:
+        check_size(loop, stage)
     if loop.param_groups:
         from ._tree import abstract
 
