@@ -14,7 +14,7 @@ from typing import Any
 from pipekit_train.cli import _common
 from pipekit_train.cli._common import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError, report_error
 from pipekit_train.cli._imports import ENV_VAR as IMPORT_ENV_VAR
-from pipekit_train.cli._imports import import_modules, requested_imports
+from pipekit_train.cli._imports import add_import_flag, import_modules, reimport_recorded, requested_imports
 
 # Exit codes (`_common`): 0 done; 2 a mistake in what was asked (one line on stderr); 1 the command ran and failed
 # (one line), or an internal error; 128 + signal number when SIGINT (130) or SIGTERM (143) stopped training
@@ -307,7 +307,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     _check_paths(args)
     with ArtifactStore(args.store) as store:
-        imports = _reimport(store, args.artifact, args.imports)
+        imports = reimport_recorded(store, args.artifact, args.imports)
         pipeline, chain = pipeline_of(args.artifact, store)
     check_data_unchanged(pipeline, chain)
     print(f"reproducing {chain[-1].artifact_id[:12]}: {len(chain)} stage(s): {', '.join(a.stage for a in chain)}")
@@ -321,46 +321,6 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     same = artifact.trained_model_hash == chain[-1].trained_model_hash
     print(f"trained weights {'match' if same else 'differ from'} the recorded ones ({artifact.trained_model_hash})")
     return EXIT_OK
-
-
-def _reimport(store: Any, artifact_id: str, flags: Sequence[str] | None) -> tuple[dict[str, Any], ...]:
-    """Import the modules recorded by the stages leading to `artifact_id` (then $PIPEKIT_IMPORT and --import).
-
-    Says which modules it imported, and warns when a module's file is not the one that was recorded.
-    """
-    chain = [store.get(artifact_id)]
-    while chain[0].parent_ids:  # the stages `pipeline_of` rebuilds: first parents, oldest first
-        chain.insert(0, store.get(chain[0].parent_ids[0]))
-    recorded: dict[str, tuple[dict[str, Any], Any]] = {}
-    for art in chain:
-        for rec in art.imports:
-            recorded.setdefault(rec["module"], (rec, art))
-    requests = [(name, f"artifact {art.artifact_id[:12]} recorded import") for name, (_, art) in recorded.items()]
-    imports = import_modules([*requests, *requested_imports(flags)])
-    if recorded:
-        print(f"re-imported the recorded module(s) {', '.join(recorded)} before rebuilding the pipeline")
-    for now in imports:
-        then = recorded.get(now["module"], (None, None))[0]
-        if then is not None and then.get("sha256") != now["sha256"]:
-            print(
-                f"pipekit-train: warning: module {now['module']!r} is not the recorded one: {now['file']} has "
-                f"sha256 {now['sha256']}, the artifact recorded {then.get('file')} with sha256 {then.get('sha256')}",
-                file=sys.stderr,
-            )
-    return imports
-
-
-def _add_imports(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        metavar="MODULE",
-        help=(
-            "import MODULE before reading the pipeline, for the models, datasets, losses, callbacks and backends "
-            f"it registers (repeatable; ${IMPORT_ENV_VAR}=mod1,mod2 imports more, first)"
-        ),
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -393,20 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--print-config", action="store_true", help="print the pipeline after --set and exit")
     run.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     run.add_argument("--no-store", action="store_true", help="do not record artifacts")
-    _add_imports(run)
+    add_import_flag(run)
     run.set_defaults(func=_cmd_run)
 
     val = sub.add_parser("validate", help="check a pipeline file without training")
     val.add_argument("pipeline", metavar="PIPELINE.yaml")
     val.add_argument("--set", action="append", metavar="PATH=VALUE")
-    _add_imports(val)
+    add_import_flag(val)
     val.set_defaults(func=_cmd_validate)
 
     rep = sub.add_parser("reproduce", help="rerun the pipeline that made an artifact (refused if its data changed)")
     rep.add_argument("artifact", metavar="ARTIFACT_ID", help="an artifact id or a unique prefix of one")
     rep.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     rep.add_argument("--run-dir", metavar="DIR", help="where the new run writes")
-    _add_imports(rep)
+    add_import_flag(rep)
     rep.set_defaults(func=_cmd_reproduce)
 
     from pipekit_train.cli._artifacts import add_artifact_commands
