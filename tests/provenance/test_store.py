@@ -519,13 +519,16 @@ def test_cli_short_views_show_the_objective_first_and_no_timing(tmp_path: Path, 
         )
     )
     code, out, _ = _cli(capsys, "list", "--store", str(s.path))
+    assert code == 0
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert rows["dddd0001"].endswith("train/loss=0.25 test/mae=0.4 train/lr=0.01")
     assert rows["dddd0002"].endswith("validate/loss=0.35 validate/accuracy=0.9 validate/loss/MSE_0=0.2")
     code, out, _ = _cli(capsys, "lineage", "dddd0002", "--store", str(s.path))
-    assert "time/" not in out and "* dddd0002" in out and "validate/loss=0.35 validate/accuracy=0.9" in out
+    assert code == 0 and "time/" not in out
+    assert "* dddd0002" in out and "validate/loss=0.35 validate/accuracy=0.9" in out
     code, out, _ = _cli(capsys, "query", "--store", str(s.path), "--stage", "stage0")
-    assert "time/" not in out and out.count("train/loss=0.25") == 1
+    assert code == 0 and "time/" not in out and out.count("train/loss=0.25") == 1
     code, out, _ = _cli(capsys, "show", "dddd0001", "--store", str(s.path))
+    assert code == 0
     shown = [line.split()[0] for line in out.split("\nmetrics\n")[1].splitlines() if line.startswith("  ")]
     assert shown[:3] == ["train/loss", "test/mae", "train/lr"] and shown[3:7] == sorted(timing)
