@@ -504,7 +504,8 @@ def test_cli_short_views_show_the_objective_first_and_no_timing(tmp_path: Path, 
     """A stage without validation once showed time/checkpoint_s, time/compile_s, time/data_wait_frac and no loss."""
     timing = {"time/checkpoint_s": 0.1, "time/compile_s": 2.0, "time/data_wait_frac": 0.01, "time/step_s": 0.001}
     s = ArtifactStore(tmp_path / "a.sqlite")
-    s.record(_art("dddd0001", final_metrics={**timing, "train/loss": 0.25, "train/lr": 0.01, "test/mae": 0.4}))
+    final = {**timing, "train/loss": 0.25, "train/lr": 0.01, "test/mae": 0.4}
+    s.record(_art("dddd0001", final_metrics=final, user={"dataset_version": "v3"}))
     s.record(
         _art(
             "dddd0002",
@@ -532,3 +533,4 @@ def test_cli_short_views_show_the_objective_first_and_no_timing(tmp_path: Path, 
     assert code == 0
     shown = [line.split()[0] for line in out.split("\nmetrics\n")[1].splitlines() if line.startswith("  ")]
     assert shown[:3] == ["train/loss", "test/mae", "train/lr"] and shown[3:7] == sorted(timing)
+    assert '\nuser\n  dataset_version  "v3"\n' in out

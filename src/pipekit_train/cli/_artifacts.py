@@ -159,6 +159,10 @@ def _show(a: TrainingArtifact) -> str:
     lines += [f"           {text}" for text in imports[1:]]
     if a.run_dir:
         lines.append(f"files      {a.run_dir}")
+    if a.user:
+        lines.append("user")  # what callbacks put in ctx.artifact_fields
+        width = max(len(k) for k in a.user)
+        lines += [f"  {k.ljust(width)}  {json.dumps(v, sort_keys=True)[:200]}" for k, v in a.user.items()]
     if a.final_metrics:
         lines.append("metrics")
         width = max(len(k) for k in a.final_metrics)

@@ -475,6 +475,7 @@ def _build_artifact(
         forced_resume=forced,
         model_summary=fields.pop("model_summary", None),
         preset=preset_record(loop),
+        user=fields or None,  # every other key a callback set: kept, never dropped
     )
     # The stage's own record first: a store that fails later loses nothing (`artifacts import` records it).
     if is_primary():
