@@ -261,6 +261,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_PERCENT = ("accuracy", "top5_accuracy", "f1_macro", "precision_macro", "recall_macro")
+_SHORT = {"validate": "val", "test": "test", "train": "train"}
+
+
+def summary_columns(finals: Sequence[dict[str, Any]], per_context: int = 2) -> list[tuple[str, str, int]]:
+    """``(label, metric, width)`` of the run summary's columns: the train loss, then the validation and test loss
+    and up to `per_context` other metrics of each, those that some stage logged (a regression shows ``test mae``,
+    a classifier ``val acc``; nothing shows a column no stage has).
+
+    Example:
+        >>> [label for label, _, _ in summary_columns([{"train/loss": 1.0, "test/loss": 2.0, "test/mae": 0.5}])]
+        ['train loss', 'test loss', 'test mae']
+    """
+    present = [name for final in finals for name in final]
+    out = [("train loss", "train/loss")]
+    for context in ("validate", "test"):
+        names = list(dict.fromkeys(n for n in present if n.startswith(f"{context}/") and n.count("/") == 1))
+        if f"{context}/loss" in names:
+            out.append((f"{_SHORT[context]} loss", f"{context}/loss"))
+        others = [n for n in names if n != f"{context}/loss"][:per_context]
+        for name in others:
+            key = name.split("/", 1)[1]
+            out.append((f"{_SHORT[context]} {'acc' if key == 'accuracy' else key}", name))
+    return [(label, name, max(len(label), 9)) for label, name in out]
+
+
+def _summary_value(name: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.1f}%" if name.split("/", 1)[1] in _PERCENT else f"{value:.4f}"
+
+
 def _print_summary(artifact: Any, store: Any) -> None:
     from pipekit_train.scale._distributed import is_primary
 
@@ -276,24 +308,17 @@ def _print_summary(artifact: Any, store: Any) -> None:
             artifacts.append(read_json(path, what="a stage's artifact"))
     if not artifacts:
         artifacts = [artifact.to_dict()]
+    columns = summary_columns([a.get("final_metrics", {}) for a in artifacts])
     print("\nSummary")
-    header = f"{'stage':<14} {'steps':>6} {'train loss':>11} {'val loss':>9} {'val acc':>8} {'test acc':>9}  artifact"
+    header = f"{'stage':<14} {'steps':>6} " + " ".join(f"{label:>{width}}" for label, _, width in columns)
+    header += "  artifact"
     print(header)
     print("-" * len(header))
     for a in artifacts:
         m = a.get("final_metrics", {})
         steps = a.get("backend_info", {}).get("steps", "")
-
-        def fmt(key: str, pct: bool = False, metrics: dict[str, Any] = m) -> str:
-            v = metrics.get(key)
-            if v is None:
-                return "-"
-            return f"{100 * v:.1f}%" if pct else f"{v:.4f}"
-
-        print(
-            f"{a['stage']:<14} {steps!s:>6} {fmt('train/loss'):>11} {fmt('validate/loss'):>9} "
-            f"{fmt('validate/accuracy', True):>8} {fmt('test/accuracy', True):>9}  {a['artifact_id'][:12]}"
-        )
+        cells = " ".join(f"{_summary_value(name, m.get(name)):>{width}}" for _, name, width in columns)
+        print(f"{a['stage']:<14} {steps!s:>6} {cells}  {a['artifact_id'][:12]}")
     print(f"\nrun directory: {run_dir}")
     if store is not False:
         print(f"lineage:       pipekit-train artifacts lineage {artifacts[-1]['artifact_id'][:12]}")

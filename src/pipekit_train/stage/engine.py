@@ -449,6 +449,8 @@ class Engine:
         epoch = self.epoch_of(step)
         self._emit({"type": "metrics", "context": "time", "step": step, "epoch": epoch, **self.clock.summary()})
         self._emit({"type": "metrics", "context": "train", "step": step, "epoch": epoch, **record})
+        if self.progress is not None:
+            self.progress.logged(step, epoch, record.get("loss"))
 
     def snapshot(self) -> EngineSnapshot:
         """The engine's state as plain data (see `EngineSnapshot`); checks the pending losses first.
