@@ -162,3 +162,17 @@ def test_the_run_summary_has_columns_for_the_metrics_the_stages_logged(capsys):
     _print_summary(classifier, False)
     header = capsys.readouterr().out.splitlines()[2]
     assert "val acc" in header and "test" not in header and "mae" not in header
+
+
+def test_the_lineage_hint_names_the_store_it_was_recorded_in(capsys):
+    """`run`/`launch ... --store S` printed `pipekit-train artifacts lineage ID`, which looked in the default store."""
+    from pipekit_train.cli._main import _print_summary
+    from pipekit_train.provenance._artifact import TrainingArtifact
+
+    artifact = TrainingArtifact(artifact_id="abc123def456789", final_metrics={"train/loss": 0.5})
+    _print_summary(artifact, "my runs/store.sqlite")
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "lineage:       pipekit-train artifacts lineage abc123def456 --store 'my runs/store.sqlite'"
+    )
+    _print_summary(artifact, None)  # the default store: the hint needs no flag
+    assert capsys.readouterr().out.splitlines()[-1].endswith("artifacts lineage abc123def456")

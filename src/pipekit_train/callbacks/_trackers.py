@@ -45,7 +45,7 @@ _MAX_PARAMS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- ]")
 #: Keys of a record that describe it rather than hold a value (as in `pipekit_train.tracking._writers.RESERVED_KEYS`).
-_RESERVED = ("type", "context", "step", "epoch", "time")
+_RESERVED = ("type", "context", "step", "epoch", "time", "interrupted")
 
 
 def _import_mlflow() -> Any:

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import glob
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -321,7 +322,8 @@ def _print_summary(artifact: Any, store: Any) -> None:
         print(f"{a['stage']:<14} {steps!s:>6} {cells}  {a['artifact_id'][:12]}")
     print(f"\nrun directory: {run_dir}")
     if store is not False:
-        print(f"lineage:       pipekit-train artifacts lineage {artifacts[-1]['artifact_id'][:12]}")
+        where = f" --store {shlex.quote(str(store))}" if store else ""  # the hint runs as printed, from here
+        print(f"lineage:       pipekit-train artifacts lineage {artifacts[-1]['artifact_id'][:12]}{where}")
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
