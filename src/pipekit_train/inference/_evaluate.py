@@ -160,7 +160,6 @@ def evaluate(
         store: The artifact store (a path, an `ArtifactStore`, or ``None`` for the default).
         record: Whether to record the evaluation in `store`.
     """
-    from ..provenance._artifact import new_artifact_id, utc_now
     from ..provenance._store import ArtifactStore
     from ..tracking._metrics import Metric, evaluate_metrics
     from ._export import _resolve
@@ -189,21 +188,27 @@ def evaluate(
         results.update(
             evaluate_metrics(bound, dataset.epoch_batches(batch_size), list(metrics), input_key=x_key, target_key=y_key)
         )
-    evaluation = Evaluation(
+    evaluation = _made(artifact, uri, bound, dataset, data, metrics=results, records=dataset.num_records())
+    if record:
+        with store:
+            store.record_evaluation(evaluation.to_dict())
+    return evaluation
+
+
+def _made(artifact: Any, uri: str, bound: Any, dataset: Any, data: Any, **fields: Any) -> Evaluation:
+    """A new `Evaluation` of the model `bound` (from `artifact`, or the bare model URI `uri`) on `dataset`."""
+    from ..provenance._artifact import new_artifact_id, utc_now
+
+    return Evaluation(
         evaluation_id=new_artifact_id(),
         artifact_id=artifact.artifact_id if artifact is not None else None,
         model_uri=uri,
         model_hash=bound.weights_hash(),
         dataset_hash=dataset.content_hash(),
         data=os.fspath(data),
-        metrics=results,
-        records=dataset.num_records(),
         created_at=utc_now(),
+        **fields,
     )
-    if record:
-        with store:
-            store.record_evaluation(evaluation.to_dict())
-    return evaluation
 
 
 def _check_keys(dataset: Any, data: Any, *keys: str) -> None:
@@ -241,7 +246,6 @@ def predict(
     """
     import hashlib
 
-    from ..provenance._artifact import new_artifact_id, utc_now
     from ..provenance._store import ArtifactStore
     from ._export import _resolve
 
@@ -267,16 +271,14 @@ def predict(
         os.replace(tmp, output)
     if record:
         digest = hashlib.sha256(np.ascontiguousarray(predictions).tobytes()).hexdigest()
-        prediction = Evaluation(
-            evaluation_id=new_artifact_id(),
-            artifact_id=artifact.artifact_id if artifact is not None else None,
-            model_uri=uri,
-            model_hash=bound.weights_hash(),
-            dataset_hash=dataset.content_hash(),
-            data=os.fspath(data),
+        prediction = _made(
+            artifact,
+            uri,
+            bound,
+            dataset,
+            data,
             metrics={},
             records=int(predictions.shape[0]) if predictions.ndim else 0,
-            created_at=utc_now(),
             kind="prediction",
             output=os.fspath(output) if output is not None else None,
             output_hash=f"sha256:{digest}",
