@@ -79,8 +79,9 @@ _CONTEXT_ORDER = {"validate": 0, "test": 1, "train": 2}
 
 def metric_order(final_metrics: dict[str, Any]) -> list[str]:
     """The names of `final_metrics`, the objective first: ``validate/loss`` when the stage validated, else
-    ``train/loss``; then validation, test and training values (a loss's own terms, ``validate/loss/MSE_0``, after
-    the rest of their context; ``train/lr`` last of them), then anything else, and ``time/...`` last.
+    ``train/loss``; then validation, test and training values, each context's loss first (a loss's own terms,
+    ``validate/loss/MSE_0``, after the rest of their context; ``train/lr`` last of them), then anything else, and
+    ``time/...`` last.
 
     Example:
         >>> metric_order({"time/compile_s": 1.0, "test/mae": 0.3, "train/lr": 0.01, "train/loss": 0.2})
@@ -88,13 +89,14 @@ def metric_order(final_metrics: dict[str, Any]) -> list[str]:
     """
     objective = "validate/loss" if "validate/loss" in final_metrics else "train/loss"
 
-    def rank(name: str) -> tuple[int, int, int, int, str]:
+    def rank(name: str) -> tuple[int, int, int, int, int, str]:
         context, _, key = name.partition("/")
         timing = context == "time"
         return (
             name != objective,
             timing,
             _CONTEXT_ORDER.get(context, 3),
+            key != "loss",
             ("/" in key) + 2 * (name == "train/lr"),
             name,
         )

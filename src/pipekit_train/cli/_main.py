@@ -285,7 +285,7 @@ def summary_columns(finals: Sequence[dict[str, Any]], per_context: int = 2) -> l
         for name in others:
             key = name.split("/", 1)[1]
             out.append((f"{_SHORT[context]} {'acc' if key == 'accuracy' else key}", name))
-    return [(label, name, max(len(label), 9)) for label, name in out]
+    return [(label, name, max(len(label), 8)) for label, name in out]
 
 
 def _summary_value(name: str, value: Any) -> str:
@@ -311,15 +311,15 @@ def _print_summary(artifact: Any, store: Any) -> None:
         artifacts = [artifact.to_dict()]
     columns = summary_columns([a.get("final_metrics", {}) for a in artifacts])
     print("\nSummary")
-    header = f"{'stage':<14} {'steps':>6} " + " ".join(f"{label:>{width}}" for label, _, width in columns)
+    header = f"{'stage':<14} {'steps':>6}  " + "  ".join(f"{label:>{width}}" for label, _, width in columns)
     header += "  artifact"
     print(header)
     print("-" * len(header))
     for a in artifacts:
         m = a.get("final_metrics", {})
         steps = a.get("backend_info", {}).get("steps", "")
-        cells = " ".join(f"{_summary_value(name, m.get(name)):>{width}}" for _, name, width in columns)
-        print(f"{a['stage']:<14} {steps!s:>6} {cells}  {a['artifact_id'][:12]}")
+        cells = "  ".join(f"{_summary_value(name, m.get(name)):>{width}}" for _, name, width in columns)
+        print(f"{a['stage']:<14} {steps!s:>6}  {cells}  {a['artifact_id'][:12]}")
     print(f"\nrun directory: {run_dir}")
     if store is not False:
         where = f" --store {shlex.quote(str(store))}" if store else ""  # the hint runs as printed, from here
