@@ -3,6 +3,7 @@ store can query by dataset hash, the CLI's one-line errors."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -86,14 +87,14 @@ def test_predict_writes_the_outputs_in_record_order(trained, tmp_path: Path):
         assert np.array_equal(saved["predictions"], out)
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pipekit_train.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
-        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), **(env or {})},
     )
 
 
@@ -142,3 +143,114 @@ def test_a_version_3_store_gains_the_evaluation_tables_and_keeps_its_records(tmp
     assert store.get("0ld0") == old
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT record, digest FROM artifacts").fetchall() == before
+
+
+USER_MODULE = """\
+import jax.numpy as jnp
+from pipekit_train import Loss
+
+
+class DayOneHuber(Loss):
+    delta: float = 1.0
+
+    def __call__(self, predicted, target):
+        err = jnp.abs(predicted - target)
+        quad = jnp.minimum(err, self.delta)
+        return jnp.mean(0.5 * quad**2 + self.delta * (err - quad)), {"max_err": jnp.max(err)}
+"""
+
+USER_TRAINING = """\
+import sys
+import numpy as np
+import day_one_loss
+from pipekit_train import MAE, RMSE, EquinoxModel, NpzSource, TrainingDataset, TrainingLoop, run_settings
+from pipekit_train.cli._imports import module_record
+
+x = np.random.default_rng(0).normal(size=(48, 2)).astype(np.float32)
+np.savez("data.npz", x=x, y=x[:, :1] - x[:, 1:])
+data = TrainingDataset(source=NpzSource(path="data.npz"))
+ids = []
+for metrics in ((MAE(), RMSE()), ()):
+    loop = TrainingLoop(
+        model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 2, "out_size": 1, "width_size": 4, "depth": 1}),
+        dataset=data, test_dataset=data.replace(shuffle=False), loss=day_one_loss.DayOneHuber(delta=0.5),
+        metrics=metrics, optimizer_config={"name": "sgd", "lr": 0.05}, max_steps=4, batch_size=16, progress=False,
+    )
+    # The first records no imports (as from a notebook), the second its module (as `run --import` does).
+    imports = (module_record("day_one_loss", day_one_loss),) if ids else ()
+    with run_settings(run_dir=f"run{len(ids)}", store="store.sqlite", imports=imports):
+        _, artifact = loop.run()
+    ids.append(artifact.artifact_id)
+    print(artifact.artifact_id, *(f"{k}={v!r}" for k, v in artifact.final_metrics.items() if k.startswith("test/")))
+"""
+
+
+@pytest.mark.slow
+def test_evaluate_and_predict_load_the_users_module_and_default_to_the_stages_metrics(tmp_path: Path):
+    """A stage with a user's loss (and MAE, RMSE): evaluate found "no TrainingLoop.metrics" because its YAML names a
+    type nobody imported. --import, $PIPEKIT_IMPORT and the artifact's recorded imports all load it; a stage without
+    metrics evaluates its loss, as the stage logged test/loss; predict records what it predicted from."""
+    (tmp_path / "day_one_loss.py").write_text(USER_MODULE)
+    trained = subprocess.run(
+        [sys.executable, "-c", USER_TRAINING],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT / 'src'}:{tmp_path}"},
+    )
+    assert trained.returncode == 0, trained.stderr
+    recorded = {}
+    for line in trained.stdout.splitlines():
+        aid, *pairs = line.split()
+        recorded[aid] = {k: float(v) for k, v in (p.split("=") for p in pairs)}
+    with_metrics, without = list(recorded)
+
+    plain = _cli("evaluate", with_metrics, "--data", "data.npz", "--store", "store.sqlite", cwd=tmp_path)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr and len(plain.stderr.strip().splitlines()) == 1
+    assert "DayOneHuber" in plain.stderr and "--import MODULE" in plain.stderr
+
+    store = "store.sqlite"
+    done = _cli(
+        "evaluate",
+        with_metrics,
+        "--data",
+        "data.npz",
+        "--store",
+        store,
+        "--json",
+        "--import",
+        "day_one_loss",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads(done.stdout)["metrics"]
+    expected = recorded[with_metrics]
+    assert set(metrics) == {"loss", "loss/max_err", "mae", "rmse"}
+    for name in ("loss", "mae", "rmse"):
+        assert metrics[name] == pytest.approx(expected[f"test/{name}"], rel=1e-6), name
+
+    # `without` (no TrainingLoop.metrics) recorded its import: evaluate finds the module alone, scores the loss
+    recorded_done = _cli("evaluate", without, "--data", "data.npz", "--store", store, "--json", cwd=tmp_path)
+    assert recorded_done.returncode == 0, recorded_done.stderr
+    assert "re-imported the recorded module(s) day_one_loss" in recorded_done.stderr
+    result = json.loads(recorded_done.stdout)
+    assert set(result["metrics"]) == {"loss", "loss/max_err"}
+    assert result["metrics"]["loss"] == pytest.approx(recorded[without]["test/loss"], rel=1e-6)
+
+    env = {"PIPEKIT_IMPORT": "day_one_loss"}
+    predicted = _cli(
+        "predict", with_metrics, "--data", "data.npz", "-o", "p.npz", "--store", store, cwd=tmp_path, env=env
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    with ArtifactStore(str(tmp_path / store)) as s:
+        found = s.evaluations(artifact_id=with_metrics)
+    assert [(e["kind"], e["artifact_id"], e["output"]) for e in found] == [
+        ("evaluation", with_metrics, None),
+        ("prediction", with_metrics, "p.npz"),
+    ]
+    prediction = found[-1]
+    with np.load(tmp_path / "p.npz") as saved:
+        digest = hashlib.sha256(saved["predictions"].tobytes()).hexdigest()
+    assert prediction["records"] == 48 and prediction["metrics"] == {}
+    assert prediction["output_hash"] == f"sha256:{digest}" and prediction["dataset_hash"] == result["dataset_hash"]

@@ -191,3 +191,70 @@ def test_history_does_not_import_jax(runs: list[str]) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_sigterm_and_resume_read_like_the_uninterrupted_run(tmp_path: Path) -> None:
+    """A SIGTERM between two log steps once left an extra point at the stop step in every series (31 where the
+    uninterrupted run has 30) and a next train/loss averaged over the resumed steps only. A real signal here."""
+    import os
+    import signal
+
+    from pipekit_train import Callback, Checkpoint, TrainingInterrupted
+
+    armed = [False]
+
+    class SigtermAt15(Callback, register=False):
+        def fingerprint(self) -> None:
+            return None
+
+        def on_step_end(self, ctx: Any, metrics: Any) -> None:
+            if armed[0] and ctx.step == 15:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    data = TrainingDataset(source=ArraySource(arrays={"x": x, "y": x.sum(axis=1, keepdims=True)}))
+    loop = TrainingLoop(
+        model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 3, "out_size": 1, "width_size": 5, "depth": 1}),
+        dataset=data,
+        val_dataset=data.replace(shuffle=False),
+        loss=MSE(),
+        optimizer_config={"name": "sgd", "lr": 0.01},
+        max_steps=30,
+        batch_size=16,
+        log_every_n_steps=10,
+        eval_every_n_steps=10,
+        progress=False,
+        callbacks=(Checkpoint(every_n_steps=10), SigtermAt15()),
+    )
+    with run_settings(run_dir=str(tmp_path / "ref"), store=False):
+        loop.run()
+    armed[0] = True
+    with run_settings(run_dir=str(tmp_path / "cut"), store=False), pytest.raises(TrainingInterrupted):
+        loop.run()
+    armed[0] = False
+    stopped = history([str(tmp_path / "cut")])[str(tmp_path / "cut")]["stage0"]
+    assert stopped["train"]["loss"]["steps"] == [10, 15]  # not resumed yet: the stop's values are the latest
+    with run_settings(run_dir=str(tmp_path / "cut"), store=False, resume="auto"):
+        loop.run()
+    ref = history([str(tmp_path / "ref")])[str(tmp_path / "ref")]["stage0"]
+    cut = history([str(tmp_path / "cut")])[str(tmp_path / "cut")]["stage0"]
+    for context in ("train", "validate"):
+        assert cut[context]["loss"] == ref[context]["loss"], context  # steps [10, 20, 30] and the same values
+    marked = [r for r in read_jsonl(tmp_path / "cut" / "stage0" / "metrics.jsonl") if r.get("interrupted")]
+    assert {(r["context"], r["step"]) for r in marked} == {("time", 15), ("train", 15), ("validate", 15)}
+
+
+def test_the_plot_puts_a_pretrain_mse_and_a_finetune_cross_entropy_on_a_log_axis(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from pipekit_train.tracking._history import history_figure, plot_history
+
+    _write(tmp_path / "run" / "pretrain" / "metrics.jsonl", [_m(s, loss=0.015 + 0.01 / s) for s in (1, 2, 3)])
+    _write(
+        tmp_path / "run" / "finetune" / "metrics.jsonl",
+        [_m(s, loss=1.8 - 0.1 * s, accuracy=0.1 * s) for s in (1, 2, 3)],
+    )
+    hist = history(tmp_path / "run")
+    scales = {ax.get_title(): ax.get_yscale() for ax in history_figure(hist).axes if ax.get_visible()}
+    assert scales == {"loss": "log", "accuracy": "linear"}  # 0.015 .. 1.7: log; 0.1 .. 0.3 on one linear axis
+    out = plot_history(hist, tmp_path / "plots" / "h.png")
+    assert Path(out).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -34,9 +34,11 @@ def test_plain_lines_say_resume_eval_eta_and_end(monkeypatch):
     progress.resumed(40, "runs/a/fit/checkpoints")
     progress.compiled(2.5)
     progress.compiled(0.01)  # later small compiles are counted, not announced
-    progress.update(50, 5, 0.25, 2.0)  # 2 s per step, 50 steps left
+    progress.update(50, 5, None, 2.0)  # 2 s per step, 50 steps left
+    progress.logged(50, 5, 0.25)  # the train record of step 50: its line
     progress.evaluated(50, 5, {"validate/loss": 0.5, "validate/accuracy": 0.875})
-    progress.update(60, 6, 0.125, 2.0)
+    progress.update(60, 6, None, 2.0)
+    progress.logged(60, 6, 0.125)
     progress.close("stopped: early stopping: no improvement", {"train/loss": 0.125, "time/step_s": 2.0})
     lines = out.getvalue().splitlines()
     assert lines[0] == "fit: resumed at step 40 from runs/a/fit/checkpoints"
@@ -256,3 +258,69 @@ def test_model_summary_counts_each_top_level_submodule_and_goes_into_the_artifac
     assert "model_summary" not in old.to_dict()
     assert TrainingArtifact.from_json(old.to_json()).to_json() == old.to_json()
     assert json.loads(artifact.to_json())["model_summary"] == summary
+
+
+def test_a_plain_line_shows_the_loss_of_its_own_step_without_another_host_sync(capsys, tmp_path: Path, monkeypatch):
+    """The line of step 200 once showed step 100's loss (the record of a log step is written a chunk later), and
+    the first line none. Each line now carries its step's train/loss; the display reads nothing more from the
+    device (the same number of `jax.device_get` calls with and without it)."""
+    import jax
+
+    from pipekit_train.tracking._writers import read_jsonl
+
+    monkeypatch.delenv("CI", raising=False)
+    calls = {"n": 0}
+    real = jax.device_get
+
+    def counting(x):
+        calls["n"] += 1
+        return real(x)
+
+    monkeypatch.setattr(jax, "device_get", counting)
+    data = _data()
+    counts = {}
+    for progress in (False, True):
+        loop = TrainingLoop(
+            model_op=MODEL,
+            dataset=data,
+            loss=MSE(),
+            optimizer_config={"name": "sgd", "lr": 0.01},
+            max_steps=40,
+            batch_size=16,
+            log_every_n_steps=4,
+            progress=progress,
+        )
+        calls["n"] = 0
+        capsys.readouterr()
+        with run_settings(run_dir=str(tmp_path / f"run{progress}"), store=False):
+            loop.run()
+        counts[progress] = calls["n"]
+    lines = [line for line in capsys.readouterr().err.splitlines() if re.match(r"stage0: step \d+/40 ", line)]
+    logged = {
+        r["step"]: r["loss"]
+        for r in read_jsonl(tmp_path / "runTrue" / "stage0" / "metrics.jsonl")
+        if r["type"] == "metrics" and r["context"] == "train"
+    }
+    shown = [
+        (int(m.group(1)), float(m.group(2)))
+        for m in (re.search(r"step (\d+)/40 .*\| loss (\S+) ", line) for line in lines)
+    ]
+    assert [s for s, _ in shown] == [4, 8, 12, 16, 20, 24, 28, 32, 36, 40]
+    assert all(value == float(f"{logged[s]:.4g}") for s, value in shown)
+    assert counts[True] == counts[False]
+
+
+def test_at_80_columns_the_bar_keeps_the_step_counter_once_validation_metrics_appear(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+    out = _Terminal()
+    progress = Progress("finetune", 1000, stream=out, batch_size=32)
+    progress.update(200, 3, 0.125, 0.01)
+    progress.evaluated(200, 3, {"validate/loss": 0.5123, "validate/accuracy": 0.8751, "validate/f1_macro": 0.81})
+    progress.update(300, 4, 0.1, 0.01)
+    progress.close()  # the bar's last drawing is its state at the end
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    bars = [line for line in text.replace("\r", "\n").split("\n") if line.startswith("finetune ")]
+    last = bars[-1]
+    assert len(last) <= 80 and " 300/1000 epoch 4 | loss 0.1 | val " in last, last
+    assert re.search(r"\d:\d\d:\d\d ETA 0:00:07$", last), last

@@ -223,7 +223,7 @@ def test_every_writer_and_mlflow_hold_the_same_numbers_under_the_same_names(tmp_
     assert set(events.Tags()["scalars"]) == set(expected)
     client = MlflowClient(uri)
     run_id = artifact.tracker_run_id
-    assert set(client.get_run(run_id).data.metrics) == set(expected)
+    assert set(client.get_run(run_id).data.metrics) == set(expected)  # no "/" inside these keys: names agree
     for name, points in expected.items():
         board = [(e.step, e.value) for e in events.Scalars(name)]
         assert board == [(s, pytest.approx(v, rel=1e-6)) for s, v in points], name  # float32 in event files
@@ -232,3 +232,68 @@ def test_every_writer_and_mlflow_hold_the_same_numbers_under_the_same_names(tmp_
     # train/loss is the mean over the logging window in every writer (MLflow once logged one step's loss)
     assert artifact.final_metrics["train/loss"] == expected["train/loss"][-1][1]
     assert artifact.final_metrics["train/lr"] == expected["train/lr"][-1][1]
+
+
+@pytest.mark.parametrize("store", ["file", "sqlite"])
+def test_mlflow_holds_loss_terms_in_a_file_store_and_a_database(tmp_path: Path, monkeypatch, store: str):
+    """`train/loss` and its terms `train/loss/MSE_0` both reach MLflow (once "Not a directory" in a file store)."""
+    pytest.importorskip("sqlalchemy")
+    from mlflow.tracking import MlflowClient
+
+    from pipekit_train import (
+        MSE,
+        ArraySource,
+        Composite,
+        EquinoxModel,
+        LogToExperiment,
+        TrainingDataset,
+        TrainingLoop,
+        run_settings,
+    )
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = (tmp_path / "mlruns").as_uri() if store == "file" else f"sqlite:///{tmp_path / 'mlflow.db'}"
+    x = np.random.default_rng(1).normal(size=(32, 2)).astype(np.float32)
+    data = TrainingDataset(source=ArraySource(arrays={"x": x, "y": x[:, :1]}))
+    loop = TrainingLoop(
+        model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 2, "out_size": 1, "width_size": 4, "depth": 1}),
+        dataset=data,
+        val_dataset=data.replace(shuffle=False),
+        loss=Composite(components=((1.0, MSE()), (0.5, MSE(reduction="sum")))),
+        optimizer_config={"name": "sgd", "lr": 0.01},
+        max_steps=4,
+        batch_size=16,
+        log_every_n_steps=2,
+        eval_every_n_steps=4,
+        callbacks=(LogToExperiment(tracking_uri=uri),),
+        progress=False,
+    )
+    with run_settings(run_dir=str(tmp_path / "run"), store=False):
+        _, artifact = loop.run()
+
+    records = read_jsonl(tmp_path / "run" / "stage0" / "metrics.jsonl")
+    jsonl = {(r["context"], r["step"]): r for r in records if r["type"] == "metrics"}
+    assert "loss/MSE_0" in jsonl[("train", 4)]  # the other writers keep the "/"
+    client = MlflowClient(uri)
+    run = client.get_run(artifact.tracker_run_id)
+    assert run.info.status == "FINISHED"
+    names = set(run.data.metrics)
+    assert {"train/loss", "train/loss.MSE_0", "train/loss.MSE_1", "validate/loss", "validate/loss.MSE_0"} <= names
+    assert not any(a != b and b.startswith(a + "/") for a in names for b in names)  # no name is another's folder
+    for context, key, name in [
+        ("train", "loss/MSE_1", "train/loss.MSE_1"),
+        ("validate", "loss/MSE_0", "validate/loss.MSE_0"),
+    ]:
+        history = client.get_metric_history(artifact.tracker_run_id, name)
+        expected = sorted((s, r[key]) for (c, s), r in jsonl.items() if c == context)
+        assert sorted((m.step, m.value) for m in history) == expected, name
+
+
+def test_mlflow_metric_names_keep_one_level_below_the_context():
+    from pipekit_train.callbacks._trackers import mlflow_metric_name
+
+    assert mlflow_metric_name("train", "loss") == "train/loss"
+    assert mlflow_metric_name("train", "loss/MSE_0") == "train/loss.MSE_0"
+    assert mlflow_metric_name("validate", "validate/precision/0") == "validate/precision.0"
+    assert mlflow_metric_name("train", "schedule/weight/KL_1") == "train/schedule.weight.KL_1"
+    assert mlflow_metric_name("time", "compile_s") == "time/compile_s"

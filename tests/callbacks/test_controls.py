@@ -9,7 +9,7 @@ import pytest
 from tests.test_loop import _loop, _regression
 
 from pipekit import ConfigError
-from pipekit_train import EMA, EarlyStopping, ReduceLROnPlateau, TrainContext, run_settings
+from pipekit_train import EMA, Callback, EarlyStopping, ReduceLROnPlateau, TrainContext, run_settings
 from pipekit_train.tracking._writers import NullWriter
 
 
@@ -123,3 +123,40 @@ def test_control_arguments_are_checked():
         ReduceLROnPlateau(factor=1.5)
     with pytest.raises(ConfigError, match=r"EMA.decay must be in \(0, 1\), got 1.0"):
         EMA(decay=1.0)
+
+
+_SEEN: list = []
+
+
+class DayOneFieldsRecorder(Callback):
+    """Puts a user's values in the artifact and notes what `ctx.model` is at the end (for the test below)."""
+
+    def on_train_end(self, ctx) -> None:
+        ctx.artifact_fields["dataset_version"] = "v3"
+        ctx.artifact_fields.update(scaler={"mean": [1.5, -2.0], "std": [0.5, 2.0]})
+        try:
+            ctx.artifact_fields["weights"] = np.zeros(2)
+        except TypeError as e:
+            _SEEN.append(str(e))
+        _SEEN.append(ctx.model.weights_hash())
+
+
+@pytest.mark.parametrize("return_ema", [True, False])
+def test_artifact_keeps_a_users_fields_and_ctx_model_is_the_returned_model(tmp_path, return_ema):
+    """Unknown ``ctx.artifact_fields`` keys were dropped; they go to ``artifact.user``. ``ctx.model`` is the model
+    the stage returns: the EMA with ``return_ema``, the raw weights without."""
+    from pipekit_train import ArtifactStore
+
+    _SEEN.clear()
+    loop = _loop(max_steps=2, callbacks=(EMA(decay=0.9, return_ema=return_ema), DayOneFieldsRecorder()))
+    with run_settings(run_dir=str(tmp_path / "run"), store=str(tmp_path / "s.sqlite")):
+        model, artifact = loop.run()
+    message, seen_hash = _SEEN
+    assert message.startswith("ctx.artifact_fields['weights'] must be JSON data") and "ndarray" in message
+    assert artifact.user == {"dataset_version": "v3", "scaler": {"mean": [1.5, -2.0], "std": [0.5, 2.0]}}
+    assert ArtifactStore(str(tmp_path / "s.sqlite")).get(artifact.artifact_id).user == artifact.user
+    assert seen_hash == model.weights_hash() == artifact.trained_model_hash
+    raw = _loop(max_steps=2)
+    with run_settings(store=False):
+        raw_model, _ = raw.run()
+    assert (seen_hash == raw_model.weights_hash()) is (not return_ema)

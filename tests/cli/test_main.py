@@ -130,3 +130,49 @@ def test_reproduce_reruns_the_recorded_pipeline_and_refuses_changed_data(workdir
     changed = _cli("reproduce", artifact_id, "--store", "s.sqlite", "--run-dir", "runs/c", cwd=workdir)
     assert changed.returncode == 2
     assert "the training data of stage 'fit' changed" in changed.stderr
+
+
+def test_the_run_summary_has_columns_for_the_metrics_the_stages_logged(capsys):
+    """A regression's summary once had "val acc" and "test acc" columns of dashes and no column for its MAE."""
+    from pipekit_train.cli._main import _print_summary
+    from pipekit_train.provenance._artifact import TrainingArtifact
+
+    regression = TrainingArtifact(
+        artifact_id="abc123",
+        stage="houses",
+        final_metrics={"train/loss": 0.5, "test/loss": 0.25, "test/mae": 0.375, "test/rmse": 0.5, "time/step_s": 0.01},
+    )
+    _print_summary(regression, False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split() == [
+        "stage",
+        "steps",
+        "train",
+        "loss",
+        "test",
+        "loss",
+        "test",
+        "mae",
+        "test",
+        "rmse",
+        "artifact",
+    ]
+    assert lines[4].split() == ["houses", "0.5000", "0.2500", "0.3750", "0.5000", "abc123"]
+    classifier = regression.replace(final_metrics={"train/loss": 0.5, "validate/loss": 0.4, "validate/accuracy": 0.9})
+    _print_summary(classifier, False)
+    header = capsys.readouterr().out.splitlines()[2]
+    assert "val acc" in header and "test" not in header and "mae" not in header
+
+
+def test_the_lineage_hint_names_the_store_it_was_recorded_in(capsys):
+    """`run`/`launch ... --store S` printed `pipekit-train artifacts lineage ID`, which looked in the default store."""
+    from pipekit_train.cli._main import _print_summary
+    from pipekit_train.provenance._artifact import TrainingArtifact
+
+    artifact = TrainingArtifact(artifact_id="abc123def456789", final_metrics={"train/loss": 0.5})
+    _print_summary(artifact, "my runs/store.sqlite")
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "lineage:       pipekit-train artifacts lineage abc123def456 --store 'my runs/store.sqlite'"
+    )
+    _print_summary(artifact, None)  # the default store: the hint needs no flag
+    assert capsys.readouterr().out.splitlines()[-1].endswith("artifacts lineage abc123def456")

@@ -167,3 +167,19 @@ def test_git_state_commit_dirty_and_diff_hash(tmp_path: Path):
     assert dirty["diff_hash"] == "sha256:" + hashlib.sha256(diff).hexdigest()
     (tmp_path / "train.py").write_text("lr = 0.3\n")
     assert git_state(tmp_path)["diff_hash"] != dirty["diff_hash"]
+
+
+def test_user_fields_round_trip_and_must_be_json():
+    art = _artifact(user={"dataset_version": "v3", "scaler": {"mean": [1.5]}})
+    assert TrainingArtifact.from_json(art.to_json()) == art
+    assert "user" not in _artifact().to_dict()  # a record without user fields is the JSON it always was
+    with pytest.raises(ConfigError, match=r"TrainingArtifact.user must be JSON data: .*set"):
+        _artifact(user={"tags": {1, 2}})
+
+
+def test_repr_is_one_short_line():
+    """print(artifact) once dumped about 12 KB (the whole lock file and pipeline)."""
+    lock = {"lock_file": "x==1\n" * 2000, "distributions": {f"p{i}": "1" for i in range(300)}}
+    text = repr(_artifact(deps_lock=lock, artifact_id="a87ac53b"))
+    assert "\n" not in text and len(text) < 200
+    assert text.startswith("TrainingArtifact(artifact_id='a87ac53b', run_id=") and text.endswith("train/loss=0.25)")

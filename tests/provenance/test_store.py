@@ -498,3 +498,46 @@ def test_cli_show_query_and_diff_print_imports(store: ArtifactStore, capsys):
     assert f"imports:\n  - pkg.ns  (no file)  no file digest\n  ~ my_losses sha256 {'a' * 64} -> {'f' * 64}" in out
     code, out, _ = _cli(capsys, "diff", "aaaa0001", "cccc0004", "--store", s)
     assert out.rstrip().endswith("imports")  # "same: ..., imports"
+
+
+def test_cli_short_views_show_the_objective_first_and_no_timing(tmp_path: Path, capsys):
+    """A stage without validation once showed time/checkpoint_s, time/compile_s, time/data_wait_frac and no loss."""
+    timing = {"time/checkpoint_s": 0.1, "time/compile_s": 2.0, "time/data_wait_frac": 0.01, "time/step_s": 0.001}
+    s = ArtifactStore(tmp_path / "a.sqlite")
+    final = {**timing, "train/loss": 0.25, "train/lr": 0.01, "test/mae": 0.4}
+    s.record(_art("dddd0001", final_metrics=final, user={"dataset_version": "v3"}))
+    s.record(
+        _art(
+            "dddd0002",
+            parent_ids=("dddd0001",),
+            final_metrics={
+                **timing,
+                "train/loss": 0.3,
+                "validate/loss": 0.35,
+                "validate/loss/MSE_0": 0.2,
+                "validate/accuracy": 0.9,
+            },
+        )
+    )
+    code, out, _ = _cli(capsys, "list", "--store", str(s.path))
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert rows["dddd0001"].endswith("train/loss=0.25 test/mae=0.4 train/lr=0.01")
+    assert rows["dddd0002"].endswith("validate/loss=0.35 validate/accuracy=0.9 validate/loss/MSE_0=0.2")
+    code, out, _ = _cli(capsys, "lineage", "dddd0002", "--store", str(s.path))
+    assert code == 0 and "time/" not in out
+    assert "* dddd0002" in out and "validate/loss=0.35 validate/accuracy=0.9" in out
+    code, out, _ = _cli(capsys, "query", "--store", str(s.path), "--stage", "stage0")
+    assert code == 0 and "time/" not in out and out.count("train/loss=0.25") == 1
+    code, out, _ = _cli(capsys, "show", "dddd0001", "--store", str(s.path))
+    assert code == 0
+    shown = [line.split()[0] for line in out.split("\nmetrics\n")[1].splitlines() if line.startswith("  ")]
+    assert shown[:3] == ["train/loss", "test/mae", "train/lr"] and shown[3:7] == sorted(timing)
+    assert '\nuser\n  dataset_version  "v3"\n' in out
+
+
+def test_each_contexts_loss_comes_before_its_other_metrics():
+    from pipekit_train.cli._artifacts import metric_order
+
+    final = {"test/accuracy": 0.25, "test/loss": 2.3, "validate/accuracy": 0.24, "validate/loss": 2.2, "train/loss": 2}
+    assert metric_order(final) == ["validate/loss", "validate/accuracy", "test/loss", "test/accuracy", "train/loss"]

@@ -154,3 +154,20 @@ def test_cli_prints_the_table_and_the_suggestion_and_plots(tmp_path, capsys):
         "pipekit-train lr-find: error: --stage 'fitt': no training stage has that name (did you mean 'fit'?); "
         "stages: 0: fit"
     ]
+
+
+def test_a_noisy_plateau_does_not_make_the_suggestion():
+    """A small, noisy stage once got 7e-6 from a wiggle of the plateau. The suggestion now lies in the real
+    descent for every one of these noisy curves (a plateau at 1, a fall of 0.5 around 3e-3, then divergence)."""
+    n = 100
+    lrs = 1e-6 * 1e6 ** (np.arange(n) / (n - 1))
+    t = np.log10(lrs)
+    true = 1.0 - 0.5 / (1 + np.exp(-(t + 2.5) * 3)) + np.where(t > -0.7, 2 * (t + 0.7) ** 2, 0.0)
+    for seed in range(10):
+        raw = true + np.random.default_rng(seed).normal(scale=0.5, size=n)
+        smoothed, avg = [], 0.0
+        for i, loss in enumerate(raw):  # the sweep's own running mean (beta 0.9, bias-corrected)
+            avg = 0.9 * avg + 0.1 * loss
+            smoothed.append(avg / (1 - 0.9 ** (i + 1)))
+        lr, method = suggest(lrs, smoothed)
+        assert method == "steepest" and 1e-4 < lr < 0.3, (seed, lr)

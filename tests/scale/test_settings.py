@@ -189,3 +189,31 @@ def test_bfloat16_compute_trains_and_keeps_float32_weights_everywhere(tmp_path: 
     losses = [r["loss"] for r in records if r.get("type") == "metrics" and r.get("context") == "train"]
     assert len(losses) == 6 and losses[-1] < 0.5 * losses[0]
     assert any(not np.array_equal(a, b) for a, b in zip(_leaves(model), _leaves(full), strict=True))
+
+
+def test_backend_info_lists_the_devices_that_trained(tmp_path: Path) -> None:
+    """On 4 virtual devices a stage with ``mesh: {devices: 1}`` listed all 4 as its devices."""
+    script = (
+        "import json, numpy as np\n"
+        "from pipekit_train import MSE, ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, run_settings\n"
+        "x = np.zeros((32, 4), np.float32)\n"
+        "data = TrainingDataset(source=ArraySource(arrays={'x': x, 'y': x[:, :1]}))\n"
+        "infos = []\n"
+        "for mesh in ({'devices': 1}, {'devices': 2}):\n"
+        "    loop = TrainingLoop(model_op=EquinoxModel(factory='mlp', kwargs={'in_size': 4, 'out_size': 1}),\n"
+        "                        dataset=data, loss=MSE(), max_steps=1, batch_size=8, mesh=mesh, progress=False)\n"
+        "    with run_settings(store=False):\n"
+        "        infos.append(loop.run()[1].backend_info)\n"
+        "print(json.dumps([{k: i.get(k) for k in ('devices', 'available_devices', 'num_devices')} for i in infos]))\n"
+    )
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env["PYTHONPATH"] = src
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert out.returncode == 0, out.stderr
+    one, two = json.loads(out.stdout.strip().splitlines()[-1])
+    every = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+    assert one == {"devices": every[:1], "available_devices": every, "num_devices": 1}
+    assert two == {"devices": every[:2], "available_devices": every, "num_devices": 2}

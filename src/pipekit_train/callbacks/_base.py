@@ -88,6 +88,46 @@ class Callback(Operator, register=False):
         """Called when the run fails, before the exception propagates."""
 
 
+#: The keys of `TrainContext.artifact_fields` that are fields of the artifact itself; any other goes to ``user``.
+ARTIFACT_KEYS = ("tracker_run_id", "model_registry_uri", "trained_model_hash", "model_summary")
+
+
+class ArtifactFields(dict[str, Any]):
+    """`TrainContext.artifact_fields`: a dict whose values must be JSON data, checked when they are set.
+
+    Example:
+        >>> fields = ArtifactFields()
+        >>> fields["dataset_version"] = "v3"
+        >>> fields["scaler"] = object()
+        Traceback (most recent call last):
+        ...
+        TypeError: ctx.artifact_fields['scaler'] must be JSON data (...) ..., got object: ...
+    """
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        import json
+
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"ctx.artifact_fields keys must be non-empty strings, got {key!r}")
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"ctx.artifact_fields[{key!r}] must be JSON data (a dict with string keys, list, str, int, float, "
+                f"bool or None) to go into the stage's artifact, got {type(value).__name__}: {e}"
+            ) from None
+        super().__setitem__(key, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]  # every value is checked
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+
 class TrainContext:
     """What a callback sees of a running `TrainingLoop`. Built by the loop; callbacks do not construct it.
 
@@ -99,7 +139,9 @@ class TrainContext:
         step: Optimizer steps taken so far in this stage.
         epoch: ``step // steps_per_epoch``; without `steps_per_epoch`, ``step //`` the training set's batches per epoch.
         writer: The metric writer; ``ctx.writer.write({...})`` adds a record.
-        artifact_fields: Values that callbacks contribute to the stage's artifact (``tracker_run_id``, …).
+        artifact_fields: Values that callbacks contribute to the stage's artifact: the artifact's own fields
+            (``tracker_run_id``, ``model_registry_uri``, ``trained_model_hash``, ``model_summary``), and any other
+            key, which the artifact keeps in its ``user`` mapping. A value must be JSON data (checked when set).
         stop_reason: ``None`` while running; the reason once a stop was requested.
         last_eval: The metrics of the latest validation pass.
     """
@@ -127,7 +169,7 @@ class TrainContext:
         self.epoch = 0
         self.stop_reason: str | None = None
         self.last_eval: dict[str, float] = {}
-        self.artifact_fields: dict[str, Any] = {}
+        self.artifact_fields: dict[str, Any] = ArtifactFields()
         self._states = callback_states
         self._index = {id(cb): key for cb, key in zip(callbacks, callback_states)}
         self._get_model = get_model
@@ -140,7 +182,9 @@ class TrainContext:
 
     @property
     def model(self) -> Any:
-        """The current model operator, bound to the current weights (a device-to-host-free view)."""
+        """The model the stage would return if it ended now, bound to host copies of its weights: the weights
+        being trained, or their moving average when an `EMA` callback has ``return_ema`` (the default). What
+        `RegisterModel` stores and the artifact's ``trained_model_hash`` names at the end is this model."""
         return self._get_model()
 
     def set_model(self, model_op: Any) -> None:

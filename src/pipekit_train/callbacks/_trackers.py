@@ -8,6 +8,7 @@ artifact file) and puts the MLflow run id in the stage's artifact. `RegisterMode
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import posixpath
 import re
@@ -31,6 +32,12 @@ _MSG_MLFLOW = (
     "LogToExperiment(backend='mlflow') needs the 'mlflow' package (mlflow-skinny is enough), which is not "
     "installed; install the extra: pip install 'pipekit-train[mlflow]'"
 )
+_MSG_MLFLOW_DB = (
+    "LogToExperiment.tracking_uri {uri!r} is a database, which MLflow opens through SQLAlchemy and Alembic; "
+    "they are not installed: pip install 'pipekit-train[mlflow]' (or a file: folder or an http:// server URI)"
+)
+#: The URI schemes MLflow opens with SQLAlchemy (mlflow.store.db.db_types.DATABASE_ENGINES).
+_DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 #: MLflow's limits (mlflow.utils.validation): value length, key length, entries per log_batch call.
 _MAX_VALUE = 6000
 _MAX_KEY = 250
@@ -38,7 +45,7 @@ _MAX_PARAMS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- ]")
 #: Keys of a record that describe it rather than hold a value (as in `pipekit_train.tracking._writers.RESERVED_KEYS`).
-_RESERVED = ("type", "context", "step", "epoch", "time")
+_RESERVED = ("type", "context", "step", "epoch", "time", "interrupted")
 
 
 def _import_mlflow() -> Any:
@@ -56,6 +63,23 @@ def _name(key: str) -> str:
     key = _BAD_NAME_CHARS.sub("_", key)
     key = posixpath.normpath(key).lstrip("/") if key else "_"
     return key[:_MAX_KEY] if key not in ("", ".") else "_"
+
+
+def mlflow_metric_name(context: str, key: str) -> str:
+    """The MLflow name of the metric `key` of a `context` record: ``<context>/<key>`` with the key's ``/`` as ``.``.
+
+    MLflow's file store keeps each metric in a file named after it, so ``train/loss`` (a file) and
+    ``train/loss/MSE_0`` (a file inside it) cannot both exist; a database store takes both. One level, the
+    context, keeps every store readable: ``train/loss``, ``train/loss.MSE_0``, ``validate/precision.0``,
+    ``train/schedule.weight.KL_1``. Every other writer keeps the ``/`` (docs/metrics.md).
+
+    Example:
+        >>> mlflow_metric_name("train", "loss/MSE_0"), mlflow_metric_name("validate", "validate/loss")
+        ('train/loss.MSE_0', 'validate/loss')
+    """
+    if key.startswith(f"{context}/"):
+        key = key[len(context) + 1 :]
+    return _name(f"{context}/{key.replace('/', '.')}")
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -98,17 +122,20 @@ class LogToExperiment(Callback):
     """Mirror the run into an experiment tracker (MLflow).
 
     On start it creates (or, on resume, reopens) an MLflow run and logs the pipeline's configuration as
-    parameters; then every metrics record the loop writes (``on_log``) under the same names a `TensorBoardWriter`
+    parameters; then every metrics record the loop writes (``on_log``) under the names a `TensorBoardWriter`
     uses, ``<context>/<metric>`` (``train/loss`` is the mean over the logging window, as in every writer; see
-    docs/metrics.md); at the end the pipeline YAML as the artifact file ``pipeline.yaml``, then it ends the MLflow
-    run. The MLflow run id goes to the stage's
+    docs/metrics.md), except that a ``/`` inside the metric's key becomes ``.`` (``train/loss.MSE_0``; see
+    `mlflow_metric_name`) so that every MLflow store, files or database, can hold them; at the end the pipeline
+    YAML as the artifact file ``pipeline.yaml``, then it ends the MLflow run. The MLflow run id goes to the stage's
     artifact (``tracker_run_id``) and to this callback's checkpointed state.
 
     Args:
         backend: The tracker. Only ``"mlflow"`` for now (the ``mlflow`` extra).
-        tracking_uri: Where MLflow stores runs. Default: ``$MLFLOW_TRACKING_URI``, else a local file store at
-            ``<run_dir>/mlruns``, else ``./runs/mlruns``. MLflow 3 refuses local file stores unless
-            ``MLFLOW_ALLOW_FILE_STORE=true``; for a ``file:`` URI this callback sets that variable when it is unset.
+        tracking_uri: Where MLflow stores runs: a folder (``file:``), a database (``sqlite:///runs/mlflow.db``;
+            MLflow opens it with SQLAlchemy and Alembic, both in the ``mlflow`` extra) or a server
+            (``http://...``). Default: ``$MLFLOW_TRACKING_URI``, else a local file store at ``<run_dir>/mlruns``,
+            else ``./runs/mlruns``. MLflow 3 refuses local file stores unless ``MLFLOW_ALLOW_FILE_STORE=true``;
+            for a ``file:`` URI this callback sets that variable when it is unset.
         experiment: The MLflow experiment name (created when missing).
 
     Runs after the other callbacks (``order=10``), so the model URI a `RegisterModel` records is tagged too.
@@ -146,9 +173,10 @@ class LogToExperiment(Callback):
             _, client_cls = _import_mlflow()
             scheme = urllib.parse.urlparse(uri).scheme
             if scheme in ("", "file"):
-                # MLflow 3 keeps local file stores behind an opt-in; the database store needs SQLAlchemy, which
-                # mlflow-skinny does not bring. A user who set the variable either way keeps their choice.
+                # MLflow 3 keeps local file stores behind an opt-in. A user who set the variable keeps their choice.
                 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            elif scheme.split("+")[0] in _DATABASE_SCHEMES and importlib.util.find_spec("sqlalchemy") is None:
+                raise ImportError(_MSG_MLFLOW_DB.format(uri=uri))
             client = clients[uri] = client_cls(tracking_uri=uri)
         return client
 
@@ -217,8 +245,7 @@ class LogToExperiment(Callback):
         for key, value in record.items():
             if key in _RESERVED or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            name = key if key.startswith(f"{context}/") else f"{context}/{key}"
-            entries.append(entities.Metric(_name(name), float(value), stamp, step))
+            entries.append(entities.Metric(mlflow_metric_name(context, key), float(value), stamp, step))
         for i in range(0, len(entries), _MAX_METRICS_PER_BATCH):
             client.log_batch(run_id, metrics=entries[i : i + _MAX_METRICS_PER_BATCH])
 

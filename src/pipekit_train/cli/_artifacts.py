@@ -74,8 +74,39 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+_CONTEXT_ORDER = {"validate": 0, "test": 1, "train": 2}
+
+
+def metric_order(final_metrics: dict[str, Any]) -> list[str]:
+    """The names of `final_metrics`, the objective first: ``validate/loss`` when the stage validated, else
+    ``train/loss``; then validation, test and training values, each context's loss first (a loss's own terms,
+    ``validate/loss/MSE_0``, after the rest of their context; ``train/lr`` last of them), then anything else, and
+    ``time/...`` last.
+
+    Example:
+        >>> metric_order({"time/compile_s": 1.0, "test/mae": 0.3, "train/lr": 0.01, "train/loss": 0.2})
+        ['train/loss', 'test/mae', 'train/lr', 'time/compile_s']
+    """
+    objective = "validate/loss" if "validate/loss" in final_metrics else "train/loss"
+
+    def rank(name: str) -> tuple[int, int, int, int, int, str]:
+        context, _, key = name.partition("/")
+        timing = context == "time"
+        return (
+            name != objective,
+            timing,
+            _CONTEXT_ORDER.get(context, 3),
+            key != "loss",
+            ("/" in key) + 2 * (name == "train/lr"),
+            name,
+        )
+
+    return sorted(final_metrics, key=rank)
+
+
 def _key_metrics(artifact: TrainingArtifact, n: int = 3) -> str:
-    names = sorted(artifact.final_metrics, key=lambda k: (not k.startswith("validate/"), k))[:n]
+    """The short view's metrics: the objective and the next ones by `metric_order`, never timing."""
+    names = [k for k in metric_order(artifact.final_metrics) if not k.startswith("time/")][:n]
     return " ".join(f"{k}={_num(artifact.final_metrics[k])}" for k in names)
 
 
@@ -130,10 +161,14 @@ def _show(a: TrainingArtifact) -> str:
     lines += [f"           {text}" for text in imports[1:]]
     if a.run_dir:
         lines.append(f"files      {a.run_dir}")
+    if a.user:
+        lines.append("user")  # what callbacks put in ctx.artifact_fields
+        width = max(len(k) for k in a.user)
+        lines += [f"  {k.ljust(width)}  {json.dumps(v, sort_keys=True)[:200]}" for k, v in a.user.items()]
     if a.final_metrics:
         lines.append("metrics")
         width = max(len(k) for k in a.final_metrics)
-        lines += [f"  {k.ljust(width)}  {_num(v)}" for k, v in sorted(a.final_metrics.items())]
+        lines += [f"  {k.ljust(width)}  {_num(a.final_metrics[k])}" for k in metric_order(a.final_metrics)]
     if a.training_pipeline_yaml:
         lines.append("pipeline YAML")
         lines += ["  " + line for line in a.training_pipeline_yaml.rstrip("\n").splitlines()]

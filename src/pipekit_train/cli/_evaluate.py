@@ -1,19 +1,23 @@
 """``pipekit-train evaluate``, ``predict`` and ``evaluations``: a trained model on new data, and what was measured.
 
-``evaluate ARTIFACT_ID|MODEL_URI --data FILE.yaml|FILE.npz [--metric M]...`` prints the metrics and records the
-evaluation in the artifact store, linked to the artifact; ``predict ... --data FILE -o out.npz`` writes the model's
-outputs; ``evaluations [--dataset-hash H] [--artifact ID] [--metric NAME]`` lists the recorded evaluations. Exit
-codes: 0 done, 2 a mistake in what was asked (one line on standard error), 1 a failure.
+``evaluate ARTIFACT_ID|MODEL_URI --data FILE.yaml|FILE.npz [--metric M]... [--import MODULE]...`` prints the metrics
+and records the evaluation in the artifact store, linked to the artifact; ``predict ... --data FILE -o out.npz``
+writes the model's outputs and records what they came from; both import the artifact's recorded modules, then
+``$PIPEKIT_IMPORT`` and ``--import``, before reading the stage's pipeline; ``evaluations [--dataset-hash H]
+[--artifact ID] [--metric NAME]`` lists the recorded evaluations. Exit codes: 0 done, 2 a mistake in what was
+asked (one line on standard error), 1 a failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ._common import EXIT_OK, UsageError, guarded, run_commands
+from ._imports import add_import_flag, import_modules, reimport_recorded, requested_imports
 
 __all__ = ["add_evaluate_commands", "main"]
 
@@ -38,12 +42,39 @@ def _store(args: argparse.Namespace) -> Any:
     return ArtifactStore(args.store)
 
 
+def _import_user_modules(args: argparse.Namespace) -> None:
+    """The artifact's recorded imports (as `reproduce` does), then ``$PIPEKIT_IMPORT`` and ``--import``: the
+    stage's pipeline YAML names the user's types, which load only once their modules are imported."""
+    from ..inference._export import MODEL_URI_PREFIX
+    from ..provenance._model_registry import parse_model_uri
+    from ..provenance._store import ArtifactStore, UnknownArtifactError
+
+    store = ArtifactStore(args.store)
+    artifact_id = None
+    if store.path.exists():
+        with store:
+            if args.model.startswith(MODEL_URI_PREFIX):
+                digest, _ = parse_model_uri(args.model)
+                found = [a for a in store.query(model_hash=f"sha256:{digest}") if a.status == "completed"]
+                artifact_id = found[0].artifact_id if found else None
+            else:
+                try:
+                    artifact_id = store.get(args.model).artifact_id
+                except UnknownArtifactError:
+                    artifact_id = None  # evaluate / predict say so, with the store's hint
+            if artifact_id is not None:
+                reimport_recorded(store, artifact_id, args.imports, say=sys.stderr)
+                return
+    import_modules(requested_imports(args.imports))
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate a trained model on a dataset; print and record the metrics."""
     from ..inference._evaluate import evaluate
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be a positive int, got {args.batch_size}")
+    _import_user_modules(args)
     metrics = [parse_metric(m) for m in args.metric] if args.metric else None
     result = evaluate(
         args.model,
@@ -72,7 +103,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be a positive int, got {args.batch_size}")
-    out = predict(args.model, args.data, output=args.output, batch_size=args.batch_size, store=_store(args))
+    _import_user_modules(args)
+    out = predict(
+        args.model,
+        args.data,
+        output=args.output,
+        batch_size=args.batch_size,
+        store=_store(args),
+        record=not args.no_record,
+    )
     print(f"wrote {args.output} (predictions {out.dtype}{list(out.shape)})")
     return EXIT_OK
 
@@ -91,6 +130,8 @@ def cmd_evaluations(args: argparse.Namespace) -> int:
         shown = {k: v for k, v in e["metrics"].items() if args.metric is None or k == args.metric}
         scores = " ".join(f"{k} {v:.6g}" for k, v in list(shown.items())[:6])
         model = (e["artifact_id"] or e["model_hash"])[:12]
+        if e.get("kind") == "prediction":
+            scores = f"prediction -> {e.get('output') or '(not written)'}"
         print(f"{e['evaluation_id'][:12]}  {e['created_at']}  {model}  {e['dataset_hash'][:19]}  {scores}")
     return EXIT_OK
 
@@ -114,6 +155,7 @@ def add_evaluate_commands(sub: Any) -> None:
     p.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     p.add_argument("--no-record", action="store_true", help="print the metrics without recording them")
     p.add_argument("--json", action="store_true", help="print the evaluation record as JSON")
+    add_import_flag(p)
     p.set_defaults(func=guarded("evaluate", cmd_evaluate))
 
     p = sub.add_parser(
@@ -126,6 +168,8 @@ def add_evaluate_commands(sub: Any) -> None:
     p.add_argument("-o", "--output", required=True, metavar="OUT.npz", help="where to write 'predictions'")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
+    p.add_argument("--no-record", action="store_true", help="do not record the prediction in the artifact store")
+    add_import_flag(p)
     p.set_defaults(func=guarded("predict", cmd_predict))
 
     p = sub.add_parser(

@@ -17,11 +17,11 @@ import os
 import sys
 import traceback
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from ._common import CommandError
 
-__all__ = ["ENV_VAR", "import_modules", "requested_imports"]
+__all__ = ["ENV_VAR", "add_import_flag", "import_modules", "reimport_recorded", "requested_imports"]
 
 ENV_VAR = "PIPEKIT_IMPORT"
 
@@ -110,3 +110,50 @@ def import_modules(requests: Iterable[tuple[str, str]]) -> tuple[dict[str, Any],
             ) from None
         records[name] = module_record(name, module)
     return tuple(records.values())
+
+
+def reimport_recorded(
+    store: Any, artifact_id: str, flags: Sequence[str] | None, *, say: TextIO | None = None
+) -> tuple[dict[str, Any], ...]:
+    """Import the modules recorded by the stages leading to `artifact_id` (then $PIPEKIT_IMPORT and --import).
+
+    Says on `say` (default: standard output) which modules it imported, and warns on standard error when a
+    module's file is not the one that was recorded.
+    """
+    chain = [store.get(artifact_id)]
+    while chain[0].parent_ids:  # the stages `pipeline_of` rebuilds: first parents, oldest first
+        chain.insert(0, store.get(chain[0].parent_ids[0]))
+    recorded: dict[str, tuple[dict[str, Any], Any]] = {}
+    for art in chain:
+        for rec in art.imports:
+            recorded.setdefault(rec["module"], (rec, art))
+    requests = [(name, f"artifact {art.artifact_id[:12]} recorded import") for name, (_, art) in recorded.items()]
+    imports = import_modules([*requests, *requested_imports(flags)])
+    if recorded:
+        print(
+            f"re-imported the recorded module(s) {', '.join(recorded)} before rebuilding the pipeline",
+            file=say or sys.stdout,
+        )
+    for now in imports:
+        then = recorded.get(now["module"], (None, None))[0]
+        if then is not None and then.get("sha256") != now["sha256"]:
+            print(
+                f"pipekit-train: warning: module {now['module']!r} is not the recorded one: {now['file']} has "
+                f"sha256 {now['sha256']}, the artifact recorded {then.get('file')} with sha256 {then.get('sha256')}",
+                file=sys.stderr,
+            )
+    return imports
+
+
+def add_import_flag(parser: Any) -> None:
+    """Add ``--import MODULE`` (repeatable, into ``args.imports``) to the argparse `parser`."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        help=(
+            "import MODULE before reading the pipeline, for the models, datasets, losses, callbacks and backends "
+            f"it registers (repeatable; ${ENV_VAR}=mod1,mod2 imports more, first)"
+        ),
+    )

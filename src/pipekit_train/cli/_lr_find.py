@@ -68,9 +68,9 @@ def add_lr_find_commands(sub: Any) -> None:
         "without it they are trained first in a temporary directory",
     )
     p.add_argument("--set", action="append", metavar="PATH=VALUE", help="override a field, as for run")
-    from ._main import _add_imports
+    from ._imports import add_import_flag
 
-    _add_imports(p)
+    add_import_flag(p)
     p.set_defaults(func=guarded("lr-find", cmd_lr_find))
 
 

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import glob
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from pipekit_train.cli import _common
 from pipekit_train.cli._common import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError, report_error
 from pipekit_train.cli._imports import ENV_VAR as IMPORT_ENV_VAR
-from pipekit_train.cli._imports import import_modules, requested_imports
+from pipekit_train.cli._imports import add_import_flag, import_modules, reimport_recorded, requested_imports
 
 # Exit codes (`_common`): 0 done; 2 a mistake in what was asked (one line on stderr); 1 the command ran and failed
 # (one line), or an internal error; 128 + signal number when SIGINT (130) or SIGTERM (143) stopped training
@@ -261,6 +262,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_PERCENT = ("accuracy", "top5_accuracy", "f1_macro", "precision_macro", "recall_macro")
+_SHORT = {"validate": "val", "test": "test", "train": "train"}
+
+
+def summary_columns(finals: Sequence[dict[str, Any]], per_context: int = 2) -> list[tuple[str, str, int]]:
+    """``(label, metric, width)`` of the run summary's columns: the train loss, then the validation and test loss
+    and up to `per_context` other metrics of each, those that some stage logged (a regression shows ``test mae``,
+    a classifier ``val acc``; nothing shows a column no stage has).
+
+    Example:
+        >>> [label for label, _, _ in summary_columns([{"train/loss": 1.0, "test/loss": 2.0, "test/mae": 0.5}])]
+        ['train loss', 'test loss', 'test mae']
+    """
+    present = [name for final in finals for name in final]
+    out = [("train loss", "train/loss")]
+    for context in ("validate", "test"):
+        names = list(dict.fromkeys(n for n in present if n.startswith(f"{context}/") and n.count("/") == 1))
+        if f"{context}/loss" in names:
+            out.append((f"{_SHORT[context]} loss", f"{context}/loss"))
+        others = [n for n in names if n != f"{context}/loss"][:per_context]
+        for name in others:
+            key = name.split("/", 1)[1]
+            out.append((f"{_SHORT[context]} {'acc' if key == 'accuracy' else key}", name))
+    return [(label, name, max(len(label), 8)) for label, name in out]
+
+
+def _summary_value(name: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.1f}%" if name.split("/", 1)[1] in _PERCENT else f"{value:.4f}"
+
+
 def _print_summary(artifact: Any, store: Any) -> None:
     from pipekit_train.scale._distributed import is_primary
 
@@ -276,27 +309,21 @@ def _print_summary(artifact: Any, store: Any) -> None:
             artifacts.append(read_json(path, what="a stage's artifact"))
     if not artifacts:
         artifacts = [artifact.to_dict()]
+    columns = summary_columns([a.get("final_metrics", {}) for a in artifacts])
     print("\nSummary")
-    header = f"{'stage':<14} {'steps':>6} {'train loss':>11} {'val loss':>9} {'val acc':>8} {'test acc':>9}  artifact"
+    header = f"{'stage':<14} {'steps':>6}  " + "  ".join(f"{label:>{width}}" for label, _, width in columns)
+    header += "  artifact"
     print(header)
     print("-" * len(header))
     for a in artifacts:
         m = a.get("final_metrics", {})
         steps = a.get("backend_info", {}).get("steps", "")
-
-        def fmt(key: str, pct: bool = False, metrics: dict[str, Any] = m) -> str:
-            v = metrics.get(key)
-            if v is None:
-                return "-"
-            return f"{100 * v:.1f}%" if pct else f"{v:.4f}"
-
-        print(
-            f"{a['stage']:<14} {steps!s:>6} {fmt('train/loss'):>11} {fmt('validate/loss'):>9} "
-            f"{fmt('validate/accuracy', True):>8} {fmt('test/accuracy', True):>9}  {a['artifact_id'][:12]}"
-        )
+        cells = "  ".join(f"{_summary_value(name, m.get(name)):>{width}}" for _, name, width in columns)
+        print(f"{a['stage']:<14} {steps!s:>6}  {cells}  {a['artifact_id'][:12]}")
     print(f"\nrun directory: {run_dir}")
     if store is not False:
-        print(f"lineage:       pipekit-train artifacts lineage {artifacts[-1]['artifact_id'][:12]}")
+        where = f" --store {shlex.quote(str(store))}" if store else ""  # the hint runs as printed, from here
+        print(f"lineage:       pipekit-train artifacts lineage {artifacts[-1]['artifact_id'][:12]}{where}")
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
@@ -307,7 +334,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     _check_paths(args)
     with ArtifactStore(args.store) as store:
-        imports = _reimport(store, args.artifact, args.imports)
+        imports = reimport_recorded(store, args.artifact, args.imports)
         pipeline, chain = pipeline_of(args.artifact, store)
     check_data_unchanged(pipeline, chain)
     print(f"reproducing {chain[-1].artifact_id[:12]}: {len(chain)} stage(s): {', '.join(a.stage for a in chain)}")
@@ -321,46 +348,6 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     same = artifact.trained_model_hash == chain[-1].trained_model_hash
     print(f"trained weights {'match' if same else 'differ from'} the recorded ones ({artifact.trained_model_hash})")
     return EXIT_OK
-
-
-def _reimport(store: Any, artifact_id: str, flags: Sequence[str] | None) -> tuple[dict[str, Any], ...]:
-    """Import the modules recorded by the stages leading to `artifact_id` (then $PIPEKIT_IMPORT and --import).
-
-    Says which modules it imported, and warns when a module's file is not the one that was recorded.
-    """
-    chain = [store.get(artifact_id)]
-    while chain[0].parent_ids:  # the stages `pipeline_of` rebuilds: first parents, oldest first
-        chain.insert(0, store.get(chain[0].parent_ids[0]))
-    recorded: dict[str, tuple[dict[str, Any], Any]] = {}
-    for art in chain:
-        for rec in art.imports:
-            recorded.setdefault(rec["module"], (rec, art))
-    requests = [(name, f"artifact {art.artifact_id[:12]} recorded import") for name, (_, art) in recorded.items()]
-    imports = import_modules([*requests, *requested_imports(flags)])
-    if recorded:
-        print(f"re-imported the recorded module(s) {', '.join(recorded)} before rebuilding the pipeline")
-    for now in imports:
-        then = recorded.get(now["module"], (None, None))[0]
-        if then is not None and then.get("sha256") != now["sha256"]:
-            print(
-                f"pipekit-train: warning: module {now['module']!r} is not the recorded one: {now['file']} has "
-                f"sha256 {now['sha256']}, the artifact recorded {then.get('file')} with sha256 {then.get('sha256')}",
-                file=sys.stderr,
-            )
-    return imports
-
-
-def _add_imports(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        metavar="MODULE",
-        help=(
-            "import MODULE before reading the pipeline, for the models, datasets, losses, callbacks and backends "
-            f"it registers (repeatable; ${IMPORT_ENV_VAR}=mod1,mod2 imports more, first)"
-        ),
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -393,20 +380,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--print-config", action="store_true", help="print the pipeline after --set and exit")
     run.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     run.add_argument("--no-store", action="store_true", help="do not record artifacts")
-    _add_imports(run)
+    add_import_flag(run)
     run.set_defaults(func=_cmd_run)
 
     val = sub.add_parser("validate", help="check a pipeline file without training")
     val.add_argument("pipeline", metavar="PIPELINE.yaml")
     val.add_argument("--set", action="append", metavar="PATH=VALUE")
-    _add_imports(val)
+    add_import_flag(val)
     val.set_defaults(func=_cmd_validate)
 
     rep = sub.add_parser("reproduce", help="rerun the pipeline that made an artifact (refused if its data changed)")
     rep.add_argument("artifact", metavar="ARTIFACT_ID", help="an artifact id or a unique prefix of one")
     rep.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     rep.add_argument("--run-dir", metavar="DIR", help="where the new run writes")
-    _add_imports(rep)
+    add_import_flag(rep)
     rep.set_defaults(func=_cmd_reproduce)
 
     from pipekit_train.cli._artifacts import add_artifact_commands

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import EXIT_OK, CommandError, guarded, run_commands
-from ._imports import ENV_VAR as IMPORT_ENV_VAR
-from ._imports import import_modules, requested_imports
+from ._imports import add_import_flag, import_modules, requested_imports
 
 __all__ = ["add_schema_commands", "main"]
 
@@ -89,19 +88,6 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _add_imports(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        metavar="MODULE",
-        help=(
-            "import MODULE first, for the operator types it registers (repeatable; "
-            f"${IMPORT_ENV_VAR}=mod1,mod2 imports more, first)"
-        ),
-    )
-
-
 def add_schema_commands(subparsers: Any) -> None:
     """Add ``describe TYPE`` and ``schema [-o FILE]`` to a CLI's subparsers; each sets ``func`` (the exit code)."""
     p = subparsers.add_parser(
@@ -118,7 +104,7 @@ def add_schema_commands(subparsers: Any) -> None:
         action="store_true",
         help="print the fields as a Markdown table (field, type, default, meaning), as in docs/yaml.md",
     )
-    _add_imports(p)
+    add_import_flag(p)
     p.set_defaults(func=guarded("describe", cmd_describe))
 
     p = subparsers.add_parser(
@@ -131,7 +117,7 @@ def add_schema_commands(subparsers: Any) -> None:
         ),
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write the schema to FILE instead of standard output")
-    _add_imports(p)
+    add_import_flag(p)
     p.set_defaults(func=guarded("schema", cmd_schema))
 
 

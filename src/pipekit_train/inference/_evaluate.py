@@ -3,7 +3,13 @@
 `evaluate` runs accumulating metrics (`pipekit_train.Metric`) over a dataset with the model an artifact (or a model
 URI) names, and records an evaluation linked to that artifact, so a query can ask which models were evaluated on a
 dataset hash and how they scored (``ArtifactStore.evaluations(dataset_hash=...)``). `predict` writes the model's
-outputs for a dataset. ``pipekit-train evaluate`` and ``pipekit-train predict`` call these.
+outputs for a dataset and records what it predicted from (the model, the dataset's hash, the output file) the same
+way, as a record of kind ``"prediction"`` without metrics. ``pipekit-train evaluate`` and ``pipekit-train predict``
+call these.
+
+The stage's pipeline YAML (recorded in its artifact) gives the defaults: the input and target keys, the metrics
+and the loss. A YAML that names a type defined in the user's module (``type: Huber2``) loads only after that module
+is imported: the CLI imports the artifact's recorded imports first, then ``$PIPEKIT_IMPORT`` and ``--import``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ class Evaluation:
         metrics: The results by name (``accuracy``, ``f1_macro``, ...).
         records: How many records were evaluated.
         created_at: ISO-8601 UTC time of the evaluation.
+        kind: ``"evaluation"``, or ``"prediction"`` for what `predict` records (no metrics).
+        output: The file `predict` wrote (``None`` for an evaluation, or predictions not written to a file).
+        output_hash: ``sha256:<hex>`` of the predictions array's bytes (``predict`` only).
     """
 
     evaluation_id: str
@@ -45,6 +54,9 @@ class Evaluation:
     metrics: dict[str, float]
     records: int
     created_at: str
+    kind: str = "evaluation"
+    output: str | None = None
+    output_hash: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -73,16 +85,47 @@ def load_data(path: str | os.PathLike[str]) -> Any:
     raise ConfigError(f"--data {text}: expected an .npz file or a .yaml file holding a TrainingDataset, got {ext!r}")
 
 
-def _training_loop(artifact: Any) -> Any:
-    """The artifact's `TrainingLoop`, or ``None`` when its YAML cannot be loaded (in-memory data)."""
+def _training_loop(artifact: Any) -> tuple[Any, str]:
+    """``(the artifact's TrainingLoop, "")``, or ``(None, why not)`` when there is no artifact or its YAML does not
+    load here (a stage trained on in-memory arrays records their shapes, not the arrays; a type from a module that
+    was not imported)."""
     import pipekit
 
     if artifact is None:
-        return None
+        return None, "the model URI names no artifact in this store"
     try:
-        return pipekit.loads(artifact.training_pipeline_yaml)
-    except Exception:  # a stage trained on in-memory arrays records their shapes, not the arrays
-        return None
+        return pipekit.loads(artifact.training_pipeline_yaml), ""
+    except Exception as e:  # the reason goes into the error of whoever needed the loop
+        first = " ".join(str(e).split())
+        return None, f"its pipeline YAML does not load here ({type(e).__name__}: {first[:300]})"
+
+
+_MSG_NO_LOOP = (
+    "{what} {model}: name the metrics (--metric MAE, metrics=[MAE()]): {reason}; if the stage used types from "
+    "your own module, import it (--import MODULE or $PIPEKIT_IMPORT; the CLI also imports the artifact's recorded "
+    "imports)"
+)
+
+
+def _loss_means(loss: Any, bound: Any, dataset: Any, batch_size: int, x_key: str, y_key: str) -> dict[str, float]:
+    """The stage's loss (and its aux values) over `dataset`: per-batch values weighted by the batch's records, as
+    ``validate/loss`` is computed (docs/metrics.md). Names: ``loss`` and ``<aux_prefix><name>``."""
+    import jax
+
+    from ..losses._losses import split_loss_output
+
+    prefix = getattr(loss, "aux_prefix", "loss/")
+    step = jax.jit(lambda p, t: split_loss_output(loss(p, t)))
+    results = []
+    for batch in dataset.epoch_batches(batch_size):
+        results.append((len(batch[x_key]), step(bound(batch[x_key]), batch[y_key])))
+    totals: dict[str, float] = {}
+    count = 0
+    for size, (value, aux) in jax.device_get(results):
+        count += size
+        for name, v in [("loss", value), *((f"{prefix}{k}", a) for k, a in aux.items())]:
+            totals[name] = totals.get(name, 0.0) + float(v) * size
+    return {k: v / max(count, 1) for k, v in totals.items()}
 
 
 def _keys(loop: Any, input_key: str | None, target_key: str | None) -> tuple[str, str]:
@@ -108,14 +151,15 @@ def evaluate(
     Args:
         model: An artifact id (or a unique prefix) in `store`, or a model URI (``pipekit-model:sha256:...``).
         data: An ``.npz`` file, or a YAML file holding a `TrainingDataset` (its transforms apply).
-        metrics: `Metric` operators. Default: the ones the artifact's `TrainingLoop.metrics` names.
+        metrics: `Metric` operators. Default: the stage's loss (``loss`` and its aux values, such as
+            ``accuracy`` for `CrossEntropy`) and the metrics its `TrainingLoop.metrics` names: what the stage
+            logged as ``test/...``.
         batch_size: Records per batch.
         input_key: The model input entry of a batch. Default: the artifact's `input_key`, else ``"x"``.
         target_key: The target entry. Default: the artifact's `target_key`, else ``"y"``.
         store: The artifact store (a path, an `ArtifactStore`, or ``None`` for the default).
         record: Whether to record the evaluation in `store`.
     """
-    from ..provenance._artifact import new_artifact_id, utc_now
     from ..provenance._store import ArtifactStore
     from ..tracking._metrics import Metric, evaluate_metrics
     from ._export import _resolve
@@ -124,38 +168,47 @@ def evaluate(
         raise ConfigError(f"evaluate: batch_size must be a positive int, got {batch_size!r}")
     store = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
     bound, artifact, uri = _resolve(model, store, None)
-    loop = _training_loop(artifact)
+    loop, why_not = _training_loop(artifact)
+    stage_loss = None
     if metrics is None:
+        if loop is None:
+            raise ConfigError(_MSG_NO_LOOP.format(what="evaluate", model=model, reason=why_not))
         metrics = tuple(getattr(loop, "metrics", ()) or ())
-        if not metrics:
-            raise ConfigError(
-                f"evaluate {model}: name the metrics (--metric Accuracy, metrics=[Accuracy()]); the model's training "
-                "stage set no TrainingLoop.metrics to take them from"
-            )
+        stage_loss = getattr(loop, "loss", None)
     for i, m in enumerate(metrics):
         if not isinstance(m, Metric):
             raise ConfigError(f"evaluate: metrics[{i}] must be a Metric operator (Accuracy, MAE, ...), got {m!r}")
     dataset = load_data(data)
     x_key, y_key = _keys(loop, input_key, target_key)
     _check_keys(dataset, data, x_key, y_key)
-    results = evaluate_metrics(
-        bound, dataset.epoch_batches(batch_size), list(metrics), input_key=x_key, target_key=y_key
-    )
-    evaluation = Evaluation(
+    results = {}
+    if stage_loss is not None:  # the values the stage logged as test/loss, test/accuracy, ...
+        results.update(_loss_means(stage_loss, bound, dataset, batch_size, x_key, y_key))
+    if metrics:  # whole-split metrics replace a same-named mean, as in training
+        results.update(
+            evaluate_metrics(bound, dataset.epoch_batches(batch_size), list(metrics), input_key=x_key, target_key=y_key)
+        )
+    evaluation = _made(artifact, uri, bound, dataset, data, metrics=results, records=dataset.num_records())
+    if record:
+        with store:
+            store.record_evaluation(evaluation.to_dict())
+    return evaluation
+
+
+def _made(artifact: Any, uri: str, bound: Any, dataset: Any, data: Any, **fields: Any) -> Evaluation:
+    """A new `Evaluation` of the model `bound` (from `artifact`, or the bare model URI `uri`) on `dataset`."""
+    from ..provenance._artifact import new_artifact_id, utc_now
+
+    return Evaluation(
         evaluation_id=new_artifact_id(),
         artifact_id=artifact.artifact_id if artifact is not None else None,
         model_uri=uri,
         model_hash=bound.weights_hash(),
         dataset_hash=dataset.content_hash(),
         data=os.fspath(data),
-        metrics=results,
-        records=dataset.num_records(),
         created_at=utc_now(),
+        **fields,
     )
-    if record:
-        with store:
-            store.record_evaluation(evaluation.to_dict())
-    return evaluation
 
 
 def _check_keys(dataset: Any, data: Any, *keys: str) -> None:
@@ -177,16 +230,38 @@ def predict(
     batch_size: int = 256,
     input_key: str | None = None,
     store: Any = None,
+    record: bool = True,
 ) -> np.ndarray:
-    """The outputs of the model `model` names for every record of `data`, in order; written to `output` (an
-    ``.npz`` with ``predictions``) when given."""
+    """The outputs of the model `model` names for every record of `data`, in order.
+
+    Args:
+        model: An artifact id (or a unique prefix) in `store`, or a model URI (``pipekit-model:sha256:...``).
+        data: An ``.npz`` file, or a YAML file holding a `TrainingDataset` (its transforms apply).
+        output: An ``.npz`` file to write (``predictions``), or ``None``.
+        batch_size: Records per batch.
+        input_key: The model input entry of a batch. Default: the artifact's `input_key`, else ``"x"``.
+        store: The artifact store (a path, an `ArtifactStore`, or ``None`` for the default).
+        record: Whether to record in `store` what was predicted from: an `Evaluation` of kind ``"prediction"``
+            with the model, the dataset's hash, `output` and the predictions' hash, and no metrics.
+    """
+    import hashlib
+
+    from ..provenance._store import ArtifactStore
     from ._export import _resolve
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"predict: batch_size must be a positive int, got {batch_size!r}")
-    bound, artifact, _ = _resolve(model, store, None)
+    store = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
+    bound, artifact, uri = _resolve(model, store, None)
     dataset = load_data(data)
-    x_key, _ = _keys(_training_loop(artifact), input_key, None)
+    loop, why_not = _training_loop(artifact)
+    if loop is None and input_key is None and artifact is not None:
+        raise ConfigError(
+            _MSG_NO_LOOP.format(what="predict", model=model, reason=why_not).replace(
+                "name the metrics (--metric MAE, metrics=[MAE()])", "cannot tell the model's input key"
+            )
+        )
+    x_key, _ = _keys(loop, input_key, None)
     _check_keys(dataset, data, x_key)
     parts = [np.asarray(bound(batch[x_key])) for batch in dataset.epoch_batches(batch_size)]
     predictions = np.concatenate(parts) if parts else np.zeros((0,))
@@ -194,4 +269,20 @@ def predict(
         tmp = os.fspath(output) + ".tmp.npz"
         np.savez(tmp, predictions=predictions)
         os.replace(tmp, output)
+    if record:
+        digest = hashlib.sha256(np.ascontiguousarray(predictions).tobytes()).hexdigest()
+        prediction = _made(
+            artifact,
+            uri,
+            bound,
+            dataset,
+            data,
+            metrics={},
+            records=int(predictions.shape[0]) if predictions.ndim else 0,
+            kind="prediction",
+            output=os.fspath(output) if output is not None else None,
+            output_hash=f"sha256:{digest}",
+        )
+        with store:
+            store.record_evaluation(prediction.to_dict())
     return predictions

@@ -217,19 +217,34 @@ def _incoming(loops: list[Any], index: int, from_run: str | None) -> tuple[Any, 
 
 
 def suggest(lrs: Sequence[float], smoothed: Sequence[float]) -> tuple[float, Literal["steepest", "min/10"]]:
-    """The steepest descent of `smoothed` against ``log(lr)`` before its minimum, or a tenth of the rate at the
-    minimum when there are too few points before it or the loss never falls.
+    """The steepest descent of `smoothed` against ``log(lr)`` inside its real descent, or a tenth of the rate at
+    the minimum when there are too few points before it or the loss never falls.
 
-    The first tenth of the sweep is left out of both (the smoothed loss there is about one batch's loss).
+    The first tenth of the sweep is left out (the smoothed loss there is about one batch's loss). The curve is
+    smoothed once more, by a centred moving mean over a tenth of the sweep (centred, so the descent does not shift
+    to larger rates as it does under the running mean), which a small, noisy stage needs: on its own the running
+    mean leaves wiggles whose slope beats the real descent's. The real descent starts where that curve has fallen a
+    quarter of the way from its starting level to its minimum; a dip of the plateau before it is not a descent.
     """
     values = np.asarray(smoothed, dtype=np.float64)
-    skip = max(1, len(values) // 10)  # the first steps: the smoothing's start-up, as noisy as one batch
-    lowest = skip + int(np.argmin(values[skip:])) if len(values) > skip else int(np.argmin(values))
+    logs = np.log(np.asarray(lrs, dtype=np.float64))
+    n = len(values)
+    skip = max(1, n // 10)  # the first steps: the smoothing's start-up, as noisy as one batch
+    half = max(1, n // 20)
+    centred = values.copy()
+    for i in range(skip, n):
+        centred[i] = values[max(skip, i - half) : i + half + 1].mean()
+    lowest = skip + int(np.argmin(centred[skip:])) if n > skip else int(np.argmin(values))
     if lowest - skip >= 3:
-        grad = np.gradient(values[: lowest + 1], np.log(np.asarray(lrs[: lowest + 1])))
-        i = skip + int(np.argmin(grad[skip:]))
-        if grad[i] < 0:
-            return float(lrs[i]), "steepest"
+        start = float(centred[skip])
+        drop = start - float(centred[lowest])
+        fallen = np.flatnonzero(centred[skip : lowest + 1] <= start - 0.25 * drop)
+        if drop > 0 and fallen.size:
+            first = max(skip, skip + int(fallen[0]) - half)
+            grad = np.gradient(centred[first : lowest + 1], logs[first : lowest + 1])
+            i = first + int(np.argmin(grad))
+            if grad[i - first] < 0:
+                return float(lrs[i]), "steepest"
     return float(lrs[lowest]) / 10, "min/10"
 
 

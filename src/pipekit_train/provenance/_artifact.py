@@ -100,6 +100,9 @@ class TrainingArtifact:
         preset: The stage's `TrainingLoop.preset`: ``{"name", "fields"}``, the fields it filled as YAML data (with
             `training_pipeline_yaml`, which keeps ``preset:`` and the fields the file set, the whole resolved
             configuration), or ``None``. Left out of `to_dict` when ``None``, like `model_summary`.
+        user: What callbacks put in ``ctx.artifact_fields`` under keys that are not artifact fields
+            (``ctx.artifact_fields["dataset_version"] = "v3"``): JSON data by key, or ``None`` when there is none.
+            Left out of `to_dict` when ``None``.
     """
 
     artifact_id: str = dataclasses.field(default_factory=new_artifact_id)
@@ -126,6 +129,7 @@ class TrainingArtifact:
     forced_resume: str | None = None
     model_summary: dict[str, Any] | None = None
     preset: dict[str, Any] | None = None
+    user: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -149,6 +153,24 @@ class TrainingArtifact:
                     raise ConfigError(f"TrainingArtifact.{name} must be an ISO-8601 time, got {value!r}") from None
         object.__setattr__(self, "final_metrics", {str(k): float(v) for k, v in self.final_metrics.items()})
         object.__setattr__(self, "imports", _checked_imports(self.imports))
+        if self.user is not None:
+            _check_user(self.user)
+
+    def __repr__(self) -> str:
+        """One line: the id, where it ran, its status and its objective (`to_dict` and `show` have the rest).
+
+        Example:
+            >>> TrainingArtifact(artifact_id="a87ac53bb16a4f", run_id="r1", stage="finetune", backend="equinox",
+            ...                  final_metrics={"time/step_s": 0.01, "validate/loss": 0.125, "train/loss": 0.1})
+            TrainingArtifact(artifact_id='a87ac53bb16a4f', run_id='r1', stage='finetune', backend='equinox',
+                             status='completed', validate/loss=0.125)
+        """
+        objective = "validate/loss" if "validate/loss" in self.final_metrics else "train/loss"
+        shown = f", {objective}={self.final_metrics[objective]:.6g}" if objective in self.final_metrics else ""
+        return (
+            f"TrainingArtifact(artifact_id={self.artifact_id!r}, run_id={self.run_id!r}, stage={self.stage!r}, "
+            f"backend={self.backend!r}, status={self.status!r}{shown})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The artifact as JSON-able data (tuples become lists)."""
@@ -159,6 +181,8 @@ class TrainingArtifact:
             del out["model_summary"]  # optional: a record without one is the JSON it always was
         if self.preset is None:
             del out["preset"]
+        if self.user is None:
+            del out["user"]
         return out
 
     @classmethod
@@ -187,6 +211,15 @@ class TrainingArtifact:
         if "training_pipeline_yaml" in changes and "pipeline_hash" not in changes:
             changes["pipeline_hash"] = None
         return dataclasses.replace(self, **changes)
+
+
+def _check_user(user: Any) -> None:
+    if not isinstance(user, Mapping) or not all(isinstance(k, str) for k in user):
+        raise ConfigError(f"TrainingArtifact.user must be a dict with string keys, got {user!r}"[:300])
+    try:
+        json.dumps(user)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"TrainingArtifact.user must be JSON data: {e}") from None
 
 
 _IMPORT_KEYS = ("module", "file", "sha256")

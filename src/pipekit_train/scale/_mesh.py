@@ -248,3 +248,14 @@ def describe(loop: TrainingLoop) -> dict[str, Any]:
 
     _, shard = mesh_settings(loop.mesh)
     return {"num_devices": device_count(loop), "num_processes": jax.process_count(), "shard_params": shard}
+
+
+def used_devices(loop: TrainingLoop) -> list[str] | None:
+    """The devices the stage trains on, as ``str(device)`` in mesh order: the mesh's for a backend with one, else
+    the first device. ``None`` when JAX is not loaded (a backend that does not use it says its own)."""
+    import sys
+
+    if not supports(loop, "mesh"):
+        loaded = sys.modules.get("jax")
+        return [str(loaded.devices()[0])] if loaded is not None else None
+    return [str(d) for d in _mesh_devices(loop)]

@@ -120,6 +120,7 @@ class Engine:
         if data_state is not None:
             self.iterator.set_state(data_state)
         self.window: list[tuple[int, Mapping[str, Any]]] = []
+        self._interrupted = False  # stopped by SIGINT/SIGTERM: the stage will be resumed from its checkpoint
         # A log window whose record is written after the next chunk is dispatched (`_deferrable`), and its lr.
         self._deferred: tuple[list[tuple[int, Mapping[str, Any]]], float] | None = None
         self.last_train: dict[str, Any] = {}
@@ -237,6 +238,7 @@ class Engine:
                 signal_name = self.hooks.stop_requested() if self.hooks is not None else None
                 if signal_name:
                     ctx.request_stop(signal_name)
+                    self._interrupted = True
                 wall = time.perf_counter() - t0 - (self.clock.eval_s + self.clock.checkpoint_s - aside)
                 compiled = CompileWatch.count - self.clock.eval_compiles != compiles
                 if compiled:  # something compiled (the step, a logging op): not a step's time
@@ -245,12 +247,16 @@ class Engine:
                     progress.compiled(wall - data_s)
                 self.clock.chunk(n, wall, data_s, compiled)
                 progress.update(self.step, ctx.epoch, self.last_train.get("loss"), self.clock.recent_step_s())
-            self._flush_window()
+            # A signal's stop is resumed later: its records at the stop step are marked (history drops them once
+            # the run goes on) and the partial log window stays pending in the checkpoint, so the resumed run
+            # writes the uninterrupted run's records (docs/metrics.md).
+            self._flush_window(keep=self._interrupted)
             if ctx.stop_reason is not None:
                 status = f"stopped: {ctx.stop_reason}"
                 if loop.val_dataset is not None and self.evaluated_at != self.step:
                     self._evaluate()
-            self._flush_window()
+            if not self._interrupted:
+                self._flush_window()
             if self.hooks is not None:
                 self._checkpointing(self.hooks.at_end, self._hook_call(), self.iterator.get_state(), ctx.stop_reason)
             for cb in self.callbacks:
@@ -312,6 +318,8 @@ class Engine:
 
     def _emit(self, record: dict[str, Any]) -> None:
         """Send one record to the writer and to every callback's `on_log`: all of them see the same values."""
+        if self._interrupted and record.get("type") == "metrics":
+            record = {**record, "interrupted": True}
         self.writer.write(record)
         for cb in self.callbacks:
             cb.on_log(self.ctx, record)
@@ -419,12 +427,16 @@ class Engine:
         self._deferred = None
         self._flush(window, lr)
 
-    def _flush_window(self) -> None:
+    def _flush_window(self, keep: bool = False) -> None:
+        """Write the pending records; with `keep` (a signal's stop) the window's record is marked ``interrupted``
+        and the window stays pending, for the checkpoint."""
         if self._deferred is not None:
             self._flush_deferred()
         if not self.window:
             return
-        window, self.window = self.window, []
+        window = self.window
+        if not keep:
+            self.window = []
         self._flush(window, None)
 
     def _flush(self, window: list[tuple[int, Mapping[str, Any]]], lr: float | None) -> None:
@@ -438,19 +450,21 @@ class Engine:
             if not np.isfinite(losses).all():
                 i = int(np.flatnonzero(~np.isfinite(losses))[0])
                 self._check_finite(steps[i], losses[i])
-            for key, column in columns.items():
-                record[key] = float(np.mean(column))
+            for key, column in columns.items():  # in float64: a window restored from a checkpoint (Python floats)
+                record[key] = float(np.mean(np.asarray(column, dtype=np.float64)))  # gives the same mean
         else:
             values = _on_host(window)
             for s, v in zip(steps, values):
                 self._check_finite(s, v["loss"])
             for key in values[0]:
-                record[key] = float(np.mean([v[key] for v in values]))
+                record[key] = float(np.mean(np.asarray([v[key] for v in values], dtype=np.float64)))
         record["lr"] = lr if lr is not None else self.backend.learning_rate(step)
         self.last_train = record
         epoch = self.epoch_of(step)
         self._emit({"type": "metrics", "context": "time", "step": step, "epoch": epoch, **self.clock.summary()})
         self._emit({"type": "metrics", "context": "train", "step": step, "epoch": epoch, **record})
+        if self.progress is not None:
+            self.progress.logged(step, epoch, record.get("loss"))
 
     def snapshot(self) -> EngineSnapshot:
         """The engine's state as plain data (see `EngineSnapshot`); checks the pending losses first.

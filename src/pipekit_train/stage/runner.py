@@ -486,6 +486,7 @@ def _build_artifact(
         forced_resume=forced,
         model_summary=fields.pop("model_summary", None),
         preset=preset_record(loop),
+        user=fields or None,  # every other key a callback set: kept, never dropped
     )
     # The stage's own record first: a store that fails later loses nothing (`artifacts import` records it).
     if is_primary():
@@ -495,11 +496,18 @@ def _build_artifact(
 
 def _with_topology(loop: TrainingLoop, backend_info: dict[str, Any]) -> dict[str, Any]:
     """`backend_info` naming the topology the stage trained on (``num_devices``, ``num_processes``) for every
-    backend: an adapter without a mesh trains on one device of one process."""
-    from ..scale._mesh import describe
+    backend: an adapter without a mesh trains on one device of one process. ``devices`` lists the devices that
+    trained (``available_devices`` every one JAX saw, when they differ)."""
+    from ..scale._mesh import describe, used_devices
 
     topology = describe(loop)
-    return {**backend_info, **{k: v for k, v in topology.items() if k not in backend_info}}
+    out = {**backend_info, **{k: v for k, v in topology.items() if k not in backend_info}}
+    used = used_devices(loop)
+    listed = out.get("devices")
+    if used is not None and isinstance(listed, list) and listed != used:
+        # An adapter lists every device JAX sees; the artifact says which ones trained (mesh: {devices: 1}).
+        out["devices"], out["available_devices"] = used, listed
+    return out
 
 
 def _record_in_store(artifact: Any, settings: RunSettings, info: RunInfo) -> None:

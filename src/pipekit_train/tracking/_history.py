@@ -8,7 +8,9 @@ that `JsonLinesWriter` appended to. `history` reads them into plain dicts and li
 with ``context`` one of ``"train"``, ``"validate"``, ``"test"`` (in that order; other contexts a writer chose
 follow). Only numeric values of ``"metrics"`` records are kept; a nested value becomes a dotted name (``a.b``).
 A resumed run appends to the same file and logs again from its checkpoint's step: the later records replace the
-earlier ones from that step on, so each series reads like the uninterrupted run's.
+earlier ones from that step on, and the records a stage wrote at the step a signal stopped it (marked
+``"interrupted": true``, off the logging cadence) go once the resumed run logs on, so each series reads like the
+uninterrupted run's.
 
 Nothing here imports JAX (nor NumPy); `plot_history` imports matplotlib (the ``plot`` extra) when it is called.
 """
@@ -73,7 +75,7 @@ def _read_stage(path: Path) -> dict[str, dict[str, Series]]:
         records = read_jsonl(path)
     except ValueError as e:
         raise HistoryError(str(e)) from None
-    by_context: dict[str, list[tuple[int, dict[str, float]]]] = {}
+    by_context: dict[str, list[tuple[int, dict[str, float], bool]]] = {}
     for record in records:
         if not isinstance(record, dict) or record.get("type") != "metrics":
             continue
@@ -83,14 +85,14 @@ def _read_stage(path: Path) -> dict[str, dict[str, Series]]:
         context = str(record.get("context", "train"))
         values = _numbers({k: v for k, v in record.items() if k not in RESERVED_KEYS})
         rows = by_context.setdefault(context, [])
-        while rows and rows[-1][0] >= step:  # logged again from an earlier step: a resumed run
-            rows.pop()
-        rows.append((step, values))
+        while rows and (rows[-1][0] >= step or rows[-1][2]):  # logged again from an earlier step: a resumed run;
+            rows.pop()  # or the off-cadence point of a signal's stop, which the resumed run logs on from
+        rows.append((step, values, record.get("interrupted") is True))
     ordered = [c for c in CONTEXTS if c in by_context] + sorted(c for c in by_context if c not in CONTEXTS)
     out: dict[str, dict[str, Series]] = {}
     for context in ordered:
         series: dict[str, Series] = {}
-        for step, values in by_context[context]:
+        for step, values, _ in by_context[context]:
             for name, value in values.items():
                 s = series.setdefault(name, {"steps": [], "values": []})
                 s["steps"].append(step)
@@ -273,9 +275,23 @@ def plot_history(hist: History, path: str | os.PathLike[str], metrics: Sequence[
     """Draw the train (solid) and validate (dashed) curves of every run and stage in `hist` into the image file
     `path` (the format follows its suffix: ``.png``, ``.svg``, ``.pdf``), one panel per metric; return the path.
 
+    A panel whose positive values span more than a factor of 10 (a pretrain MSE of 0.015 next to a finetune
+    cross-entropy of 1.8) has a logarithmic y axis, so each curve keeps its shape.
+
     Uses matplotlib's non-interactive Agg canvas directly (the global pyplot backend is left alone); needs the
     ``plot`` extra. `metrics` limits the panels, named as in `history`; default: every train/validate metric.
     """
+    fig = history_figure(hist, metrics)
+    out = os.fspath(path)
+    parent = os.path.dirname(out)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    fig.savefig(out)
+    return out
+
+
+def history_figure(hist: History, metrics: Sequence[str] | None = None) -> Any:
+    """The matplotlib `Figure` `plot_history` saves: one panel (axes) per metric, titled with its name."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -301,6 +317,7 @@ def plot_history(hist: History, path: str | os.PathLike[str], metrics: Sequence[
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     labels = _labels(list(hist))
     colors = [f"C{i}" for i in range(10)]
+    drawn: dict[str, list[float]] = {name: [] for name in panels}
     line = 0
     for run, stages in hist.items():
         for stage, contexts in stages.items():
@@ -314,16 +331,15 @@ def plot_history(hist: History, path: str | os.PathLike[str], metrics: Sequence[
                         continue
                     marker = "o" if len(s["steps"]) < 3 else None
                     ax.plot(s["steps"], s["values"], style, color=color, marker=marker, label=f"{label} {context}")
+                    drawn[name] += [v for v in s["values"] if math.isfinite(v)]
     for ax, name in zip(axes, panels):
         ax.set_title(name)
         ax.set_xlabel("step")
+        values = drawn[name]
+        if values and min(values) > 0 and max(values) > 10 * min(values):
+            ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
-    out = os.fspath(path)
-    parent = os.path.dirname(out)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    fig.savefig(out)
-    return out
+    return fig

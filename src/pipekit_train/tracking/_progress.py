@@ -242,6 +242,7 @@ class Progress:
         self.last_draw = 0.0
         self.t0 = time.perf_counter()
         self._bar: Any = None
+        self._bar_width = 24
         self._task: Any = None
         if enabled and not self.plain:
             self._start_bar()
@@ -251,15 +252,17 @@ class Progress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgress
+        from rich.table import Column
 
         console = Console(file=self.stream)
+        self._bar_width = 24 if console.width >= 120 else 10
         self._bar = RichProgress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(bar_width=24),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}", markup=False),
-            TimeElapsedColumn(),
-            TextColumn("ETA {task.fields[eta]}"),
+            TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True)),
+            BarColumn(bar_width=self._bar_width),
+            MofNCompleteColumn(table_column=Column(no_wrap=True)),
+            TextColumn("{task.fields[info]}", markup=False, table_column=Column(no_wrap=True)),
+            TimeElapsedColumn(table_column=Column(no_wrap=True)),
+            TextColumn("ETA {task.fields[eta]}", table_column=Column(no_wrap=True)),
             console=console,
             redirect_stdout=True,
             redirect_stderr=True,
@@ -273,8 +276,8 @@ class Progress:
             return 0.0
         return (self.total - self.step) * self.step_s if self.step_s is not None else None
 
-    def _fields(self) -> dict[str, str]:
-        parts = [f"epoch {self.epoch}"]
+    def _fields(self, epoch: int | None = None) -> dict[str, str]:
+        parts = [f"epoch {self.epoch if epoch is None else epoch}"]
         if self.loss is not None:
             parts.append(f"loss {_num(self.loss)}")
         if self.val:
@@ -286,7 +289,14 @@ class Progress:
                 parts.append(f"{_rate(rate * self.batch_size)} ex/s")
         if self.phase != "stepping":
             parts.append(f"[{self.phase}]")
-        return {"info": " | ".join(parts), "eta": _clock(self._eta())}
+        info = " | ".join(parts)
+        if self._bar is not None:  # the info gives way on a narrow terminal; the step counter and the ETA stay
+            counter = 2 * len(str(self.total)) + 1
+            fixed = len(self.stage) + self._bar_width + counter + len("0:00:00") + len("ETA 0:00:00") + 6
+            room = max(self._bar.console.width - fixed, 8)
+            if len(info) > room:
+                info = info[: room - 1] + "…"
+        return {"info": info, "eta": _clock(self._eta())}
 
     def line(self, text: str) -> None:
         """Print `text` on a line of its own (above the bar on a terminal)."""
@@ -325,19 +335,37 @@ class Progress:
             self.line(f"{self.stage}: compiled in {seconds:.2f} s (not counted in steps/s)")
 
     def update(self, step: int, epoch: int, loss: float | None, step_s: float | None) -> None:
-        """After a dispatch: the step reached, its epoch, the latest logged train loss, steady seconds per step."""
+        """After a dispatch: the step reached, its epoch, the latest logged train loss, steady seconds per step.
+
+        The bar redraws (at most 10 times a second); plain lines come from `logged`, when a step's loss is known.
+        """
         if not self.enabled:
             return
-        self.step, self.epoch, self.loss, self.step_s = step, epoch, loss, step_s
+        self.step, self.epoch, self.step_s = step, epoch, step_s
+        if loss is not None:
+            self.loss = loss
         self.phase = "stepping"
         if self._bar is not None:
             now = time.perf_counter()
             if now - self.last_draw >= 0.1 or step >= self.total:  # the fields change at most 10 times a second
                 self.last_draw = now
                 self._refresh()
-        elif step - self.last_print >= self.every or step == self.total:
+
+    def logged(self, step: int, epoch: int, loss: float | None) -> None:
+        """A train record was written: `loss` is the mean over the window ending at `step`, the latest there is.
+
+        Off a terminal this prints the progress line of `step` (every tenth of the stage, and at its end), so the
+        line's loss is that step's: the engine writes a log window's record once its values are on the host,
+        which it reads anyway for the record, so the display adds no wait for the device.
+        """
+        if not self.enabled:
+            return
+        self.loss = loss
+        if self._bar is not None:
+            self._refresh()
+        elif step - self.last_print >= self.every or step >= self.total:
             self.last_print = step
-            info = self._fields()
+            info = self._fields(epoch)
             elapsed = _clock(time.perf_counter() - self.t0)
             self.line(f"{self.stage}: step {step}/{self.total} {info['info']} | elapsed {elapsed} ETA {info['eta']}")
 

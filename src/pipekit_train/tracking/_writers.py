@@ -37,8 +37,10 @@ __all__ = [
     "read_jsonl",
 ]
 
-#: Keys of a record that describe it rather than hold a value.
-RESERVED_KEYS = ("type", "context", "step", "epoch", "time")
+#: Keys of a record that describe it rather than hold a value. ``interrupted`` marks the records a stage wrote at
+#: the step a signal stopped it (off the logging cadence); `pipekit_train.tracking.history` drops them once the
+#: resumed run logs on.
+RESERVED_KEYS = ("type", "context", "step", "epoch", "time", "interrupted")
 
 _MSG_TENSORBOARD = (
     "TensorBoardWriter needs the 'tensorboard' package, which is not installed; "
