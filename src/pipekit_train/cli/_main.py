@@ -154,10 +154,51 @@ def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
         raise ConfigError(
             f"{e}; if a module of yours defines it, import it first with --import MODULE or ${IMPORT_ENV_VAR}"
         ) from None
-    for text in overrides:
-        parts, value = _parse_override(text)
-        op = apply_override(op, parts, value)
-    return op
+    parsed = [_parse_override(text) for text in overrides]
+    if not parsed:
+        return op
+    from pipekit._operator import deferred_validation
+
+    # Each value's type is checked as it is set; the fields together once, after every --set (so that
+    # `--set model_op={type: KerasModel, ...} --set backend=keras` works in either order).
+    with deferred_validation():
+        for parts, value in parsed:
+            op = apply_override(op, parts, value)
+    return check_edited(op, [parts for parts, _ in parsed])
+
+
+def check_edited(node: Any, paths: list[list[str]], shown: str = "") -> Any:
+    """`node` with every operator on an edited `path` rebuilt (innermost first), which runs its `validate`.
+
+    An operator whose fields do not fit together is refused naming the ``--set`` paths that edited it.
+    """
+    import dataclasses
+
+    from pipekit import ConfigError, Operator
+
+    def inner(head: str) -> list[list[str]]:
+        return [p[1:] for p in paths if p[0] == head and len(p) > 1]
+
+    heads = list(dict.fromkeys(p[0] for p in paths if len(p) > 1))
+    join = (lambda h: f"{shown}.{h}") if shown else (lambda h: h)
+    if isinstance(node, Operator):
+        changes = {h: check_edited(getattr(node, h), inner(h), join(h)) for h in heads}
+        try:
+            return dataclasses.replace(node, **changes)  # type: ignore[type-var]
+        except ConfigError as e:
+            if e.where:
+                raise
+            where = ", ".join(f"--set {join('.'.join(p))}" for p in paths)
+            raise ConfigError(e.bare_message, where) from None
+    if isinstance(node, (list, tuple)):
+        items = list(node)
+        for h in heads:
+            i = int(h)
+            items[i] = check_edited(items[i], inner(h), join(h))
+        return type(node)(items)
+    if isinstance(node, dict):
+        return {k: check_edited(v, inner(k), join(k)) if k in heads else v for k, v in node.items()}
+    return node
 
 
 def _check_paths(args: argparse.Namespace) -> None:
