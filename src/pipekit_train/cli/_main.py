@@ -260,7 +260,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(pipekit.dumps(op), end="")
         return EXIT_OK
     from pipekit_train.stage.preflight import plan_pipeline
+    from pipekit_train.stage.runner import existing_run
 
+    if is_primary():  # a reused run directory is refused before pre-flight (which imports JAX)
+        existing_run(args.run_dir, "auto" if args.resume == "auto" or _resumes(op) else "never")
     # Every stage is checked (and its fresh model built) before any trains; each stage's run takes its plan.
     plans = _preflight(plan_pipeline, op, args.pipeline)
     store: Any = False if args.no_store else args.store
@@ -300,6 +303,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     artifact = result[1] if isinstance(result, tuple) and len(result) == 2 else None
     _print_summary(artifact, store)
     return EXIT_OK
+
+
+def _resumes(op: Any) -> bool:
+    """Whether the first training stage of `op` says ``resume: auto`` itself (it then continues its run)."""
+    from pipekit_train.stage.preflight import training_stages
+
+    stages = training_stages(op)
+    return bool(stages) and stages[0].resume == "auto"
 
 
 def _print_summary(artifact: Any, store: Any) -> None:

@@ -82,29 +82,40 @@ def current_settings() -> RunSettings:
 
 def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tuple[str, str, int]:
     """(run id, run dir, stage index): from the previous stage, from the run directory, or new."""
-    from pipekit import ConfigError
-
     from ..provenance._artifact import new_run_id
 
     if state is not None and state.run_id is not None:
         return state.run_id, state.run_dir or os.path.join("runs", state.run_id), state.stage_index
     run_dir = settings.run_dir
-    meta_path = os.path.join(run_dir, "run.json") if run_dir else None
-    if meta_path and os.path.exists(meta_path):
-        existing = read_json(
-            meta_path,
-            what="the run's metadata",
-            required=("run_id",),
-            remedy="start a new run in another directory, warm-starting from its checkpoints with init_from",
-        )
-        if settings.resume != "auto":
-            raise ConfigError(
-                f"run directory {run_dir} already holds run {existing.get('run_id')!r}; continue it with "
-                "resume='auto' (`--resume auto`) or choose another run directory"
-            )
-        return str(existing["run_id"]), str(run_dir), 0
+    existing = existing_run(run_dir, settings.resume)
+    if existing is not None:
+        return existing, str(run_dir), 0
     run_id = new_run_id()
     return run_id, run_dir or os.path.join("runs", run_id), 0
+
+
+def existing_run(run_dir: str | None, resume: str) -> str | None:
+    """The id of the run `run_dir` already holds (``None``: none); refused unless `resume` is ``"auto"``.
+
+    Needs no JAX: ``pipekit-train run`` asks before pre-flight, so a reused directory is refused at once.
+    """
+    from pipekit import ConfigError
+
+    meta_path = os.path.join(run_dir, "run.json") if run_dir else None
+    if not meta_path or not os.path.exists(meta_path):
+        return None
+    existing = read_json(
+        meta_path,
+        what="the run's metadata",
+        required=("run_id",),
+        remedy="start a new run in another directory, warm-starting from its checkpoints with init_from",
+    )
+    if resume != "auto":
+        raise ConfigError(
+            f"run directory {run_dir} already holds run {existing.get('run_id')!r}; continue it with "
+            "resume='auto' (`--resume auto`) or choose another run directory"
+        )
+    return str(existing["run_id"])
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -158,9 +169,10 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
     from ..provenance._model_registry import load_model
 
     model = load_model(_absolute(final["model_uri"], info.run_dir))
-    if model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False):
-        return None  # the stage changed since it finished: run it (its checkpoints refuse a changed config)
     settings = current_settings()
+    changed = model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False)
+    if changed and _changed_since_finished(info, loop, artifact, int(final["step"]), settings):
+        return None  # --force-resume: continue from its last checkpoint (which warns with the diff)
     _record_in_store(artifact, settings, info)  # a no-op when it is there; the crash window after final.json
     state = TrainerCarryState(
         model=model,
@@ -174,6 +186,36 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
         **handoff(loop, info.stage_dir),
     )
     return TrainingResult(model, artifact), state
+
+
+def _changed_since_finished(info: RunInfo, loop: TrainingLoop, artifact: Any, step: int, settings: RunSettings) -> bool:
+    """A finished stage whose YAML changed: ``False`` when nothing that changes its result did (the resume
+    fingerprint, as for an interrupted stage: take it as it is), ``True`` to continue it from its last checkpoint
+    under ``--force-resume``; otherwise refused with the fingerprint's diff, as every resume is."""
+    from ..checkpoint._errors import CheckpointMismatchError
+    from ..checkpoint._resume import _diff, fingerprint
+
+    try:
+        then = pipekit.loads(artifact.training_pipeline_yaml)
+        saved, now = {**fingerprint(then), "dataset_hash": artifact.dataset_hash}, fingerprint(loop)
+        diff = _diff(saved, now, then="finished stage") if saved != now else ""
+    except pipekit.PipekitError:  # a type its file names is not registered now: compare the files themselves
+        import difflib
+
+        old, new = artifact.training_pipeline_yaml.splitlines(), pipekit.dumps(loop, strict=False).splitlines()
+        diff = "\n".join(difflib.unified_diff(old, new, "finished stage", "this run", lineterm="", n=1))
+    if not diff:
+        return False
+    directory = loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")
+    checkpointed = loop.checkpoint_settings is not None and os.path.isdir(directory) and any(os.scandir(directory))
+    if settings.force_resume and checkpointed:
+        return True
+    more = ", or continue it from its last checkpoint with --force-resume (recorded)" if checkpointed else ""
+    raise CheckpointMismatchError(
+        f"refusing to resume stage {info.stage!r}: it finished at step {step} in {info.stage_dir} under another "
+        f"configuration:\n{diff}\nResume with the original configuration, delete {info.stage_dir} to train the "
+        f"stage again, or start a new run in another --run-dir{more}"
+    )
 
 
 def _keep_final_model(info: RunInfo, result: Any) -> str:
