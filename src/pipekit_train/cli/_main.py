@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pipekit_train._signals import phase
 from pipekit_train.cli import _common
 from pipekit_train.cli._common import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError, report_error
 from pipekit_train.cli._imports import ENV_VAR as IMPORT_ENV_VAR
@@ -18,8 +19,8 @@ from pipekit_train.cli._imports import import_modules, requested_imports
 
 # Exit codes (`_common`): 0 done; 2 a mistake in what was asked (one line on stderr); 1 the command ran and failed
 # (one line), or an internal error; 128 + signal number when SIGINT (130) or SIGTERM (143) stopped training
-# gracefully after a committed checkpoint; 141 when the reader of standard output went away. `--debug` (anywhere on
-# the command line) or $PIPEKIT_DEBUG=1 prints the traceback of an error too.
+# gracefully after a committed checkpoint, or stopped the command before training (`_signals`); 141 when the reader
+# of standard output went away. `--debug` (anywhere on the command line) or $PIPEKIT_DEBUG=1 prints the traceback.
 
 _DESCRIPTION = """\
 Train JAX models from YAML pipelines.
@@ -256,6 +257,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     initialize_distributed()
     imports = import_modules(requested_imports(args.imports))
     op = _load_pipeline(args.pipeline, args.set or [])
+    phase("loaded")
     if args.print_config:
         print(pipekit.dumps(op), end="")
         return EXIT_OK
@@ -511,10 +513,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error (one line, already printed)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    try:
-        return int(args.func(args))
-    except Exception as e:
-        return report_error("pipekit-train", e, collapse=False)  # a refused resume prints its diff below
+    from pipekit_train._signals import stop_on_signals
+
+    # SIGINT / SIGTERM outside training (loading, pre-flight, compiling): one line, 130 / 143, nothing half-begun.
+    with stop_on_signals():
+        try:
+            return int(args.func(args))
+        except Exception as e:
+            return report_error("pipekit-train", e, collapse=False)  # a refused resume prints its diff below
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipekit import ConfigError, Operator, Sequential
 
+from .._signals import phase
+
 if TYPE_CHECKING:
     from .._models import ModelOp
     from ..backends._contract import Backend
@@ -194,12 +196,14 @@ def plan_pipeline(op: Operator) -> list[StagePlan]:
     names = [loop.name or f"stage{index}" for index, loop in enumerate(loops)]
     for loop, name in zip(loops, names):  # every stage's files and fields first, before JAX is imported
         check_without_jax(loop, name)
+    phase("preflight")
     incoming: TrainerCarryState | None = None
     plans = []
     for index, (loop, name) in enumerate(zip(loops, names)):
         plan = _check_with_jax(loop, incoming, name)
         if plan.route in ("fresh", "transferred"):
             plan = replace(plan, fresh=plan.backend.build(loop))
+            phase("built")
         model = starting_model(loop, incoming, name, plan.backend, fresh=plan.fresh)
         incoming = TrainerCarryState(model=model, stage_index=index + 1, **handoff(loop, os.path.join("<run>", name)))
         plans.append(plan)

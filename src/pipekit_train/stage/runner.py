@@ -23,6 +23,7 @@ import pipekit
 
 from .._jsonio import DamagedFileError, read_json, write_json
 from .._lock import DirectoryNotWritableError, check_writable, run_dir_lock
+from .._signals import note_run_dir, phase
 from ..scale._distributed import allgather, barrier, initialize_distributed, is_primary, primary_holds
 from .carry import handoff
 from .loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
@@ -172,7 +173,7 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
     settings = current_settings()
     changed = model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False)
     if changed and _changed_since_finished(info, loop, artifact, int(final["step"]), settings):
-        return None  # --force-resume: continue from its last checkpoint (which warns with the diff)
+        return None  # resume its last checkpoint, whose fingerprint refuses a changed configuration
     _record_in_store(artifact, settings, info)  # a no-op when it is there; the crash window after final.json
     state = TrainerCarryState(
         model=model,
@@ -189,32 +190,31 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
 
 
 def _changed_since_finished(info: RunInfo, loop: TrainingLoop, artifact: Any, step: int, settings: RunSettings) -> bool:
-    """A finished stage whose YAML changed: ``False`` when nothing that changes its result did (the resume
-    fingerprint, as for an interrupted stage: take it as it is), ``True`` to continue it from its last checkpoint
-    under ``--force-resume``; otherwise refused with the fingerprint's diff, as every resume is."""
+    """A finished stage whose YAML changed since: ``True`` to run it, which resumes its last checkpoint (and that
+    checkpoint's fingerprint refuses a changed configuration with its diff, or ``--force-resume`` continues it).
+    Without a checkpoint to resume, ``False`` (take it as it is) when nothing that changes its result changed (the
+    same fingerprint), else refused with the fingerprint's diff: it is never trained again from scratch."""
     from ..checkpoint._errors import CheckpointMismatchError
     from ..checkpoint._resume import _diff, fingerprint
 
+    directory = loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")
+    if loop.checkpoint_settings is not None and os.path.isdir(directory) and any(os.scandir(directory)):
+        return True
     try:
         then = pipekit.loads(artifact.training_pipeline_yaml)
         saved, now = {**fingerprint(then), "dataset_hash": artifact.dataset_hash}, fingerprint(loop)
         diff = _diff(saved, now, then="finished stage") if saved != now else ""
-    except pipekit.PipekitError:  # a type its file names is not registered now: compare the files themselves
+    except pipekit.PipekitError:  # its file names a type not registered now: compare the files themselves
         import difflib
 
         old, new = artifact.training_pipeline_yaml.splitlines(), pipekit.dumps(loop, strict=False).splitlines()
         diff = "\n".join(difflib.unified_diff(old, new, "finished stage", "this run", lineterm="", n=1))
     if not diff:
         return False
-    directory = loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")
-    checkpointed = loop.checkpoint_settings is not None and os.path.isdir(directory) and any(os.scandir(directory))
-    if settings.force_resume and checkpointed:
-        return True
-    more = ", or continue it from its last checkpoint with --force-resume (recorded)" if checkpointed else ""
     raise CheckpointMismatchError(
         f"refusing to resume stage {info.stage!r}: it finished at step {step} in {info.stage_dir} under another "
-        f"configuration:\n{diff}\nResume with the original configuration, delete {info.stage_dir} to train the "
-        f"stage again, or start a new run in another --run-dir{more}"
+        f"configuration and has no checkpoint to continue from:\n{diff}\nResume with the original configuration, "
+        f"delete {info.stage_dir} to train the stage again, or start a new run in another --run-dir"
     )
 
 
@@ -331,6 +331,8 @@ def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[Trai
         plan = check(loop, state, info.stage)
     _check_store(settings)
     _check_targets(loop, info)
+    if is_primary():
+        note_run_dir(run_dir)  # a signal before training removes it if this process began it and kept nothing
     # One writer per run directory: a second run is refused, naming the one that holds it. Several processes of one
     # run (jax.distributed): process 0 holds the lock, the others wait until it does (or fail with its refusal).
     with primary_holds("run-dir", lambda: run_dir_lock(run_dir)):
@@ -350,6 +352,7 @@ def _run_locked(
     hooks = make_hooks(loop, info, settings)
     model = starting_model(loop, state, info.stage, plan.backend, fresh=plan.fresh)
     step_backend = plan.backend.start(loop, model, state)
+    phase("started")
     result = train(loop, plan.backend, step_backend, info, hooks)
     return finish(loop, result, info, settings, hooks)
 
