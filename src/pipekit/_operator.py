@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import sys
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from . import _registry
@@ -16,6 +18,23 @@ from ._types import check_field
 field = dataclasses.field
 
 _HINTS: dict[type, dict[str, Any]] = {}
+
+#: True inside `deferred_validation`: operators check each field's type but not the fields together (`validate`).
+_DEFER_VALIDATE: contextvars.ContextVar[bool] = contextvars.ContextVar("pipekit_defer_validate", default=False)
+
+
+@contextlib.contextmanager
+def deferred_validation() -> Iterator[None]:
+    """Operators built inside check each field's type but skip `Operator.validate` (the fields together).
+
+    For several edits that are only consistent together (``--set model_op=... --set backend=...``): make them all
+    inside, then rebuild the edited operators outside (`dataclasses.replace(op)`), which checks them once.
+    """
+    token = _DEFER_VALIDATE.set(True)
+    try:
+        yield
+    finally:
+        _DEFER_VALIDATE.reset(token)
 
 
 def field_hints(cls: type) -> dict[str, Any]:
@@ -105,7 +124,8 @@ class Operator:
             new = check_field(owner, f.name, value, hints.get(f.name, Any))
             if new is not value:
                 object.__setattr__(self, f.name, new)
-        self.validate()
+        if not _DEFER_VALIDATE.get():
+            self.validate()
 
     def validate(self) -> None:
         """Check the fields together; raise `ConfigError` naming the field, the rule and the value."""

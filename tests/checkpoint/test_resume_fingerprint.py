@@ -248,3 +248,58 @@ def test_changing_a_harmless_field_resumes_bitwise(
         with run_settings(run_dir=str(tmp_path / "whole"), store=False):
             expected = _loop(callbacks=(CKPT,), **HARMLESS[field]).run()[1].trained_model_hash
     assert artifact.trained_model_hash == expected
+
+
+# A finished stage -----------------------------------------------------------------------------------------------
+def _finished(tmp_path: Path, **overrides: Any) -> tuple[Path, dict[str, bytes]]:
+    """A stage (data in a file, so its YAML loads again) that ran to the end in ``tmp_path/r``, and its run files."""
+    from pipekit_train import NpzSource
+
+    np.savez(tmp_path / "data.npz", x=X, y=X[:, :1])
+    data = TrainingDataset(source=NpzSource(path=str(tmp_path / "data.npz")))
+    loop = _loop(dataset=data, val_dataset=None, **overrides)
+    with run_settings(run_dir=str(tmp_path / "r"), store=False):
+        loop.run()
+    stage = tmp_path / "r" / "s"
+    return stage, {name: (stage / name).read_bytes() for name in ("final.json", "metrics.jsonl", "artifact.json")}
+
+
+def _resume_finished(tmp_path: Path, force: bool = False, **overrides: Any) -> Any:
+    from pipekit_train import NpzSource
+
+    data = TrainingDataset(source=NpzSource(path=str(tmp_path / "data.npz")))
+    loop = _loop(dataset=data, val_dataset=None, **overrides)
+    with run_settings(run_dir=str(tmp_path / "r"), store=False, resume="auto", force_resume=force):
+        return loop.run()
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["no-checkpoint", "checkpointed"])
+def test_a_finished_stage_whose_configuration_changed_is_refused_with_the_diff(tmp_path: Path, checkpointed: bool):
+    """With or without a Checkpoint, never trained again: the fingerprint of its record (or of its last
+    checkpoint) against this run's, as diff."""
+    callbacks = (CKPT,) if checkpointed else ()
+    stage, before = _finished(tmp_path, callbacks=callbacks)
+    with pytest.raises(CheckpointMismatchError) as info:
+        _resume_finished(tmp_path, callbacks=callbacks, optimizer_config={"name": "adam", "lr": 0.02})
+    text = str(info.value)
+    if checkpointed:
+        assert "the configuration changed since that checkpoint was written" in text and "--force-resume" in text
+    else:
+        assert f"refusing to resume stage 's': it finished at step 20 in {stage} under another configuration" in text
+        assert "--- finished stage\n+++ this run" in text and f"delete {stage} to train the stage again" in text
+    assert '-  "lr": 0.01,' in text and '+  "lr": 0.02,' in text, text
+    assert {name: (stage / name).read_bytes() for name in before} == before  # nothing trained, nothing rewritten
+
+
+def test_a_finished_stage_whose_change_alters_nothing_it_computed_is_taken_as_it_is(tmp_path: Path):
+    stage, before = _finished(tmp_path)
+    _, artifact = _resume_finished(tmp_path, log_every_n_steps=10, progress=False)
+    assert {name: (stage / name).read_bytes() for name in before} == before
+    assert artifact.backend_info["steps"] == 20
+
+
+def test_force_resume_continues_a_changed_finished_stage_from_its_last_checkpoint(tmp_path: Path):
+    _finished(tmp_path, callbacks=(CKPT,))
+    with pytest.warns(PipekitTrainWarning, match=r"--force-resume: stage 's' continues from step 20"):
+        _, artifact = _resume_finished(tmp_path, force=True, callbacks=(CKPT,), max_steps=30)
+    assert artifact.backend_info["steps"] == 30

@@ -270,7 +270,7 @@ CASES: list[tuple[str, str]] = [
     ),
     (
         "validate pipe.yaml --set stages.0.optimizer_config.learning_rate=0.1",
-        "pipekit-train: error: --set stages.0.optimizer_config: unknown optimizer_config key 'learning_rate' (did you mean 'lr'?); allowed keys: name, lr, …",
+        "pipekit-train: error: --set stages.0.optimizer_config.learning_rate: unknown optimizer_config key 'learning_rate' (did you mean 'lr'?); allowed keys: name, lr, …",
     ),
     (
         "validate pipe.yaml --set 'stages.0.optimizer_config={name: adam, weight_decay: 0.1}'",

@@ -133,3 +133,24 @@ def test_the_cli_prints_one_line_for_a_refused_value(pipe: str):
     )
     assert out.returncode == 0, out.stderr
     assert "loss:\n    type: MSE" in out.stdout
+
+
+KERAS_MODEL = "stages.0.model_op={type: KerasModel, factory: mlp, kwargs: {in_size: 4, out_size: 1}}"
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["backend-follows-model", "backend-in-file"])
+@pytest.mark.parametrize("model_first", [True, False], ids=["model-first", "backend-first"])
+def test_overrides_are_checked_together_so_a_backend_can_be_switched(pipe: str, explicit: bool, model_first: bool):
+    if explicit:  # the file names its backend: each --set alone contradicts the other field
+        Path(pipe).write_text(TINY.replace("  loss: {type: CrossEntropy}", "  loss: {type: MSE}\n  backend: equinox"))
+    sets = [KERAS_MODEL, "stages.0.backend=keras"]
+    loop = _load_pipeline(pipe, sets if model_first else sets[::-1]).stages[0]
+    assert (type(loop.model_op).__name__, loop.backend) == ("KerasModel", "keras")
+
+
+def test_overrides_that_do_not_fit_together_are_refused_once_naming_them(pipe: str):
+    with pytest.raises(ConfigError, match=r"^--set stages\.0\.backend, --set stages\.0\.max_steps: .*backend 'keras'"):
+        _load_pipeline(pipe, ["stages.0.backend=keras", "stages.0.max_steps=5"])
+    # a field's own type is still refused at its own --set, before the fields are checked together
+    with pytest.raises(ConfigError, match=r"^--set stages\.0\.max_steps: TrainingLoop\.max_steps must be"):
+        _load_pipeline(pipe, ["stages.0.backend=keras", "stages.0.max_steps=abc"])

@@ -176,3 +176,62 @@ def test_artifacts_list_on_an_empty_store_imports_no_jax(tmp_path: Path):
     assert (rc, out, heavy) == (0, "no artifacts match\n", [])
     rows = json.loads(_check(str(tmp_path), "artifacts", "list", "--store", "empty.sqlite", "--json")[1])
     assert rows == []
+
+
+def _mistake(tmp_path: Path, old: str, new: str) -> str:
+    """`PIPELINE` with one mistake (`old` replaced by `new`) and its data, in `tmp_path`; the file's name."""
+    x = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
+    assert old in PIPELINE
+    (tmp_path / "pipe.yaml").write_text(PIPELINE.replace(old, new, 1))
+    return "pipe.yaml"
+
+
+@pytest.mark.parametrize(
+    "command,old,new,message",
+    [
+        (
+            "validate",
+            "max_steps: 10",
+            "max_stepz: 10",
+            r"pipe\.yaml:\d+:\d+: TrainingLoop has no field 'max_stepz' "
+            r"\(did you mean 'max_steps'\?\)",
+        ),
+        ("validate", "type: MSE", "type: MSEE", r"unknown operator type 'MSEE' \(did you mean 'MSE'"),
+        ("validate", "max_steps: 10", "max_steps: ten", r"TrainingLoop\.max_steps must be"),
+        ("validate", "factory: mlp", "factory: mpl", r"EquinoxModel\.factory 'mpl' .*did you mean 'mlp'"),
+        ("validate", "path: data.npz}}\n  loss", "path: dat.npz}}\n  loss", r"file not found: 'dat\.npz'"),
+        ("validate", "batch_size: 8\n  progress", "batch_size: 400\n  progress", r"batch_size 400 is larger than"),
+        ("run", "max_steps: 10", "max_steps: 10", r"run directory runs/exp already holds run 'r1'"),
+        ("run", "max_steps: 10", "max_steps: 10", r"--store store\.sqlite: is a directory"),
+    ],
+    ids=["field", "type", "value", "factory", "data-path", "batch-size", "reused-run-dir", "store-is-a-folder"],
+)
+def test_mistakes_that_need_no_jax_are_reported_before_importing_it(tmp_path, command, old, new, message):
+    """A typo is reported by a process that never imported JAX (counted, not timed): one line, exit code 2."""
+    import re
+
+    pipe = _mistake(tmp_path, old, new)
+    (tmp_path / "runs" / "exp").mkdir(parents=True)
+    (tmp_path / "runs" / "exp" / "run.json").write_text('{"run_id": "r1"}')
+    (tmp_path / "store.sqlite").mkdir() if "store" in message else None
+    extra = ["--run-dir", "runs/exp", "--store", "store.sqlite"] if command == "run" else []
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK, command, pipe, *extra],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 2, out.stderr  # the error line, then the checker's HEAVY line
+    assert re.search(message, lines[0]) and lines[0].startswith("pipekit-train: error: "), lines[0]
+    assert ast.literal_eval(lines[1][len("HEAVY ") :]) == [], lines[0]
+
+
+def test_validate_of_a_good_pipeline_does_import_jax(tmp_path):
+    """The check above can fail: a pipeline with no mistake goes on to pre-flight, which imports JAX."""
+    rc, out, heavy = _check(str(tmp_path), "validate", _mistake(tmp_path, "max_steps: 10", "max_steps: 10"))
+    assert rc == 0 and "pipe.yaml: ok (2 training stages" in out, out
+    assert "jax" in heavy

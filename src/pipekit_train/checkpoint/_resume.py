@@ -110,10 +110,11 @@ def fingerprint(loop: Any) -> dict[str, Any]:
     return out
 
 
-def _diff(saved: dict[str, Any], now: dict[str, Any]) -> str:
+def _diff(saved: dict[str, Any], now: dict[str, Any], then: str = "checkpoint") -> str:
+    """A unified diff of two fingerprints: `then` (what was saved) against ``this run``."""
     a = json.dumps(saved, indent=1, sort_keys=True).splitlines()
     b = json.dumps(now, indent=1, sort_keys=True).splitlines()
-    return "\n".join(difflib.unified_diff(a, b, "checkpoint", "this run", lineterm="", n=1))
+    return "\n".join(difflib.unified_diff(a, b, then, "this run", lineterm="", n=1))
 
 
 class _Signals:

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pipekit_train._signals import phase
 from pipekit_train.cli import _common
 from pipekit_train.cli._common import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError, report_error
 from pipekit_train.cli._imports import ENV_VAR as IMPORT_ENV_VAR
@@ -19,8 +20,8 @@ from pipekit_train.cli._imports import add_import_flag, import_modules, reimport
 
 # Exit codes (`_common`): 0 done; 2 a mistake in what was asked (one line on stderr); 1 the command ran and failed
 # (one line), or an internal error; 128 + signal number when SIGINT (130) or SIGTERM (143) stopped training
-# gracefully after a committed checkpoint; 141 when the reader of standard output went away. `--debug` (anywhere on
-# the command line) or $PIPEKIT_DEBUG=1 prints the traceback of an error too.
+# gracefully after a committed checkpoint, or stopped the command before training (`_signals`); 141 when the reader
+# of standard output went away. `--debug` (anywhere on the command line) or $PIPEKIT_DEBUG=1 prints the traceback.
 
 _DESCRIPTION = """\
 Train JAX models from YAML pipelines.
@@ -155,10 +156,51 @@ def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
         raise ConfigError(
             f"{e}; if a module of yours defines it, import it first with --import MODULE or ${IMPORT_ENV_VAR}"
         ) from None
-    for text in overrides:
-        parts, value = _parse_override(text)
-        op = apply_override(op, parts, value)
-    return op
+    parsed = [_parse_override(text) for text in overrides]
+    if not parsed:
+        return op
+    from pipekit._operator import deferred_validation
+
+    # Each value's type is checked as it is set; the fields together once, after every --set (so that
+    # `--set model_op={type: KerasModel, ...} --set backend=keras` works in either order).
+    with deferred_validation():
+        for parts, value in parsed:
+            op = apply_override(op, parts, value)
+    return check_edited(op, [parts for parts, _ in parsed])
+
+
+def check_edited(node: Any, paths: list[list[str]], shown: str = "") -> Any:
+    """`node` with every operator on an edited `path` rebuilt (innermost first), which runs its `validate`.
+
+    An operator whose fields do not fit together is refused naming the ``--set`` paths that edited it.
+    """
+    import dataclasses
+
+    from pipekit import ConfigError, Operator
+
+    def inner(head: str) -> list[list[str]]:
+        return [p[1:] for p in paths if p[0] == head and len(p) > 1]
+
+    heads = list(dict.fromkeys(p[0] for p in paths if len(p) > 1))
+    join = (lambda h: f"{shown}.{h}") if shown else (lambda h: h)
+    if isinstance(node, Operator):
+        changes = {h: check_edited(getattr(node, h), inner(h), join(h)) for h in heads}
+        try:
+            return dataclasses.replace(node, **changes)  # type: ignore[type-var]
+        except ConfigError as e:
+            if e.where:
+                raise
+            where = ", ".join(f"--set {join('.'.join(p))}" for p in paths)
+            raise ConfigError(e.bare_message, where) from None
+    if isinstance(node, (list, tuple)):
+        items = list(node)
+        for h in heads:
+            i = int(h)
+            items[i] = check_edited(items[i], inner(h), join(h))
+        return type(node)(items)
+    if isinstance(node, dict):
+        return {k: check_edited(v, inner(k), join(k)) if k in heads else v for k, v in node.items()}
+    return node
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -216,11 +258,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     initialize_distributed()
     imports = import_modules(requested_imports(args.imports))
     op = _load_pipeline(args.pipeline, args.set or [])
+    phase("loaded")
     if args.print_config:
         print(pipekit.dumps(op), end="")
         return EXIT_OK
     from pipekit_train.stage.preflight import plan_pipeline
+    from pipekit_train.stage.runner import existing_run
 
+    if is_primary():  # a reused run directory is refused before pre-flight (which imports JAX)
+        existing_run(args.run_dir, "auto" if args.resume == "auto" or _resumes(op) else "never")
     # Every stage is checked (and its fresh model built) before any trains; each stage's run takes its plan.
     plans = _preflight(plan_pipeline, op, args.pipeline)
     store: Any = False if args.no_store else args.store
@@ -292,6 +338,14 @@ def _summary_value(name: str, value: Any) -> str:
     if value is None:
         return "-"
     return f"{100 * value:.1f}%" if name.split("/", 1)[1] in _PERCENT else f"{value:.4f}"
+
+
+def _resumes(op: Any) -> bool:
+    """Whether the first training stage of `op` says ``resume: auto`` itself (it then continues its run)."""
+    from pipekit_train.stage.preflight import training_stages
+
+    stages = training_stages(op)
+    return bool(stages) and stages[0].resume == "auto"
 
 
 def _print_summary(artifact: Any, store: Any) -> None:
@@ -446,10 +500,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error (one line, already printed)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    try:
-        return int(args.func(args))
-    except Exception as e:
-        return report_error("pipekit-train", e, collapse=False)  # a refused resume prints its diff below
+    from pipekit_train._signals import stop_on_signals
+
+    # SIGINT / SIGTERM outside training (loading, pre-flight, compiling): one line, 130 / 143, nothing half-begun.
+    with stop_on_signals():
+        try:
+            return int(args.func(args))
+        except Exception as e:
+            return report_error("pipekit-train", e, collapse=False)  # a refused resume prints its diff below
 
 
 if __name__ == "__main__":

@@ -12,19 +12,136 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
-
-import jax
-import jax.numpy as jnp
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pipekit import ConfigError, Operator, ShapeError
 
 from ..optim._schedules import Schedule, schedule_value
 
-__all__ = ["KL", "MSE", "NLL", "Composite", "CrossEntropy", "Loss", "split_loss_output"]
+if TYPE_CHECKING:
+    import jax
+
+# JAX is imported inside the functions that compute: registering the losses (reading a pipeline file) needs none.
+
+__all__ = [
+    "CLASS_TARGETS",
+    "KL",
+    "MSE",
+    "NLL",
+    "SAME_SHAPE_FLOATING",
+    "Composite",
+    "CrossEntropy",
+    "Loss",
+    "TargetContract",
+    "split_loss_output",
+    "target_problem",
+]
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+@dataclass(frozen=True)
+class TargetContract:
+    """What a loss needs of its targets, checked by pre-flight on abstract shapes (nothing runs).
+
+    Attributes:
+        rule: The rule in words, for the error (``"class indices (integer) ... with >= 2 logits"``).
+        check: ``check(predicted, target)`` on `jax.ShapeDtypeStruct` leaves (a batch of each): what the pair
+            breaks, in words, or ``None`` when it fits.
+    """
+
+    rule: str
+    check: Callable[[Any, Any], str | None]
+
+
+def _shown(leaf: Any) -> str:
+    return f"{leaf.dtype} of shape {tuple(leaf.shape)}"
+
+
+def _kind(leaf: Any) -> str:
+    """``"integer"``, ``"floating"``, ``"bool"`` or ``"other"`` for a leaf's dtype (NumPy's kinds: no JAX)."""
+    import numpy as np
+
+    kind = np.dtype(leaf.dtype).kind
+    return {"i": "integer", "u": "integer", "f": "floating", "V": "floating", "b": "bool"}.get(kind, "other")
+
+
+def _check_class_targets(predicted: Any, target: Any) -> str | None:
+    if not hasattr(predicted, "shape") or not hasattr(target, "shape"):
+        return f"the predictions are a {type(predicted).__name__}, not one array of logits"
+    logits = tuple(predicted.shape)
+    classes = logits[-1] if len(logits) > 1 else 1
+    if classes < 2:
+        return f"the model gives {classes} logit per example (predictions {_shown(predicted)})"
+    kind = _kind(target)
+    if kind == "integer" and tuple(target.shape) != logits[:-1]:
+        return f"integer labels {_shown(target)} need logits of shape {tuple(target.shape)} + (classes,), got {logits}"
+    if kind == "floating" and tuple(target.shape) != logits:
+        return (
+            f"floating targets {_shown(target)} are not class probabilities of the logits' shape {logits} (class "
+            "indices must be integers: convert them with a Cast transform to int32)"
+        )
+    if kind not in ("integer", "floating"):
+        return f"the targets are {_shown(target)}, neither integer class indices nor floating probabilities"
+    return None
+
+
+def _check_same_shape_floating(predicted: Any, target: Any) -> str | None:
+    import numpy as np
+
+    p_leaves = predicted if isinstance(predicted, (list, tuple)) else [predicted]
+    t_leaves = target if isinstance(target, (list, tuple)) else [target]
+    if not all(hasattr(x, "shape") for x in (*p_leaves, *t_leaves)) or len(p_leaves) != len(t_leaves):
+        return None  # a tree of another structure: the loss's own shape checks speak
+    for p, t in zip(p_leaves, t_leaves):
+        if _kind(t) != "floating":
+            return (
+                f"the targets are {_shown(t)}, not floating values (class labels want a classification loss such "
+                "as CrossEntropy; numbers stored as integers a Cast transform to float32)"
+            )
+        if tuple(p.shape) != tuple(t.shape):
+            try:
+                broadcast = f", which would broadcast to {np.broadcast_shapes(tuple(p.shape), tuple(t.shape))}"
+            except ValueError:
+                broadcast = ""
+            return f"the predictions are {_shown(p)} and the targets {_shown(t)}{broadcast}"
+    return None
+
+
+#: Class indices (integer, the logits' shape without the last axis) or class probabilities (floating, the logits'
+#: shape), with at least 2 logits per example: `CrossEntropy`.
+CLASS_TARGETS = TargetContract(
+    "class indices (integer, of the predictions' shape without the last axis) or class probabilities (floating, "
+    "of the predictions' shape), with >= 2 logits per example",
+    _check_class_targets,
+)
+#: Floating values of exactly the predictions' shape: `MSE`, `NLL` (the shape of the predicted mean).
+SAME_SHAPE_FLOATING = TargetContract("floating values of exactly the predictions' shape", _check_same_shape_floating)
+
+
+def target_problem(loss: Any, predicted: Any, target: Any) -> tuple[Any, str] | None:
+    """``(loss, what is broken; the rule)`` for the first loss in `loss` (a `Composite`'s components too) whose
+    declared `Loss.targets` contract the abstract `predicted` / `target` break; ``None`` when all fit.
+
+    A loss that declares no contract (``targets = None``, every user loss unless it sets one) is not checked here.
+    """
+    if isinstance(loss, Composite):
+        for _, component in loss.components:
+            found = target_problem(component, predicted, target)
+            if found is not None:
+                return found
+        return None
+    contract = getattr(loss, "targets", None)
+    if not isinstance(contract, TargetContract):
+        return None
+    if isinstance(loss, NLL) and isinstance(predicted, (tuple, list)) and len(predicted) == 2:
+        predicted = predicted[0]  # (mean, log_var): the targets are compared with the mean
+    problem = contract.check(predicted, target)
+    if problem is None:
+        return None
+    return loss, f"{problem}; {type(loss).__name__} takes {contract.rule}"
 
 
 class Loss(Operator, abc.ABC, register=False):
@@ -50,6 +167,9 @@ class Loss(Operator, abc.ABC, register=False):
 
     #: The loop logs a loss's aux values as ``<aux_prefix><name>`` (``loss/MSE_0`` for a `Composite`'s terms).
     aux_prefix: ClassVar[str] = "loss/"
+    #: What the loss needs of its targets (`TargetContract`: `CLASS_TARGETS`, `SAME_SHAPE_FLOATING` or your own),
+    #: checked in pre-flight on abstract shapes; ``None`` (the default for your losses): not checked.
+    targets: ClassVar[TargetContract | None] = None
 
     @abc.abstractmethod
     def __call__(self, predicted: Any, target: Any) -> Any:  # type: ignore[override]  # a loss is not a one-input step
@@ -76,6 +196,9 @@ def split_loss_output(out: Any) -> tuple[Any, dict[str, Any]]:
 # Helpers --------------------------------------------------------------------------------------------------
 def _leaves(name: str, predicted: Any, target: Any) -> tuple[list[jax.Array], list[jax.Array]]:
     """Matching array leaves of `predicted` and `target`; differing shapes are refused (no silent broadcast)."""
+    import jax
+    import jax.numpy as jnp
+
     p_leaves = [jnp.asarray(p) for p in jax.tree.leaves(predicted)]
     t_leaves = [jnp.asarray(t) for t in jax.tree.leaves(target)]
     if len(p_leaves) != len(t_leaves):
@@ -94,6 +217,9 @@ def _leaves(name: str, predicted: Any, target: Any) -> tuple[list[jax.Array], li
 
 def _reduce(values: list[jax.Array], reduction: str, treedef: Any = None) -> Any:
     """Reduce elementwise values over every leaf: mean over all elements, sum, or the elementwise tree."""
+    import jax
+    import jax.numpy as jnp
+
     if reduction == "none":
         if treedef is None:
             return values[0] if len(values) == 1 else values
@@ -106,6 +232,8 @@ def _reduce(values: list[jax.Array], reduction: str, treedef: Any = None) -> Any
 
 
 def _gaussian(name: str, value: Any, role: str) -> tuple[jax.Array, jax.Array]:
+    import jax.numpy as jnp
+
     if not (isinstance(value, (tuple, list)) and len(value) == 2):
         raise TypeError(
             f"{name}: {role} must be a (mean, log_var) pair or an object with "
@@ -134,8 +262,12 @@ class MSE(Loss):
     """
 
     reduction: Literal["mean", "sum", "none"] = "mean"
+    targets: ClassVar[TargetContract | None] = SAME_SHAPE_FLOATING
 
     def __call__(self, predicted: Any, target: Any) -> Any:  # type: ignore[override]  # see Loss.__call__
+        import jax
+        import jax.numpy as jnp
+
         p_leaves, t_leaves = _leaves("MSE", predicted, target)
         errors = [jnp.square(p - t) for p, t in zip(p_leaves, t_leaves)]
         return _reduce(errors, self.reduction, jax.tree.structure(predicted))
@@ -163,8 +295,11 @@ class NLL(Loss):
     """
 
     reduction: Literal["mean", "sum", "none"] = "mean"
+    targets: ClassVar[TargetContract | None] = SAME_SHAPE_FLOATING
 
     def __call__(self, predicted: Any, target: Any) -> Any:  # type: ignore[override]  # see Loss.__call__
+        import jax.numpy as jnp
+
         if hasattr(predicted, "log_prob"):
             values = -jnp.asarray(predicted.log_prob(target))
         else:
@@ -195,6 +330,8 @@ class KL(Loss):
     reduction: Literal["batchmean", "mean", "sum", "none"] = "batchmean"
 
     def __call__(self, q_dist: Any, p_dist: Any) -> Any:  # type: ignore[override]  # see Loss.__call__
+        import jax.numpy as jnp
+
         if hasattr(q_dist, "kl_divergence"):
             values = jnp.asarray(q_dist.kl_divergence(p_dist))
         else:
@@ -230,12 +367,16 @@ class CrossEntropy(Loss):
     #: The loop logs a loss's aux values as ``<aux_prefix><name>``; loss terms default to ``"loss/"``.
     #: Accuracy is a metric, not a loss term, so it is logged as plain ``accuracy``.
     aux_prefix: ClassVar[str] = ""
+    targets: ClassVar[TargetContract | None] = CLASS_TARGETS
 
     def validate(self) -> None:
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"CrossEntropy.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
 
     def __call__(self, predicted: Any, target: Any) -> tuple[jax.Array, dict[str, jax.Array]]:  # type: ignore[override]  # see Loss.__call__
+        import jax
+        import jax.numpy as jnp
+
         logits = jnp.asarray(predicted)
         target = jnp.asarray(target)
         classes = logits.shape[-1]

@@ -22,13 +22,23 @@ from typing import TYPE_CHECKING, Any
 
 from pipekit import ConfigError, Operator, Sequential
 
+from .._signals import phase
+
 if TYPE_CHECKING:
     from .._models import ModelOp
     from ..backends._contract import Backend
     from .loop import TrainerCarryState, TrainingLoop
     from .start import Route
 
-__all__ = ["StagePlan", "check", "check_model_size", "check_pipeline", "memory_limit", "plan_pipeline"]
+__all__ = [
+    "StagePlan",
+    "check",
+    "check_model_size",
+    "check_pipeline",
+    "check_without_jax",
+    "memory_limit",
+    "plan_pipeline",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,20 +69,32 @@ def _stages(op: Operator) -> list[Operator]:
     return [op]
 
 
+def training_stages(op: Operator) -> list[TrainingLoop]:
+    """The `TrainingLoop` stages of `op`, in the order they run."""
+    from .loop import TrainingLoop
+
+    return [s for s in _stages(op) if isinstance(s, TrainingLoop)]
+
+
 def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> StagePlan:
     """Check `loop` as stage `stage` after `incoming` (see the module docstring); builds nothing."""
+    check_without_jax(loop, stage)
+    return _check_with_jax(loop, incoming, stage)
+
+
+def check_without_jax(loop: TrainingLoop, stage: str) -> None:
+    """The part of `check` that needs no JAX (nor any framework): the optimizer configuration, the backend's
+    capabilities, the data files, `batch_size` against the data, the validation and test data's keys and shapes.
+
+    `plan_pipeline` runs it for every stage before anything imports JAX, so a wrong path or key of any stage is
+    reported at once.
+    """
     from ..optim._config import check_optimizer_config
-    from ..scale._mesh import check_mesh
-    from ..scale._precision import check_precision
-    from .carry import check_carry_source
-    from .start import route
 
     backend = loop.adapter()
     check_optimizer_config(loop.optimizer_config, loop.max_steps)
     _check_capabilities(loop, backend, stage)
     _check_registries(loop, stage)
-    check_mesh(loop)  # the devices exist, the backend trains on a mesh, the global batch splits evenly
-    check_precision(loop)
     loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
     for role in ("dataset", "val_dataset", "test_dataset"):
         if getattr(loop, role) is not None:
@@ -93,6 +115,18 @@ def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) ->
                     f"stage {stage!r}: TrainingLoop.{role}'s {key!r} has per-example shape {tuple(spec[key][0])} but "
                     f"the training data's has {tuple(train_spec[key][0])}"
                 )
+
+
+def _check_with_jax(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> StagePlan:
+    """The rest of `check`: devices, precision, the backend's own rules and the hand-off from `incoming`."""
+    from ..scale._mesh import check_mesh
+    from ..scale._precision import check_precision
+    from .carry import check_carry_source
+    from .start import route
+
+    backend = loop.adapter()
+    check_mesh(loop)  # the devices exist, the backend trains on a mesh, the global batch splits evenly
+    check_precision(loop)
     backend.check(loop, incoming, stage)
     check_carry_source(loop, incoming, stage)
     return StagePlan(loop=loop, stage=stage, backend=backend, route=route(loop, incoming, stage, backend))
@@ -185,17 +219,21 @@ def plan_pipeline(op: Operator) -> list[StagePlan]:
     Raises the same errors a run would raise before training.
     """
     from .carry import handoff
-    from .loop import TrainerCarryState, TrainingLoop
+    from .loop import TrainerCarryState
     from .start import starting_model
 
-    loops = [s for s in _stages(op) if isinstance(s, TrainingLoop)]
+    loops = training_stages(op)
+    names = [loop.name or f"stage{index}" for index, loop in enumerate(loops)]
+    for loop, name in zip(loops, names):  # every stage's files and fields first, before JAX is imported
+        check_without_jax(loop, name)
+    phase("preflight")
     incoming: TrainerCarryState | None = None
     plans = []
-    for index, loop in enumerate(loops):
-        name = loop.name or f"stage{index}"
-        plan = check(loop, incoming, name)
+    for index, (loop, name) in enumerate(zip(loops, names)):
+        plan = _check_with_jax(loop, incoming, name)
         if plan.route in ("fresh", "transferred"):
             plan = replace(plan, fresh=plan.backend.build(loop))
+            phase("built")
         model = starting_model(loop, incoming, name, plan.backend, fresh=plan.fresh)
         incoming = TrainerCarryState(model=model, stage_index=index + 1, **handoff(loop, os.path.join("<run>", name)))
         plans.append(plan)

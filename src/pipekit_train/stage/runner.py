@@ -23,6 +23,7 @@ import pipekit
 
 from .._jsonio import DamagedFileError, read_json, write_json
 from .._lock import DirectoryNotWritableError, check_writable, run_dir_lock
+from .._signals import note_run_dir, phase
 from ..scale._distributed import allgather, barrier, initialize_distributed, is_primary, primary_holds
 from .carry import handoff
 from .loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
@@ -82,29 +83,40 @@ def current_settings() -> RunSettings:
 
 def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tuple[str, str, int]:
     """(run id, run dir, stage index): from the previous stage, from the run directory, or new."""
-    from pipekit import ConfigError
-
     from ..provenance._artifact import new_run_id
 
     if state is not None and state.run_id is not None:
         return state.run_id, state.run_dir or os.path.join("runs", state.run_id), state.stage_index
     run_dir = settings.run_dir
-    meta_path = os.path.join(run_dir, "run.json") if run_dir else None
-    if meta_path and os.path.exists(meta_path):
-        existing = read_json(
-            meta_path,
-            what="the run's metadata",
-            required=("run_id",),
-            remedy="start a new run in another directory, warm-starting from its checkpoints with init_from",
-        )
-        if settings.resume != "auto":
-            raise ConfigError(
-                f"run directory {run_dir} already holds run {existing.get('run_id')!r}; continue it with "
-                "resume='auto' (`--resume auto`) or choose another run directory"
-            )
-        return str(existing["run_id"]), str(run_dir), 0
+    existing = existing_run(run_dir, settings.resume)
+    if existing is not None:
+        return existing, str(run_dir), 0
     run_id = new_run_id()
     return run_id, run_dir or os.path.join("runs", run_id), 0
+
+
+def existing_run(run_dir: str | None, resume: str) -> str | None:
+    """The id of the run `run_dir` already holds (``None``: none); refused unless `resume` is ``"auto"``.
+
+    Needs no JAX: ``pipekit-train run`` asks before pre-flight, so a reused directory is refused at once.
+    """
+    from pipekit import ConfigError
+
+    meta_path = os.path.join(run_dir, "run.json") if run_dir else None
+    if not meta_path or not os.path.exists(meta_path):
+        return None
+    existing = read_json(
+        meta_path,
+        what="the run's metadata",
+        required=("run_id",),
+        remedy="start a new run in another directory, warm-starting from its checkpoints with init_from",
+    )
+    if resume != "auto":
+        raise ConfigError(
+            f"run directory {run_dir} already holds run {existing.get('run_id')!r}; continue it with "
+            "resume='auto' (`--resume auto`) or choose another run directory"
+        )
+    return str(existing["run_id"])
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -169,9 +181,10 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
     from ..provenance._model_registry import load_model
 
     model = load_model(_absolute(final["model_uri"], info.run_dir))
-    if model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False):
-        return None  # the stage changed since it finished: run it (its checkpoints refuse a changed config)
     settings = current_settings()
+    changed = model != loop.model_op or artifact.training_pipeline_yaml != pipekit.dumps(loop, strict=False)
+    if changed and _changed_since_finished(info, loop, artifact, int(final["step"]), settings):
+        return None  # resume its last checkpoint, whose fingerprint refuses a changed configuration
     _record_in_store(artifact, settings, info)  # a no-op when it is there; the crash window after final.json
     state = TrainerCarryState(
         model=model,
@@ -185,6 +198,35 @@ def _finished_stage(info: RunInfo, loop: TrainingLoop) -> tuple[TrainingResult, 
         **handoff(loop, info.stage_dir),
     )
     return TrainingResult(model, artifact), state
+
+
+def _changed_since_finished(info: RunInfo, loop: TrainingLoop, artifact: Any, step: int, settings: RunSettings) -> bool:
+    """A finished stage whose YAML changed since: ``True`` to run it, which resumes its last checkpoint (and that
+    checkpoint's fingerprint refuses a changed configuration with its diff, or ``--force-resume`` continues it).
+    Without a checkpoint to resume, ``False`` (take it as it is) when nothing that changes its result changed (the
+    same fingerprint), else refused with the fingerprint's diff: it is never trained again from scratch."""
+    from ..checkpoint._errors import CheckpointMismatchError
+    from ..checkpoint._resume import _diff, fingerprint
+
+    directory = loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")
+    if loop.checkpoint_settings is not None and os.path.isdir(directory) and any(os.scandir(directory)):
+        return True
+    try:
+        then = pipekit.loads(artifact.training_pipeline_yaml)
+        saved, now = {**fingerprint(then), "dataset_hash": artifact.dataset_hash}, fingerprint(loop)
+        diff = _diff(saved, now, then="finished stage") if saved != now else ""
+    except pipekit.PipekitError:  # its file names a type not registered now: compare the files themselves
+        import difflib
+
+        old, new = artifact.training_pipeline_yaml.splitlines(), pipekit.dumps(loop, strict=False).splitlines()
+        diff = "\n".join(difflib.unified_diff(old, new, "finished stage", "this run", lineterm="", n=1))
+    if not diff:
+        return False
+    raise CheckpointMismatchError(
+        f"refusing to resume stage {info.stage!r}: it finished at step {step} in {info.stage_dir} under another "
+        f"configuration and has no checkpoint to continue from:\n{diff}\nResume with the original configuration, "
+        f"delete {info.stage_dir} to train the stage again, or start a new run in another --run-dir"
+    )
 
 
 def _keep_final_model(info: RunInfo, result: Any) -> str:
@@ -300,6 +342,8 @@ def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[Trai
         plan = check(loop, state, info.stage)
     _check_store(settings)
     _check_targets(loop, info)
+    if is_primary():
+        note_run_dir(run_dir)  # a signal before training removes it if this process began it and kept nothing
     # One writer per run directory: a second run is refused, naming the one that holds it. Several processes of one
     # run (jax.distributed): process 0 holds the lock, the others wait until it does (or fail with its refusal).
     with primary_holds("run-dir", lambda: run_dir_lock(run_dir)):
@@ -319,6 +363,7 @@ def _run_locked(
     hooks = make_hooks(loop, info, settings)
     model = starting_model(loop, state, info.stage, plan.backend, fresh=plan.fresh)
     step_backend = plan.backend.start(loop, model, state)
+    phase("started")
     result = train(loop, plan.backend, step_backend, info, hooks)
     return finish(loop, result, info, settings, hooks)
 

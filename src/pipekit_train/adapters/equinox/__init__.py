@@ -19,8 +19,8 @@ from ._model import register_model as register_model
 from ._model import registered_models as registered_models
 
 if TYPE_CHECKING:
-    from ._factories import ACTIVATIONS as ACTIVATIONS
-    from ._factories import get_activation as get_activation
+    from ._modules import ACTIVATIONS as ACTIVATIONS
+    from ._modules import get_activation as get_activation
     from ._primitives import TrainState as TrainState
     from ._primitives import TrainTask as TrainTask
     from ._primitives import make_task as make_task

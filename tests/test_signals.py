@@ -1,0 +1,107 @@
+"""SIGINT / SIGTERM outside training (`pipekit_train._signals`): real processes get real signals at named points of
+start-up (``$PIPEKIT_TEST_SIGNAL_AT``, the process signals itself there) and must print one line, exit 130 / 143,
+never train, and leave nothing that blocks running the same command again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.xdist_group("signals")
+
+STAGE = """\
+- type: TrainingLoop
+  name: {name}
+  model_op: {{type: EquinoxModel, factory: mlp, kwargs: {{in_size: 4, out_size: 1, width_size: 8, depth: 1}}}}
+  dataset: {{type: TrainingDataset, source: {{type: NpzSource, path: data.npz}}}}
+  loss: {{type: MSE}}
+  optimizer_config: {{name: adam, lr: 1e-2}}
+  max_steps: 4
+  batch_size: 8
+  progress: false
+"""
+
+
+def _workspace(tmp_path: Path, *stages: str) -> Path:
+    x = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
+    text = "pipekit: 1\ntype: Sequential\nstages:\n" + "".join(STAGE.format(name=s) for s in stages)
+    (tmp_path / "pipe.yaml").write_text(text)
+    return tmp_path
+
+
+def _run(work: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pipekit_train.cli", "run", "pipe.yaml", "--run-dir", "runs/exp", "--no-store"]
+    return subprocess.run(
+        [*command, *extra],
+        cwd=work,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["loaded:SIGINT", "preflight:SIGTERM", "built:SIGINT", "started:SIGTERM"],
+    ids=["after-loading", "pre-flight-importing-jax", "after-building", "after-backend-start"],
+)
+def test_a_signal_during_start_up_is_one_line_and_128_plus_the_signal(tmp_path: Path, where: str):
+    work = _workspace(tmp_path, "fit")
+    out = _run(work, {"PIPEKIT_TEST_SIGNAL_AT": where})
+    signum = getattr(signal, where.split(":")[1])
+    assert out.returncode == 128 + signum, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"pipekit-train: stopped by {signal.Signals(signum).name} before training; nothing was")
+    assert "Traceback" not in out.stderr and "step" not in out.stdout  # nothing trained, no summary
+    assert not (work / "runs" / "exp").exists()  # a run directory it began and kept nothing in is removed
+    if where.startswith("started"):  # the directory existed and was locked: the same command runs again
+        again = _run(work, {})
+        assert again.returncode == 0, again.stderr
+        assert json.loads((work / "runs" / "exp" / "fit" / "final.json").read_text())["step"] == 4
+
+
+def test_a_signal_before_the_second_stage_keeps_the_first_and_resume_continues(tmp_path: Path):
+    work = _workspace(tmp_path, "pre", "fit")
+    out = _run(work, {"PIPEKIT_TEST_SIGNAL_AT": "started:SIGINT:2"})  # the second stage's start: the first finished
+    assert out.returncode == 130, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "what finished is kept in" in lines[0] and "--resume auto" in lines[0], out.stderr
+    assert (work / "runs" / "exp" / "pre" / "final.json").is_file()
+    assert not (work / "runs" / "exp" / "fit" / "final.json").exists()
+    again = _run(work, {}, "--resume", "auto")
+    assert again.returncode == 0, again.stderr
+    assert json.loads((work / "runs" / "exp" / "fit" / "final.json").read_text())["step"] == 4
+
+
+WATCHED = """
+import os, signal, sys, time
+from pipekit_train._signals import stop_on_signals
+with stop_on_signals():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the main thread never sees it: as inside XLA
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_signal_while_the_main_thread_is_inside_native_code_still_ends_the_process(tmp_path: Path):
+    """The watcher thread ends the process when the main thread cannot run the handler (a long compile)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WATCHED], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)  # the main thread sleeps 600 s: only the watcher can end it in time
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [
+        "pipekit-train: stopped by SIGINT before training; nothing was kept: the same command runs again"
+    ]
