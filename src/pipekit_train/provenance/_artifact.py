@@ -100,6 +100,9 @@ class TrainingArtifact:
         preset: The stage's `TrainingLoop.preset`: ``{"name", "fields"}``, the fields it filled as YAML data (with
             `training_pipeline_yaml`, which keeps ``preset:`` and the fields the file set, the whole resolved
             configuration), or ``None``. Left out of `to_dict` when ``None``, like `model_summary`.
+        data_statistics: What the stage's `Standardize` transforms were fitted to on its training split:
+            ``{key: {"mean": [...], "std": [...]}}`` (one number per column), which ``evaluate``, ``predict`` and
+            ``export`` apply again (and invert on the target), or ``None``. Left out of `to_dict` when ``None``.
     """
 
     artifact_id: str = dataclasses.field(default_factory=new_artifact_id)
@@ -126,6 +129,7 @@ class TrainingArtifact:
     forced_resume: str | None = None
     model_summary: dict[str, Any] | None = None
     preset: dict[str, Any] | None = None
+    data_statistics: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -149,6 +153,15 @@ class TrainingArtifact:
                     raise ConfigError(f"TrainingArtifact.{name} must be an ISO-8601 time, got {value!r}") from None
         object.__setattr__(self, "final_metrics", {str(k): float(v) for k, v in self.final_metrics.items()})
         object.__setattr__(self, "imports", _checked_imports(self.imports))
+        if self.data_statistics is not None:  # plain JSON data: lists, as a record read back from the store holds
+            object.__setattr__(
+                self,
+                "data_statistics",
+                {
+                    str(k): {n: [float(v) for v in s[n]] for n in ("mean", "std")}
+                    for k, s in self.data_statistics.items()
+                },
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The artifact as JSON-able data (tuples become lists)."""
@@ -159,6 +172,8 @@ class TrainingArtifact:
             del out["model_summary"]  # optional: a record without one is the JSON it always was
         if self.preset is None:
             del out["preset"]
+        if self.data_statistics is None:
+            del out["data_statistics"]
         return out
 
     @classmethod
