@@ -126,6 +126,7 @@ _MOVED = {
     "NpySource": ".data",
     "NpzSource": ".data",
     "OneHot": ".data",
+    "RandomAccessSource": ".data",
     "RegisteredSource": ".data",
     "Rename": ".data",
     "Reshape": ".data",

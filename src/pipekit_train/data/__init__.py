@@ -1,10 +1,11 @@
 """Data: `TrainingDataset` (a source, whole-batch transforms and a checkpointable batch iterator on Grain), the
-sources (`ArraySource`, `NpzSource`, `NpySource`, `CsvSource`, registered datasets) and the transforms
-(`Standardize` is fitted on the training split). See ``docs/datasets.md``."""
+sources (`ArraySource`, `NpzSource`, `NpySource`, `CsvSource`, `RandomAccessSource` for your own Grain data source,
+registered datasets) and the transforms (`Standardize` is fitted on the training split). See ``docs/datasets.md``."""
 
 from ._csv import CsvSource as CsvSource
 from ._dataset import BatchIterator as BatchIterator
 from ._dataset import TrainingDataset as TrainingDataset
+from ._grain import RandomAccessSource as RandomAccessSource
 from ._sources import ArraySource as ArraySource
 from ._sources import NpySource as NpySource
 from ._sources import NpzSource as NpzSource

@@ -16,8 +16,9 @@ through `Standardize` exports a function of the data's units: the recorded stati
 inverted on the output inside the file (and recorded in the sidecar's ``data_statistics``).
 
 Backends: a model operator's `ModelOp.inference_function` (``predict(x)`` over a batch, traceable by ``jax.jit``)
-is what gets exported. The
-Equinox backend is registered here: ``jax.vmap`` of the bound module, in inference mode.
+is what gets exported; the core names no backend. Equinox gives ``jax.vmap`` of the bound module in inference mode,
+Keras its ``stateless_call`` with the arrays closed over, NumPyro and BlackJAX the posterior-predictive mean; a
+backend that cannot (torch) raises `NotImplementedError` with its reason, which the refusal quotes.
 """
 
 from __future__ import annotations
@@ -72,11 +73,13 @@ def inference_function(model: Any) -> Callable[[Any], Any]:
         raise ExportError(f"{model!r} has no weights bound; export a trained model (an artifact or a model URI)")
     try:
         fn: Callable[[Any], Any] = model.inference_function()
-    except NotImplementedError:
+    except NotImplementedError as e:
+        # The adapter's own reason when it gives one (the base class names only the method).
+        reason = str(e) if str(e) and not str(e).endswith(".inference_function") else None
         raise ExportError(
-            f"cannot export {type(model).__name__} (backend {getattr(model, 'backend', '?')!r}): its model operator "
-            "has no JAX inference function (ModelOp.inference_function); the models of backends with the export "
-            f"capability can be exported ({able_to('export')})"
+            f"cannot export {type(model).__name__} (backend {getattr(model, 'backend', '?')!r}): "
+            f"{reason or 'its model operator has no JAX inference function (ModelOp.inference_function)'}; the "
+            f"models of backends with the export capability can be exported ({able_to('export')})"
         ) from None
     return fn
 
