@@ -1,5 +1,7 @@
 """``export`` beyond Equinox: every JAX backend's model exports (Keras through its stateless call, NumPyro's and
-BlackJAX's posterior-predictive mean), the file gives what the model operator gives; torch is refused in one line."""
+BlackJAX's posterior-predictive mean), the file gives what the model operator gives; torch is refused in one line.
+A trained model of every installed backend goes through the same check in the conformance kit
+(``round_trips_the_model_registry``, tests/adapters/test_conformance.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipekit_train import ArraySource, LocalModelRegistry, TrainingDataset, TrainingLoop, run_settings
+from pipekit_train import LocalModelRegistry
 from pipekit_train.backends import backends_with
 from pipekit_train.inference import ExportError, export_model
 
@@ -37,34 +39,6 @@ def test_a_keras_model_exports_and_the_file_predicts_what_the_model_does(tmp_pat
     x = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
     exported = _exported(model, tmp_path, (4,), batch=3)
     np.testing.assert_allclose(np.asarray(exported.call(x)), np.asarray(model(x)), rtol=1e-6, atol=1e-6)
-
-
-def _regression() -> TrainingDataset:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(32, 2)).astype(np.float32)
-    y = (x @ np.array([1.5, -2.0], np.float32) + 0.5).astype(np.float32)
-    return TrainingDataset(source=ArraySource(arrays={"x": x, "y": y}), shuffle=False)
-
-
-def test_a_numpyro_svi_model_exports_its_posterior_predictive_mean(tmp_path: Path):
-    pytest.importorskip("numpyro")
-    from pipekit_train.adapters.numpyro import NumpyroGuide, Trace_ELBO
-
-    loop = TrainingLoop(
-        model_op=NumpyroGuide(model="linear_regression", guide="AutoNormal"),
-        backend="numpyro-svi",
-        dataset=_regression(),
-        loss=Trace_ELBO(),
-        optimizer_config={"name": "adam", "lr": 0.05},
-        max_steps=20,
-        batch_size=32,
-        progress=False,
-    )
-    with run_settings(run_dir=str(tmp_path / "run"), store=False):
-        model, _ = loop.run()
-    x = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]], np.float32)
-    exported = _exported(model, tmp_path, (2,), batch=3)
-    np.testing.assert_allclose(np.asarray(exported.call(x)), np.asarray(model(x)), rtol=1e-4, atol=1e-4)
 
 
 def test_a_numpyro_mcmc_posterior_exports_its_posterior_predictive_mean(tmp_path: Path):
