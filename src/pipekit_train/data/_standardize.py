@@ -196,28 +196,28 @@ def _plain(stats: Mapping[str, Any]) -> dict[str, tuple[float, ...]]:
     return {"mean": tuple(float(v) for v in stats["mean"]), "std": tuple(float(v) for v in stats["std"])}
 
 
+def _broadcast(stats: Mapping[str, Any], values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The mean and std of `stats` in `values`' float dtype, shaped to broadcast along its last axis."""
+    dtype = values.dtype if np.issubdtype(values.dtype, np.floating) else np.float32
+    mean = np.asarray(stats["mean"], dtype=dtype)
+    std = np.asarray(stats["std"], dtype=dtype)
+    if (values.ndim <= 1 or values.shape[-1] != len(mean)) and mean.size == 1:
+        mean, std = mean.reshape(()), std.reshape(())
+    return mean, std
+
+
 def invert(stats: Mapping[str, Any], key: str, values: Any) -> Any:
     """``values * std + mean`` with the statistics of `key` (back to the data's units); `values` unchanged when
     `key` has none. Works on numpy and JAX arrays (the constants broadcast along the last axis)."""
-    s = stats.get(key)
-    if s is None:
+    if key not in stats:
         return values
-    dtype = values.dtype if np.issubdtype(values.dtype, np.floating) else np.float32
-    mean = np.asarray(s["mean"], dtype=dtype)
-    std = np.asarray(s["std"], dtype=dtype)
-    if values.ndim <= 1 or values.shape[-1] != len(mean):
-        mean, std = mean.reshape(()) if mean.size == 1 else mean, std.reshape(()) if std.size == 1 else std
+    mean, std = _broadcast(stats[key], values)
     return values * std + mean
 
 
 def standardize(stats: Mapping[str, Any], key: str, values: Any) -> Any:
     """``(values - mean) / std`` with the statistics of `key`; `values` unchanged when `key` has none."""
-    s = stats.get(key)
-    if s is None:
+    if key not in stats:
         return values
-    dtype = values.dtype if np.issubdtype(values.dtype, np.floating) else np.float32
-    mean = np.asarray(s["mean"], dtype=dtype)
-    std = np.asarray(s["std"], dtype=dtype)
-    if values.ndim <= 1 or values.shape[-1] != len(mean):
-        mean, std = mean.reshape(()) if mean.size == 1 else mean, std.reshape(()) if std.size == 1 else std
+    mean, std = _broadcast(stats[key], values)
     return (values - mean) / std
