@@ -41,7 +41,12 @@ def test_the_site_builds_strict_with_every_page_and_the_api_reference(tmp_path: 
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     for name in ("pipekit.Operator", "pipekit_train.TrainingLoop", "pipekit_train.data.TrainingDataset",
                  "pipekit_train.callbacks.EarlyStopping", "pipekit_train.checkpoint.Checkpointer",
-                 "pipekit_train.provenance.ArtifactStore"):  # fmt: skip
+                 "pipekit_train.provenance.ArtifactStore", "pipekit_train.inference.export_model",
+                 "pipekit_train.adapters.keras.KerasModel", "pipekit_train.adapters.keras.register_keras_model",
+                 "pipekit_train.adapters.lightning.TorchModel", "pipekit_train.adapters.lightning.register_torch_model",
+                 "pipekit_train.adapters.numpyro.NumpyroModel",
+                 "pipekit_train.adapters.numpyro.register_numpyro_model",
+                 "pipekit_train.adapters.equinox.register_model"):  # fmt: skip
         assert f'id="{name}"' in api, f"{name} is missing from the API reference"
     assert "Train `model_op` on `dataset`" in api or "Train <code>model_op</code> on <code>dataset</code>" in api
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
@@ -69,7 +70,11 @@ def test_the_schema_is_a_valid_draft_2020_12_schema():
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[str(p.relative_to(ROOT)) for p in EXAMPLES])
-def test_every_example_file_validates(path: Path, validator: jsonschema.Draft202012Validator):
+def test_every_example_file_validates(path: Path, validator: jsonschema.Draft202012Validator, monkeypatch):
+    if path.parent.name == "houses":  # its README loads the custom loss with --import house_loss
+        monkeypatch.syspath_prepend(str(path.parent))
+        importlib.import_module("house_loss")
+        validator = jsonschema.Draft202012Validator(pipekit.schema())
     errors = list(validator.iter_errors(_plain(path.read_text(encoding="utf-8"))))
     assert not errors, jsonschema.exceptions.best_match(errors).message
 

@@ -287,7 +287,8 @@ def _backend_info(backend: str) -> dict[str, Any]:
 
 
 def check_round_trips_the_model_registry(backend: str, tmp: Path) -> None:
-    """`load_model` of the artifact's URI: an equal operator, the same weights hash, the same predictions."""
+    """`load_model` of the artifact's URI: an equal operator, the same weights hash, the same predictions; with the
+    ``export`` capability, its `jax.export`-ed inference function predicts the same (else export refuses it)."""
     from pipekit_train import load_model
 
     model, artifact = _run(_problem(backend), tmp / "reg")
@@ -301,6 +302,28 @@ def check_round_trips_the_model_registry(backend: str, tmp: Path) -> None:
     )
     got, want = np.asarray(loaded(_X[:8])), np.asarray(model(_X[:8]))
     assert np.array_equal(got, want), f"{backend}: the loaded model predicts {got.ravel()}, the trained {want.ravel()}"
+    _check_export(backend, loaded, want)
+
+
+def _check_export(backend: str, model: Any, want: np.ndarray) -> None:
+    """With the ``export`` capability, the model's inference function traces under ``jax.export`` and predicts what
+    the model does; without it, ``pipekit-train export`` refuses it with an `ExportError`."""
+    import jax
+
+    from ..inference._export import ExportError, inference_function
+
+    if "export" not in _capabilities(backend):
+        try:
+            inference_function(model)
+        except ExportError:
+            return
+        raise AssertionError(f"{backend}: no export capability, but its model has an inference function")
+    fn = inference_function(model)
+    exported = jax.export.export(jax.jit(fn))(jax.ShapeDtypeStruct(_X[:8].shape, _X.dtype))  # type: ignore[no-untyped-call]
+    got = np.asarray(exported.call(_X[:8]))  # type: ignore[no-untyped-call]
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-4), (
+        f"{backend}: the exported inference function predicts {got.ravel()}, the model {want.ravel()}"
+    )
 
 
 def check_hands_off_in_a_sequential(backend: str, tmp: Path) -> None:

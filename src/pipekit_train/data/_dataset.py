@@ -57,6 +57,7 @@ import pipekit
 from pipekit import ConfigError, Operator
 
 from ._sources import Arrays, RegisteredSource, Source
+from ._standardize import fit_statistics, with_statistics
 from ._transforms import Batch, OneHot, Spec, Transform
 
 __all__ = ["BatchIterator", "TrainingDataset"]
@@ -99,6 +100,7 @@ class _Memo:
 
 _ARRAYS = _Memo()
 _HASHES = _Memo()
+_FITTED = _Memo()
 
 
 def _file_identity(source: object) -> Hashable:
@@ -435,7 +437,7 @@ class TrainingDataset(Operator):
             raise ConfigError("TrainingDataset.iterator: the source has no records, so there is nothing to iterate")
         arrays = self.arrays()
         plan = _Plan(self.num_records(), batch_size, per_epoch, self.shuffle, int(seed), shard)
-        return BatchIterator(_BatchDataset(arrays, plan, sys.maxsize), self.transforms, self.prefetch)
+        return BatchIterator(_BatchDataset(arrays, plan, sys.maxsize), self.fitted().transforms, self.prefetch)
 
     def epoch_batches(self, batch_size: int) -> Iterator[Batch]:
         """One pass in record order, without shuffling, keeping the short last batch (for evaluation)."""
@@ -446,18 +448,42 @@ class TrainingDataset(Operator):
         return self._ordered(ds)
 
     def _ordered(self, ds: _BatchDataset) -> Iterator[Batch]:
-        fns = tuple(t.apply for t in self.transforms)
+        transforms = self.fitted().transforms
+        fns = tuple(t.apply for t in transforms)
         for index in range(len(ds)):
             batch = ds[index]
-            if any(t.positional for t in self.transforms):
+            if any(t.positional for t in transforms):
                 rows, _ = ds.rows(index)
-                for t in self.transforms:
+                for t in transforms:
                     batch = t.apply_at(batch, rows, 0, 0)
                 yield batch
                 continue
             for fn in fns:
                 batch = fn(batch)
             yield batch
+
+    def fitted(self) -> TrainingDataset:
+        """This dataset with every unfitted `Standardize` fitted on its own records (itself when there is none).
+
+        A `TrainingLoop` fits its training dataset this way and gives the same statistics to its validation and
+        test datasets (`with_statistics`). Computed once per process for equal datasets.
+        """
+        from ._standardize import Standardize
+
+        if not any(isinstance(t, Standardize) and not t.fitted for t in self.transforms):
+            return self
+        key = (
+            (self.source, _file_identity(self.source), self.transforms)
+            if type(self.source)._yaml_serializable
+            else None
+        )
+        fitted = _FITTED.get(self, key, lambda: fit_statistics(self.arrays(), self.transforms))
+        return self.replace(transforms=fitted)
+
+    def with_statistics(self, statistics: dict[str, Any], owner: str = "TrainingDataset") -> TrainingDataset:
+        """This dataset with every unfitted `Standardize` given `statistics` (``{key: {"mean", "std"}}``, those
+        fitted on a training split); a key without statistics is a `ConfigError` naming `owner`."""
+        return self.replace(transforms=with_statistics(self.transforms, statistics, owner))
 
     def content_hash(self) -> str:
         """``"sha256:<hex>"`` of the keys, dtypes, shapes and bytes of the arrays and the transforms' YAML.

@@ -74,7 +74,7 @@ def _size(nbytes: int) -> str:
 def _resident_arrays(dataset: TrainingDataset) -> dict[str, np.ndarray]:
     """The source's arrays with the (per-record) transforms applied to all records at once."""
     arrays = dataset.arrays()
-    for t in dataset.transforms:
+    for t in dataset.fitted().transforms:
         arrays = t.apply(arrays)
     return arrays
 

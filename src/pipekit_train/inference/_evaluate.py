@@ -181,12 +181,17 @@ def evaluate(
     dataset = load_data(data)
     x_key, y_key = _keys(loop, input_key, target_key)
     _check_keys(dataset, data, x_key, y_key)
+    stats = _statistics(artifact)
+    prepared = in_data_units(dataset, stats, x_key, y_key, f"--data {os.fspath(data)}")
+    unscaled = _Unstandardized(bound, stats, y_key)  # predictions in the data's units (`Standardize` inverted)
     results = {}
     if stage_loss is not None:  # the values the stage logged as test/loss, test/accuracy, ...
-        results.update(_loss_means(stage_loss, bound, dataset, batch_size, x_key, y_key))
+        results.update(_loss_means(stage_loss, unscaled, prepared, batch_size, x_key, y_key))
     if metrics:  # whole-split metrics replace a same-named mean, as in training
         results.update(
-            evaluate_metrics(bound, dataset.epoch_batches(batch_size), list(metrics), input_key=x_key, target_key=y_key)
+            evaluate_metrics(
+                unscaled, prepared.epoch_batches(batch_size), list(metrics), input_key=x_key, target_key=y_key
+            )
         )
     evaluation = _made(artifact, uri, bound, dataset, data, metrics=results, records=dataset.num_records())
     if record:
@@ -209,6 +214,49 @@ def _made(artifact: Any, uri: str, bound: Any, dataset: Any, data: Any, **fields
         created_at=utc_now(),
         **fields,
     )
+
+
+def _statistics(artifact: Any) -> dict[str, Any]:
+    """The `Standardize` statistics the artifact's training split recorded (empty for none, or no artifact)."""
+    return dict(getattr(artifact, "data_statistics", None) or {})
+
+
+def in_data_units(dataset: Any, stats: dict[str, Any], x_key: str, y_key: str, owner: str) -> Any:
+    """`dataset` ready for a model trained with the `Standardize` statistics `stats`: its own unfitted
+    `Standardize` transforms take the recorded statistics, the target stays in the data's units, and a dataset that
+    does not standardize the input itself (an ``.npz`` file) gets the recorded input statistics applied."""
+    from ..data._standardize import Standardize
+
+    if not stats:
+        return dataset
+    transforms = []
+    standardized = False
+    for t in dataset.with_statistics(stats, owner).transforms:
+        if isinstance(t, Standardize):
+            standardized = standardized or x_key in t.keys
+            keys = tuple(k for k in t.keys if k != y_key)  # the target is compared in the data's units
+            if not keys:
+                continue
+            t = Standardize(keys=keys, statistics={k: t.statistics[k] for k in keys} if t.statistics else None)
+        transforms.append(t)
+    if not standardized and x_key in stats:
+        transforms.append(Standardize(keys=(x_key,), statistics={x_key: stats[x_key]}))
+    return dataset.replace(transforms=tuple(transforms))
+
+
+class _Unstandardized:
+    """A bound model whose outputs are brought back to the target's units (`invert` of the recorded statistics)."""
+
+    def __init__(self, bound: Any, stats: dict[str, Any], y_key: str) -> None:
+        self.bound, self.stats, self.y_key = bound, stats, y_key
+
+    def __call__(self, x: Any) -> Any:
+        from ..data._standardize import invert
+
+        return invert(self.stats, self.y_key, self.bound(x))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.bound, name)
 
 
 def _check_keys(dataset: Any, data: Any, *keys: str) -> None:
@@ -261,9 +309,12 @@ def predict(
                 "name the metrics (--metric MAE, metrics=[MAE()])", "cannot tell the model's input key"
             )
         )
-    x_key, _ = _keys(loop, input_key, None)
+    x_key, y_key = _keys(loop, input_key, None)
     _check_keys(dataset, data, x_key)
-    parts = [np.asarray(bound(batch[x_key])) for batch in dataset.epoch_batches(batch_size)]
+    stats = _statistics(artifact)
+    prepared = in_data_units(dataset, stats, x_key, y_key, f"--data {os.fspath(data)}")
+    unscaled = _Unstandardized(bound, stats, y_key)
+    parts = [np.asarray(unscaled(batch[x_key])) for batch in prepared.epoch_batches(batch_size)]
     predictions = np.concatenate(parts) if parts else np.zeros((0,))
     if output is not None:
         tmp = os.fspath(output) + ".tmp.npz"

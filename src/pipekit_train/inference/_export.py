@@ -11,11 +11,14 @@ The batch axis is fixed (``batch=N``) or symbolic (``symbolic_batch=True``: any 
 per-example input shape and dtype come from the artifact's training dataset (`TrainingDataset.element_spec` of
 the stage's ``input_key``, after the dataset's transforms), or are given (``input_shape``, ``dtype``) for a bare
 model URI. The sidecar ``<file>.json`` records where the model came from: artifact id, weights hash, model URI,
-dataset hash, input and output shapes, platforms, the file's sha256 and the JAX version.
+dataset hash, input and output shapes, platforms, the file's sha256 and the JAX version. A stage whose data went
+through `Standardize` exports a function of the data's units: the recorded statistics are applied to the input and
+inverted on the output inside the file (and recorded in the sidecar's ``data_statistics``).
 
 Backends: a model operator's `ModelOp.inference_function` (``predict(x)`` over a batch, traceable by ``jax.jit``)
-is what gets exported. The
-Equinox backend is registered here: ``jax.vmap`` of the bound module, in inference mode.
+is what gets exported; the core names no backend. Equinox gives ``jax.vmap`` of the bound module in inference mode,
+Keras its ``stateless_call`` with the arrays closed over, NumPyro and BlackJAX the posterior-predictive mean; a
+backend that cannot (torch) raises `NotImplementedError` with its reason, which the refusal quotes.
 """
 
 from __future__ import annotations
@@ -70,11 +73,13 @@ def inference_function(model: Any) -> Callable[[Any], Any]:
         raise ExportError(f"{model!r} has no weights bound; export a trained model (an artifact or a model URI)")
     try:
         fn: Callable[[Any], Any] = model.inference_function()
-    except NotImplementedError:
+    except NotImplementedError as e:
+        # The adapter's own reason when it gives one (the base class names only the method).
+        reason = str(e) if str(e) and not str(e).endswith(".inference_function") else None
         raise ExportError(
-            f"cannot export {type(model).__name__} (backend {getattr(model, 'backend', '?')!r}): its model operator "
-            "has no JAX inference function (ModelOp.inference_function); the models of backends with the export "
-            f"capability can be exported ({able_to('export')})"
+            f"cannot export {type(model).__name__} (backend {getattr(model, 'backend', '?')!r}): "
+            f"{reason or 'its model operator has no JAX inference function (ModelOp.inference_function)'}; the "
+            f"models of backends with the export capability can be exported ({able_to('export')})"
         ) from None
     return fn
 
@@ -258,7 +263,7 @@ def export_model(
     import jax
     from jax import export as jax_export
 
-    predict = inference_function(model)
+    predict = _in_data_units(inference_function(model), artifact, spec)
     dims = ", ".join(["b", *(str(d) for d in spec.shape)])
     shape: tuple[Any, ...] = tuple(jax_export.symbolic_shape(dims)) if symbolic_batch else (batch, *spec.shape)
     try:
@@ -296,6 +301,7 @@ def export_model(
         "input": {"key": spec.key, "shape": _plain_shape(exported.in_avals[0].shape), "dtype": spec.dtype},
         "outputs": [{"shape": _plain_shape(a.shape), "dtype": str(a.dtype)} for a in exported.out_avals],
         "batch": "symbolic" if symbolic_batch else batch,
+        "data_statistics": None if artifact is None else artifact.data_statistics,
         "platforms": list(exported.platforms),
         "calling_convention_version": exported.calling_convention_version,
         "jax_version": jax.__version__,
@@ -306,6 +312,27 @@ def export_model(
     _write_atomic(out, data)
     _write_atomic(sidecar_path(out), (json.dumps(provenance, indent=2) + "\n").encode())
     return provenance
+
+
+def _in_data_units(predict: Callable[[Any], Any], artifact: Any, spec: InputSpec) -> Callable[[Any], Any]:
+    """`predict` taking inputs and giving outputs in the data's units: the `Standardize` statistics the artifact
+    recorded for its input are applied inside the exported function, and those of its target inverted."""
+    stats = dict(getattr(artifact, "data_statistics", None) or {})
+    if not stats:
+        return predict
+    import yaml
+
+    from ..data._standardize import invert, standardize
+    from ..stage.loop import TrainingLoop
+
+    doc = yaml.safe_load(artifact.training_pipeline_yaml or "") or {}
+    default: str = TrainingLoop.__dataclass_fields__["target_key"].default
+    x_key, y_key = spec.key or "", str(doc.get("target_key", default)) if isinstance(doc, dict) else default
+
+    def in_data_units(x: Any) -> Any:
+        return invert(stats, y_key, predict(standardize(stats, x_key, x)))
+
+    return in_data_units
 
 
 def _trained_batch_size(artifact: Any) -> int:

@@ -103,6 +103,9 @@ class TrainingArtifact:
         user: What callbacks put in ``ctx.artifact_fields`` under keys that are not artifact fields
             (``ctx.artifact_fields["dataset_version"] = "v3"``): JSON data by key, or ``None`` when there is none.
             Left out of `to_dict` when ``None``.
+        data_statistics: What the stage's `Standardize` transforms were fitted to on its training split:
+            ``{key: {"mean": [...], "std": [...]}}`` (one number per column), which ``evaluate``, ``predict`` and
+            ``export`` apply again (and invert on the target), or ``None``. Left out of `to_dict` when ``None``.
     """
 
     artifact_id: str = dataclasses.field(default_factory=new_artifact_id)
@@ -130,6 +133,7 @@ class TrainingArtifact:
     model_summary: dict[str, Any] | None = None
     preset: dict[str, Any] | None = None
     user: dict[str, Any] | None = None
+    data_statistics: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -155,6 +159,15 @@ class TrainingArtifact:
         object.__setattr__(self, "imports", _checked_imports(self.imports))
         if self.user is not None:
             _check_user(self.user)
+        if self.data_statistics is not None:  # plain JSON data: lists, as a record read back from the store holds
+            object.__setattr__(
+                self,
+                "data_statistics",
+                {
+                    str(k): {n: [float(v) for v in s[n]] for n in ("mean", "std")}
+                    for k, s in self.data_statistics.items()
+                },
+            )
 
     def __repr__(self) -> str:
         """One line: the id, where it ran, its status and its objective (`to_dict` and `show` have the rest).
@@ -183,6 +196,8 @@ class TrainingArtifact:
             del out["preset"]
         if self.user is None:
             del out["user"]
+        if self.data_statistics is None:
+            del out["data_statistics"]
         return out
 
     @classmethod

@@ -548,6 +548,7 @@ def evaluate(backend: StepBackend, dataset: Any, batch_size: int, loop: Any = No
     """
     import jax
 
+    from ..data._standardize import invert, statistics_of
     from ..tracking._metrics import compute_metrics, init_states, update_states
 
     wanted = tuple(getattr(loop, "metrics", ()) or ())
@@ -556,11 +557,15 @@ def evaluate(backend: StepBackend, dataset: Any, batch_size: int, loop: Any = No
     totals: dict[str, float] = {}
     count = 0
     results = []
+    # A standardized target: the whole-split metrics compare predictions and targets in the data's units.
+    stats = statistics_of(dataset.transforms) if wanted else {}
     for batch in dataset.epoch_batches(batch_size):
         size = len(next(iter(batch.values())))
         results.append((size, backend.evaluate(batch)))
         if model is not None:
-            states = update_states(wanted, states, model(batch[loop.input_key]), batch[loop.target_key])
+            y = loop.target_key
+            predicted, target = invert(stats, y, model(batch[loop.input_key])), invert(stats, y, batch[y])
+            states = update_states(wanted, states, predicted, target)
     for size, metrics in jax.device_get(results):
         count += size
         for k, v in metrics.items():

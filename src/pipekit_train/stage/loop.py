@@ -132,7 +132,8 @@ class TrainingLoop(StatefulOperator):
         val_dataset: Evaluated every `eval_every_n_steps` steps and at the end, logged under `validate`.
         loss: A `Loss` operator (`MSE`, `CrossEntropy`, `Composite`, your own subclass); set `loss` or `task`, not
             both.
-        task: Python only: a backend-native objective (an Equinox `TrainTask`, a sampler kernel) instead of `loss`.
+        task: A backend-native objective instead of `loss`: a sampler kernel (`NUTS`, `HMC`, `MALA`; in YAML too)
+            or an Equinox `TrainTask` (Python only).
         optimizer_config: The optimizer, its schedule and their settings (design/optimizers.md).
         max_steps: Optimizer steps (iterations, for samplers) the stage runs.
         steps_per_epoch: How many steps make an epoch (for `epoch` in records and `on_epoch_end`); null: `epoch`

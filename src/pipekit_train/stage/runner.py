@@ -361,11 +361,37 @@ def _run_locked(
     from .start import starting_model
 
     hooks = make_hooks(loop, info, settings)
-    model = starting_model(loop, state, info.stage, plan.backend, fresh=plan.fresh)
-    step_backend = plan.backend.start(loop, model, state)
+    # The backend and the engine get the data with `Standardize` fitted on the training split; what the stage
+    # records (its YAML, the dataset hash, the resume fingerprint) is the configuration as written.
+    fitted, statistics = fit_data(loop)
+    model = starting_model(fitted, state, info.stage, plan.backend, fresh=plan.fresh)
+    step_backend = plan.backend.start(fitted, model, state)
     phase("started")
-    result = train(loop, plan.backend, step_backend, info, hooks)
+    result = train(fitted, plan.backend, step_backend, info, hooks)
+    if statistics:
+        result.artifact_fields["data_statistics"] = statistics
     return finish(loop, result, info, settings, hooks)
+
+
+def fit_data(loop: TrainingLoop) -> tuple[TrainingLoop, dict[str, Any]]:
+    """`loop` with each unfitted `Standardize` of its training dataset fitted on that dataset, the validation and
+    test datasets given the same statistics, and the statistics (``{key: {"mean", "std"}}``, empty when none)."""
+    from ..data._standardize import Standardize, statistics_of
+
+    def unfitted(ds: Any) -> bool:
+        return ds is not None and any(isinstance(t, Standardize) and not t.fitted for t in ds.transforms)
+
+    datasets = (loop.dataset, loop.val_dataset, loop.test_dataset)
+    if not any(unfitted(ds) for ds in datasets):
+        return loop, statistics_of(loop.dataset.transforms)
+    train = loop.dataset.fitted()
+    statistics = statistics_of(train.transforms)
+    changes: dict[str, Any] = {"dataset": train}
+    for role in ("val_dataset", "test_dataset"):
+        ds = getattr(loop, role)
+        if unfitted(ds):
+            changes[role] = ds.with_statistics(statistics, f"TrainingLoop.{role}")
+    return loop.replace(**changes), statistics
 
 
 def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, hooks: Any) -> Any:
@@ -530,6 +556,7 @@ def _build_artifact(
         imports=settings.imports,
         forced_resume=forced,
         model_summary=fields.pop("model_summary", None),
+        data_statistics=fields.pop("data_statistics", None),
         preset=preset_record(loop),
         user=fields or None,  # every other key a callback set: kept, never dropped
     )

@@ -28,7 +28,8 @@ class BlackjaxBackendSpec(LazyBackend):
     #: BlackJAX samples; NumPyro gives the model's log density and the transforms to the constrained space.
     requires = ("blackjax", "numpyro")
     extra = "blackjax"
-    capabilities: frozenset[str] = frozenset()
+    #: The posterior-predictive mean over the draws is a JAX function of the inputs (`NumpyroModel.inference_function`).
+    capabilities: frozenset[str] = frozenset({"export"})
     impl = "pipekit_train.adapters.blackjax._sampler"
 
     def example_fields(self) -> dict[str, Any]:

@@ -53,8 +53,9 @@ class KerasBackendSpec(LazyBackend):
     name = "keras"
     requires = ("keras",)
     extra = "keras"
-    #: Data parallel with replicated variables (docs/scale.md); models carried, converted and transferred.
-    capabilities = frozenset({"weights", "transfer", "init_from", "mesh"})
+    #: Data parallel with replicated variables (docs/scale.md); models carried, converted and transferred; Keras on
+    #: JAX is a pure JAX function through ``stateless_call``, so its models export.
+    capabilities = frozenset({"weights", "transfer", "init_from", "mesh", "export"})
     impl = "pipekit_train.adapters.keras._adapter"
 
     def example_model(self, in_size: int, out_size: int) -> KerasModel:

@@ -188,6 +188,13 @@ class KerasModel(ModelOp):
 
         return _tree.check_input(self, shape, dtype)
 
+    def inference_function(self) -> Any:
+        """``model.stateless_call`` in inference mode with the bound arrays closed over: a pure JAX function of
+        the batch, what ``pipekit-train export`` serializes with ``jax.export``."""
+        from . import _tree
+
+        return _tree.inference_function(self._bound("inference_function"))
+
     def __call__(self, x: Any) -> Any:
         """Predictions (inference mode) for a batch `x`."""
         return self._bound("__call__")(x)

@@ -331,6 +331,18 @@ def predict(state: KerasState, x: Any, training: bool = False) -> Any:
     return hit[1](list(state.trainable), list(state.non_trainable), x)
 
 
+def inference_function(state: KerasState) -> Any:
+    """``predict(x)``: the Keras model's stateless call in inference mode, its variables closed over as arrays."""
+    model = state.model
+    trainable = [jnp.asarray(v) for v in state.trainable]
+    non_trainable = [jnp.asarray(v) for v in state.non_trainable]
+
+    def predict(x: Any) -> Any:
+        return model.stateless_call(trainable, non_trainable, x, training=False)[0]
+
+    return predict
+
+
 # Transfer ------------------------------------------------------------------------------------------------------
 def _resolve(model: Any, path: str, role: str) -> Any:
     node = model

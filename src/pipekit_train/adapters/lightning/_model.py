@@ -66,6 +66,13 @@ def registered_torch_models() -> list[str]:
     return sorted(_builtins())
 
 
+#: Why ``pipekit-train export`` refuses a torch model, and what to do instead.
+_MSG_NO_JAX_EXPORT = (
+    "a TorchModel runs PyTorch, not JAX, so jax.export cannot trace it; export the module with torch.export "
+    "(torch.export.export(TorchModel.to_torch(), (example_batch,))) or ONNX instead"
+)
+
+
 class TorchModel(ModelOp):
     """A PyTorch module built by a registered factory: ``factory(**kwargs)``.
 
@@ -142,6 +149,10 @@ class TorchModel(ModelOp):
         from . import _tree
 
         return _tree.check_input(self, shape, dtype)
+
+    def inference_function(self) -> Any:
+        """Refused: a torch module runs PyTorch kernels, which ``jax.export`` cannot trace (`_MSG_NO_JAX_EXPORT`)."""
+        raise NotImplementedError(_MSG_NO_JAX_EXPORT)
 
     def __call__(self, x: Any) -> Any:
         """Predictions (eval mode, no gradients) for a batch `x`, as NumPy arrays."""

@@ -124,10 +124,11 @@ class NUTS(_Kernel):
 class HMC(_Kernel):
     """Hamiltonian Monte Carlo with a fixed trajectory length (or a fixed number of leapfrog steps).
 
+    Other fields as for `NUTS`.
+
     Args:
         num_steps: Leapfrog steps per iteration; ``None`` uses `trajectory_length` / step size.
         trajectory_length: The integration time when `num_steps` is null.
-        (the other fields as for `NUTS`)
     """
 
     num_steps: int | None = None
@@ -342,6 +343,15 @@ class NumpyroModel(_NumpyroModelBase):
         """The posterior-predictive mean of the observed site(s) for inputs `x`."""
         return _predictive_mean(self, self.predictive(x))
 
+    def inference_function(self) -> Any:
+        """``predict(x)``: the posterior-predictive mean of the observed site(s) over the bound draws (closed over
+        as constants), traceable by ``jax.jit``: what ``pipekit-train export`` serializes. Same as calling the
+        operator."""
+        import jax.numpy as jnp
+
+        samples = {k: jnp.asarray(v) for k, v in self.posterior.flat().items()}
+        return _traceable_mean(self, lambda: {"posterior_samples": samples, "batch_ndims": 1})
+
 
 class BlackjaxModel(NumpyroModel):
     """A registered NumPyro model sampled by the ``blackjax`` backend (BlackJAX's NUTS/HMC/MALA on its log density).
@@ -460,8 +470,34 @@ class NumpyroGuide(_NumpyroModelBase):
         return {k: np.asarray(v) for k, v in out.items()}
 
     def __call__(self, x: Any) -> Any:
-        """The posterior-predictive mean of the observed site(s) for inputs `x`."""
-        return _predictive_mean(self, self.predictive(x))
+        """The posterior-predictive mean of the observed site(s) for inputs `x` (`inference_function`)."""
+        out = self.inference_function()(x)
+        return {k: np.asarray(v) for k, v in out.items()} if isinstance(out, dict) else np.asarray(out)
+
+    def inference_function(self) -> Any:
+        """``predict(x)``: the posterior-predictive mean of the observed site(s) (500 draws under the fitted guide,
+        its parameters closed over), traceable by ``jax.jit``: what ``pipekit-train export`` serializes."""
+        import jax.numpy as jnp
+
+        params = {k: jnp.asarray(v) for k, v in self.params.items()}
+        # A fresh guide per call: an autoguide keeps the prototype trace of its first call (a tracer under jit).
+        return _traceable_mean(self, lambda: {"guide": self.make_guide(), "params": params, "num_samples": 500})
+
+
+def _traceable_mean(op: _NumpyroModelBase, predictive_kwargs: Callable[[], dict[str, Any]]) -> Any:
+    """``predict(x)``: the mean over draws of the observed site(s) of ``Predictive(op.fn, **predictive_kwargs())``
+    at seed 0, in JAX."""
+    import jax
+    from numpyro.infer import Predictive
+
+    observed = list(get_numpyro_model(op.model).observed) or None
+
+    def predict(x: Any) -> Any:
+        pred = Predictive(op.fn, return_sites=observed, **predictive_kwargs())
+        samples = pred(jax.random.PRNGKey(0), **op.model_kwargs(_as_kwargs(x)))
+        return _predictive_mean(op, samples)
+
+    return predict
 
 
 def _predictive_mean(op: _NumpyroModelBase, samples: Mapping[str, np.ndarray]) -> Any:

@@ -16,7 +16,8 @@ class NumpyroMCMCBackendSpec(LazyBackend):
     name = "numpyro-mcmc"
     requires = ("numpyro",)
     extra = "numpyro"
-    capabilities: frozenset[str] = frozenset()
+    #: The posterior-predictive mean over the draws is a JAX function of the inputs (`NumpyroModel.inference_function`).
+    capabilities: frozenset[str] = frozenset({"export"})
     impl = "pipekit_train.adapters.numpyro._mcmc"
 
     def example_fields(self) -> dict[str, Any]:

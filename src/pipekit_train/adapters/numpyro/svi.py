@@ -17,7 +17,7 @@ class NumpyroSVIBackendSpec(LazyBackend):
     name = "numpyro-svi"
     requires = ("numpyro", "optax")
     extra = "numpyro"
-    capabilities = frozenset({"init_from", "mesh"})
+    capabilities = frozenset({"init_from", "mesh", "export"})
     impl = "pipekit_train.adapters.numpyro._svi"
 
     def example_fields(self) -> dict[str, Any]:
