@@ -22,7 +22,7 @@ from pipekit import ConfigError, ShapeError, suggestion
 
 from ..._models import Transfer, parse_path
 from ._env import import_keras
-from ._model import KerasModel, KerasState, _builtins
+from ._model import FACTORIES, KerasModel, KerasState
 
 keras = import_keras()
 
@@ -161,7 +161,7 @@ def _seeded(seed: int) -> Iterator[None]:
 
 def call_factory(op: KerasModel, key: Any) -> Any:
     """A fresh Keras model from `op`'s factory, built under the seed of `key` (``None``: unseeded)."""
-    fn = _builtins()[op.factory]
+    fn = FACTORIES.get(op.factory)
     context = _seeded(_int_seed(key)) if key is not None else contextlib.nullcontext()
     with context:
         model = fn(**op.kwargs)

@@ -18,7 +18,7 @@ from torch import nn
 from pipekit import ConfigError, ShapeError, suggestion
 
 from ..._models import Transfer, parse_path
-from ._model import TorchModel, _builtins
+from ._model import FACTORIES, TorchModel
 
 __all__ = [
     "apply_transfer",
@@ -48,7 +48,7 @@ def int_seed(key: Any) -> int:
 
 def call_factory(op: TorchModel, seed: int | None) -> nn.Module:
     """A fresh module from `op`'s factory, built under ``torch.manual_seed(seed)`` (the global generator restored)."""
-    fn = _builtins()[op.factory]
+    fn = FACTORIES.get(op.factory)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
