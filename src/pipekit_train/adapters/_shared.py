@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipekit import ConfigError, ShapeError, suggestion
 
-__all__ = ["BUILTIN_FACTORIES", "FactoryRegistry", "check_input_and_target_keys", "check_loss_fits"]
+__all__ = [
+    "BUILTIN_FACTORIES",
+    "MISSING",
+    "FactoryRegistry",
+    "check_input_and_target_keys",
+    "check_loss_fits",
+    "resolve_path",
+]
 
 #: The factories every supervised backend ships, with the same kwargs and structure (``encoder``, ``decoder``,
 #: ``head``), so a model moves between backends (`pipekit_train.backends.convert_model`) and `Transfer` paths read
@@ -104,6 +111,48 @@ class FactoryRegistry:
 
 def _origin(fn: Callable[..., Any]) -> tuple[str, str]:
     return (fn.__module__, fn.__qualname__)
+
+
+#: What a `resolve_path` ``child`` hook returns for a name the node does not have.
+MISSING: Any = object()
+
+
+def resolve_path(
+    root: Any,
+    steps: Sequence[str | int],
+    path: str,
+    role: str,
+    *,
+    child: Callable[[Any, str], Any],
+    names: Callable[[Any], list[str]],
+    sequence: tuple[type, ...] = (list, tuple),
+    noun: str = "sub-layer",
+) -> Any:
+    """The node of `root` at `steps` (`pipekit_train.Transfer`'s parsed `path`): the walk every backend shares.
+
+    ``child(node, name)`` is the named child, or `MISSING`; ``names(node)`` the names it has (for the error); an int
+    step indexes a node of a `sequence` type. A step that is not there is one `ConfigError` naming the path, the
+    `role` (``"source"`` / ``"target"``), where the walk stopped, the closest names and all of them.
+    """
+    node = root
+    for i, step in enumerate(steps):
+        where = "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps[:i]).lstrip(".") or "<root>"
+        if isinstance(step, int):
+            indexable = isinstance(node, sequence)  # a bool: `node` stays `Any` for the checker
+            if not indexable or step >= len(node):
+                size = f"of length {len(node)}" if indexable else type(node).__name__
+                raise ConfigError(f"Transfer: path {path!r} not found in the {role} model: {where} is {size}")
+            node = node[step]
+            continue
+        value = child(node, step)
+        if value is MISSING:
+            have = names(node)
+            raise ConfigError(
+                f"Transfer: path {path!r} not found in the {role} model: {type(node).__name__} at {where} has "
+                f"no {noun} {step!r}{suggestion(step, have)}; it has: {', '.join(have) or f'no {noun}s'}"
+            )
+        node = value
+    return node
 
 
 def check_input_and_target_keys(loop: Any) -> dict[str, Any]:
