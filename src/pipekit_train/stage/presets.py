@@ -59,7 +59,7 @@ def register_preset(name: str, fields: Mapping[str, Any], *, description: str = 
         description: One line saying when to use it (`registered_presets` returns it).
 
     Example:
-        >>> from pipekit_train import MSE
+        >>> from pipekit_train.losses import MSE
         >>> register_preset("doc-quick-ae", {"loss": MSE(), "target_key": "x", "max_steps": 200})
         >>> preset_fields("doc-quick-ae")["max_steps"]
         200
@@ -116,7 +116,7 @@ def preset_fields(name: str) -> dict[str, Any]:
     if fields is None:
         raise ConfigError(
             f"TrainingLoop.preset {name!r} is not a registered preset{suggestion(name, _PRESETS)}; registered "
-            f"presets: {', '.join(sorted(_PRESETS))} (add one with pipekit_train.register_preset)"
+            f"presets: {', '.join(sorted(_PRESETS))} (add one with pipekit_train.stage.register_preset)"
         )
     return dict(fields)
 
