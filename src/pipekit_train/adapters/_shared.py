@@ -13,6 +13,7 @@ from typing import Any
 from pipekit import ConfigError, ShapeError, suggestion
 
 __all__ = [
+    "cnn_feature_size",
     "BUILTIN_FACTORIES",
     "MISSING",
     "FactoryRegistry",
@@ -25,6 +26,18 @@ __all__ = [
 #: ``head``), so a model moves between backends (`pipekit_train.backends.convert_model`) and `Transfer` paths read
 #: the same on each.
 BUILTIN_FACTORIES = ("mlp", "cnn", "autoencoder", "classifier")
+
+
+def cnn_feature_size(image_size: int, channels: list[int]) -> int:
+    """The side of the built-in ``cnn``'s last feature map (each conv+pool stage halves it), or a `ConfigError` when
+    `image_size` is too small for that many stages: the zoo's one rule that needs more than a signature."""
+    final = int(image_size) >> len(channels)  # // 2 ** len(channels)
+    if final < 1:
+        raise ConfigError(
+            f"cnn: image_size={image_size} is too small for {len(channels)} conv+pool stages (channels={channels}); "
+            f"it must be at least {2 ** len(channels)}"
+        )
+    return final
 
 
 class FactoryRegistry:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from pipekit import ConfigError, ShapeError, suggestion
 
+from .._shared import cnn_feature_size
 from ._model import register_model
 
 __all__ = ["ACTIVATIONS", "AutoEncoder", "Classifier", "ConvNet", "Stack", "get_activation"]
@@ -127,12 +128,8 @@ def cnn(
 
     For 8x8 digits the defaults give 8x8 → 4x4 → 2x2 feature maps; for 28x28 images, 14x14 → 7x7.
     """
-    final = image_size // 2 ** len(channels)
-    if final < 1:
-        raise ConfigError(
-            f"cnn: image_size={image_size} is too small for {len(channels)} conv+pool stages (channels={channels}); "
-            f"it must be at least {2 ** len(channels)}"
-        )
+    channels = [int(c) for c in channels]
+    final = cnn_feature_size(image_size, channels)
     k_conv, k_head = jax.random.split(key)
     widths = [1, *channels]
     convs = tuple(
