@@ -164,7 +164,7 @@ def engine_loop(loop: Any, n: int) -> Any:
 #: Sampler programs (jitted chunks and what they close over) seen in this process, by `program_key`: runs of the
 #: same model, data and kernel (a resumed run, a repeated stage, a test's reference run) trace and compile once.
 _PROGRAMS: OrderedDict[str, Any] = OrderedDict()
-_MAX_PROGRAMS = 16
+_MAX_PROGRAMS = 4
 
 
 def program_key(backend: str, setup: SamplerSetup) -> str:
