@@ -30,8 +30,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
 
-from pipekit_train import CrossEntropy, RegisteredSource, TrainingDataset, TrainingLoop, run_settings
+from pipekit_train import TrainingDataset, TrainingLoop, run_settings
 from pipekit_train.adapters.lightning import TorchModel, build_lightning_module
+from pipekit_train.data import RegisteredSource
+from pipekit_train.losses import CrossEntropy
 
 MODEL = TorchModel(factory="classifier", kwargs={"in_size": 64, "num_classes": 10, "latent_size": 32, "hidden": [256]})
 OPTIMIZER = {"name": "adamw", "lr": 0.001, "weight_decay": 0.0001, "schedule": "warmup_cosine", "warmup_steps": 50}

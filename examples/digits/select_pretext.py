@@ -16,7 +16,8 @@ import warnings
 from pathlib import Path
 
 import pipekit
-from pipekit_train import GaussianNoise, MaskInputs, TrainingLoop, Transform, run_settings
+from pipekit_train import TrainingLoop, run_settings
+from pipekit_train.data import GaussianNoise, MaskInputs, Transform
 
 HERE = Path(__file__).parent
 SEEDS = (0, 1, 2)

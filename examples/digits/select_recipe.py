@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pipekit
-from pipekit_train import SAM, ParamGroup, TrainingLoop, run_settings
+from pipekit_train import TrainingLoop, run_settings
+from pipekit_train.optim import SAM, ParamGroup
 
 HERE = Path(__file__).parent
 SEEDS = (0, 1, 2)

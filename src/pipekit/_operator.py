@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import hashlib
 import sys
 import typing
@@ -79,6 +80,16 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def _filling_init(cls: type[Operator], init: Any) -> Any:
+    """`cls`'s dataclass ``__init__`` after `Operator.fill_fields` (for a class that overrides the hook)."""
+
+    @functools.wraps(init)
+    def __init__(self: Operator, **kwargs: Any) -> None:
+        init(self, **cls.fill_fields(kwargs))
+
+    return __init__
+
+
 @typing.dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field,))
 class Operator:
     """A frozen, typed, keyword-constructed configuration value that can be applied to a carrier.
@@ -86,7 +97,8 @@ class Operator:
     Subclasses declare fields as annotated class attributes with defaults, exactly like a dataclass; the
     subclass is made a frozen, keyword-only dataclass and registered under its class name (or the `name=`
     class keyword). Pass ``register=False`` for abstract bases. Override `validate` to check fields together;
-    field types are checked from the annotations before it runs.
+    field types are checked from the annotations before it runs. Override `fill_fields` for defaults that depend
+    on which fields a call passes.
 
     Example:
         >>> import pipekit
@@ -109,6 +121,8 @@ class Operator:
     def __init_subclass__(cls, *, name: str | None = None, register: bool = True, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)(cls)
+        if cls.fill_fields.__func__ is not Operator.fill_fields.__func__:  # type: ignore[attr-defined]
+            setattr(cls, "__init__", _filling_init(cls, cls.__init__))  # noqa: B010  # the dataclass's own
         cls._pipekit_name = None
         if register:
             reg_name = name or cls.__name__
@@ -126,6 +140,17 @@ class Operator:
                 object.__setattr__(self, f.name, new)
         if not _DEFER_VALIDATE.get():
             self.validate()
+
+    @classmethod
+    def fill_fields(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """The keywords the dataclass ``__init__`` receives, from those a call passed (`given`); by default `given`.
+
+        The hook for defaults that depend on the call, such as `TrainingLoop`'s ``preset`` filling the fields a
+        call leaves out: only the construction sees which keywords were passed (afterwards a field set to its
+        default and a field left out are the same value). A class that overrides it gets an ``__init__`` that
+        calls it before the generated one, so a Python call, the YAML loader and `replace` all go through it.
+        """
+        return given
 
     def validate(self) -> None:
         """Check the fields together; raise `ConfigError` naming the field, the rule and the value."""

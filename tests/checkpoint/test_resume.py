@@ -360,6 +360,17 @@ def _outcome(run_dir: Path, stage: str = "fit") -> dict[str, Any]:
     }
 
 
+def _three_kinds_plan(seed: int, low: int, high: int) -> list[tuple[str, int]]:
+    """Deterministic kill points for one chain of three SIGKILLs, at least 15 steps apart: one of each kind (step,
+    save, commit), in a seeded order. The kinds two chains of two kills covered, in four processes instead of six."""
+    rng = np.random.default_rng(seed)
+    first = int(rng.integers(low, high - 30))
+    second = int(rng.integers(first + 15, high - 14))
+    third = int(rng.integers(second + 15, high + 1))
+    kinds = [str(k) for k in rng.permutation(["step", "save", "commit"])]
+    return list(zip(kinds, (first, second, third)))
+
+
 def _kill_plan(seed: int, chains: int, low: int, high: int) -> list[list[tuple[str, int]]]:
     """Deterministic kill points: per chain two kills, at least 15 steps apart, of kinds step/save/commit, with
     a kill during a checkpoint write in every chain."""
@@ -396,12 +407,12 @@ def _cwd(path: Path) -> Iterator[None]:
 # Kill and resume, bitwise ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def variant_a(scratch: Callable[[str], Path], _shared_compilation_cache: None) -> dict[str, Any]:
-    """Variant A run once uninterrupted and twice killed (two SIGKILLs each) and resumed to the end."""
+    """Variant A run once uninterrupted and once killed (three SIGKILLs: after a step, during a checkpoint write and
+    after a commit) and resumed to the end."""
     work = _workspace(scratch("variant-a"), PIPE_A)
     assert _Process(work, "ref").wait() == 0
-    runs = {}
-    for i, kills in enumerate(_kill_plan(seed=11, chains=2, low=12, high=110)):
-        runs[f"chain{i}"] = (kills, _kill_and_resume(work, f"chain{i}", kills))
+    kills = _three_kinds_plan(seed=11, low=12, high=110)
+    runs = {"chain0": (kills, _kill_and_resume(work, "chain0", kills))}
     return {"work": work, "reference": _outcome(work / "ref"), "runs": runs}
 
 
@@ -714,3 +725,8 @@ def test_kill_plan_is_deterministic_and_always_kills_during_a_write():
     for kills in plans:
         assert [kind for kind, _ in kills].count("save") == 1
         assert kills[1][1] - kills[0][1] >= 15
+    three = _three_kinds_plan(seed=11, low=12, high=110)
+    assert three == _three_kinds_plan(seed=11, low=12, high=110)
+    assert sorted(kind for kind, _ in three) == ["commit", "save", "step"]
+    steps = [step for _, step in three]
+    assert steps[0] >= 12 and steps[1] - steps[0] >= 15 and steps[2] - steps[1] >= 15 and steps[2] <= 110

@@ -64,6 +64,32 @@ def test_replace_returns_a_new_value():
         a.replace(shfit=1.0)
 
 
+class Mirrored(Operator, register=False):
+    """``shift`` defaults to ``scale`` when a call leaves it out: a default that depends on the call."""
+
+    scale: float = 1.0
+    shift: float = 0.0
+
+    @classmethod
+    def fill_fields(cls, given):
+        return {"shift": given.get("scale", 1.0), **given}
+
+
+def test_fill_fields_sees_the_keywords_a_call_passes():
+    assert Mirrored(scale=3.0).shift == 3.0
+    assert Mirrored(scale=3.0, shift=0.0).shift == 0.0  # passed, even as the default: kept
+    assert Mirrored(scale=2.0).replace(scale=5.0).shift == 2.0  # `replace` passes every field
+    assert MirroredChild(scale=4.0).shift == 4.0  # a subclass keeps its parent's hook (YAML: tests/recipes)
+    with pytest.raises(ConfigError, match=r"Mirrored\.scale must be float, got 'x'"):
+        Mirrored(scale="x")  # the filled keywords are checked like any others
+    assert "__init__" not in vars(Affine) or not hasattr(Affine.__init__, "__wrapped__")  # no hook, no wrapper
+    assert Mirrored.__init__.__wrapped__.__qualname__.endswith("__init__")  # the dataclass's own, called after it
+
+
+class MirroredChild(Mirrored, register=False):
+    pass
+
+
 def test_sequential_threads_carrier_and_state():
     pipe = Sequential([Affine(scale=2.0), CountCalls(), Sequential([CountCalls(), Affine(shift=1.0)])])
     carrier, state = pipe._apply(3.0, None)

@@ -1,14 +1,171 @@
-"""What the supervised backends' pre-flight shares: the data keys a loop names, and its loss against the model's
-predictions, both on abstract shapes (nothing is built or compiled). Equinox, Keras and Lightning call these from
-their `check`; a sampler's data rules are its own."""
+"""What the supervised backends share: the registry of model factories by name (`FactoryRegistry`, one per
+backend), and the pre-flight rules for the data keys a loop names and its loss against the model's predictions, both
+on abstract shapes (nothing is built or compiled). Equinox, Keras and Lightning use these; a sampler's data rules
+and its registry of NumPyro models are its own."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipekit import ConfigError, ShapeError, suggestion
 
-__all__ = ["check_input_and_target_keys", "check_loss_fits"]
+__all__ = [
+    "cnn_feature_size",
+    "BUILTIN_FACTORIES",
+    "MISSING",
+    "FactoryRegistry",
+    "check_input_and_target_keys",
+    "check_loss_fits",
+    "resolve_path",
+]
+
+#: The factories every supervised backend ships, with the same kwargs and structure (``encoder``, ``decoder``,
+#: ``head``), so a model moves between backends (`pipekit_train.backends.convert_model`) and `Transfer` paths read
+#: the same on each.
+BUILTIN_FACTORIES = ("mlp", "cnn", "autoencoder", "classifier")
+
+
+def cnn_feature_size(image_size: int, channels: list[int]) -> int:
+    """The side of the built-in ``cnn``'s last feature map (each conv+pool stage halves it), or a `ConfigError` when
+    `image_size` is too small for that many stages: the zoo's one rule that needs more than a signature."""
+    final = int(image_size) >> len(channels)  # // 2 ** len(channels)
+    if final < 1:
+        raise ConfigError(
+            f"cnn: image_size={image_size} is too small for {len(channels)} conv+pool stages (channels={channels}); "
+            f"it must be at least {2 ** len(channels)}"
+        )
+    return final
+
+
+class FactoryRegistry:
+    """One backend's model factories by name: what its model operator's ``factory`` field names.
+
+    Args:
+        owner: The model operator's name, for errors (``"KerasModel"``).
+        what: What a factory is called in errors (``"Keras model factory"``).
+        builtins: The module that registers the built-in factories; imported on the first lookup (so reading a
+            pipeline file imports no framework).
+        leading: How many leading factory parameters are not kwargs (Equinox's ``key``: 1).
+        check: ``check(name, fn)`` run on registration, raising `ConfigError` for a factory of the wrong shape
+            (default: it must be callable).
+    """
+
+    def __init__(
+        self,
+        owner: str,
+        what: str,
+        builtins: str,
+        *,
+        leading: int = 0,
+        check: Callable[[str, Callable[..., Any]], None] | None = None,
+    ) -> None:
+        self.owner, self.what, self.leading = owner, what, leading
+        self._builtins = builtins
+        self._check = check
+        self._factories: dict[str, Callable[..., Any]] = {}
+        self._loaded = False
+
+    def _all(self) -> dict[str, Callable[..., Any]]:
+        if not self._loaded:
+            self._loaded = True
+            importlib.import_module(self._builtins)
+        return self._factories
+
+    def register(self, name: str, register_name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A decorator registering ``fn`` under `name`; `register_name` is the public function, for errors.
+
+        The same function again (or one of the same module and name, a module imported twice) is a no-op;
+        another under a taken name is a `ConfigError`.
+        """
+
+        def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if self._check is not None:
+                self._check(name, fn)
+            elif not callable(fn):
+                raise ConfigError(f"{register_name}({name!r}): expected a function, got {fn!r}")
+            old = self._factories.get(name)
+            if old is not None and old is not fn and _origin(old) != _origin(fn):
+                raise ConfigError(
+                    f"{self.what} {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
+                    "choose another name"
+                )
+            self._factories[name] = fn
+            return fn
+
+        return decorator
+
+    def names(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._all())
+
+    def get(self, name: str) -> Callable[..., Any]:
+        """The factory `name`, or a `ConfigError` naming the operator's field and the closest registered names."""
+        fn = self._all().get(name)
+        if fn is None:
+            names = self.names()
+            raise ConfigError(
+                f"{self.owner}.factory {name!r} is not a registered {self.what}{suggestion(name, names)}; "
+                f"registered: {', '.join(names)}"
+            )
+        return fn
+
+    def check_kwargs(self, name: str, kwargs: dict[str, Any]) -> None:
+        """Refuse an unknown factory, or `kwargs` it cannot take or lacks; a built-in's ``activation`` is checked."""
+        from .._models import check_activation, check_factory_kwargs
+
+        params = list(inspect.signature(self.get(name)).parameters.values())[self.leading :]
+        check_factory_kwargs(self.owner, name, params, kwargs)
+        if "activation" in kwargs and name in BUILTIN_FACTORIES:
+            check_activation(kwargs["activation"])
+
+
+def _origin(fn: Callable[..., Any]) -> tuple[str, str]:
+    return (fn.__module__, fn.__qualname__)
+
+
+#: What a `resolve_path` ``child`` hook returns for a name the node does not have.
+MISSING: Any = object()
+
+
+def resolve_path(
+    root: Any,
+    steps: Sequence[str | int],
+    path: str,
+    role: str,
+    *,
+    child: Callable[[Any, str], Any],
+    names: Callable[[Any], list[str]],
+    sequence: tuple[type, ...] = (list, tuple),
+    noun: str = "sub-layer",
+) -> Any:
+    """The node of `root` at `steps` (`pipekit_train.Transfer`'s parsed `path`): the walk every backend shares.
+
+    ``child(node, name)`` is the named child, or `MISSING`; ``names(node)`` the names it has (for the error); an int
+    step indexes a node of a `sequence` type. A step that is not there is one `ConfigError` naming the path, the
+    `role` (``"source"`` / ``"target"``), where the walk stopped, the closest names and all of them.
+    """
+    node = root
+    for i, step in enumerate(steps):
+        where = "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps[:i]).lstrip(".") or "<root>"
+        if isinstance(step, int):
+            indexable = isinstance(node, sequence)  # a bool: `node` stays `Any` for the checker
+            if not indexable or step >= len(node):
+                size = f"of length {len(node)}" if indexable else type(node).__name__
+                raise ConfigError(f"Transfer: path {path!r} not found in the {role} model: {where} is {size}")
+            node = node[step]
+            continue
+        value = child(node, step)
+        if value is MISSING:
+            have = names(node)
+            raise ConfigError(
+                f"Transfer: path {path!r} not found in the {role} model: {type(node).__name__} at {where} has "
+                f"no {noun} {step!r}{suggestion(step, have)}; it has: {', '.join(have) or f'no {noun}s'}"
+            )
+        node = value
+    return node
 
 
 def check_input_and_target_keys(loop: Any) -> dict[str, Any]:

@@ -95,7 +95,9 @@ def _capabilities(backend: str) -> frozenset[str]:
 
 
 def _problem(backend: str, **overrides: Any) -> Any:
-    from pipekit_train import MSE, ArraySource, TrainingDataset, TrainingLoop
+    from pipekit_train import TrainingDataset, TrainingLoop
+    from pipekit_train.data import ArraySource
+    from pipekit_train.losses import MSE
 
     from ..backends._registry import get_backend
 
@@ -196,7 +198,8 @@ def check_resumes_exactly(backend: str, tmp: Path) -> None:
     """A run stopped by SIGTERM at step 20 and resumed gives bitwise the weights of an uninterrupted run."""
     import signal
 
-    from pipekit_train import Callback, Checkpoint, Last, TrainingInterrupted, run_settings
+    from pipekit_train import Callback, Checkpoint, TrainingInterrupted, run_settings
+    from pipekit_train.checkpoint import Last
 
     class TermAt20(Callback, register=False):
         def on_step_end(self, ctx: Any, metrics: Mapping[str, Any]) -> None:
@@ -226,7 +229,8 @@ def check_resumes_exactly(backend: str, tmp: Path) -> None:
 
 def check_keeps_checkpoints_by_selectors(backend: str, tmp: Path) -> None:
     """``keep=(Last(n=2),)`` keeps the last two checkpoints; the latest holds the final weights (``init_from``)."""
-    from pipekit_train import Callback, Checkpoint, Last
+    from pipekit_train import Callback, Checkpoint
+    from pipekit_train.checkpoint import Last
 
     model, _ = _run(_problem(backend, callbacks=(Checkpoint(every_n_steps=5, keep=(Last(n=2),)),)), tmp / "keep")
     directory = tmp / "keep" / "stage0" / "checkpoints"
@@ -254,7 +258,7 @@ def check_keeps_checkpoints_by_selectors(backend: str, tmp: Path) -> None:
 def check_records_artifacts(backend: str, tmp: Path) -> None:
     """Each stage of a two-stage run is recorded in the SQLite store, with the backend, its info and lineage."""
     import pipekit
-    from pipekit_train import ArtifactStore
+    from pipekit_train.provenance import ArtifactStore
 
     first = _problem(backend, max_steps=10, name="first")
     store = tmp / "artifacts.sqlite"
@@ -437,7 +441,9 @@ def check_runs_a_yaml_pipeline_from_the_cli(backend: str, tmp: Path) -> None:
     """``pipekit-train validate`` and ``run`` of a YAML pipeline in a fresh process: both stages recorded, with
     bitwise the weights of the same pipeline run in this process."""
     import pipekit
-    from pipekit_train import ArtifactStore, NpzSource, TrainingDataset
+    from pipekit_train import TrainingDataset
+    from pipekit_train.data import NpzSource
+    from pipekit_train.provenance import ArtifactStore
 
     np.savez(tmp / "data.npz", x=_X, y=_Y)
     data = TrainingDataset(source=NpzSource(path=str(tmp / "data.npz")))

@@ -364,7 +364,7 @@ def schedules_in(value: Any, path: str = "") -> list[tuple[str, Schedule]]:
     """Every `Schedule` inside `value` (an operator, list, tuple or mapping), with the field path leading to it.
 
     Example:
-        >>> from pipekit_train import MSE, Composite
+        >>> from pipekit_train.losses import MSE, Composite
         >>> schedules_in(Composite(components=((1.0, MSE()), (Linear(start=0.0, end=1.0, steps=5), MSE()))))
         [('components[1][0]', Linear(start=0.0, end=1.0, steps=5))]
     """

@@ -94,7 +94,7 @@ class LocalModelRegistry:
 
     Example:
         >>> import tempfile
-        >>> from pipekit_train import EquinoxModel
+        >>> from pipekit_train.adapters.equinox import EquinoxModel
         >>> op = EquinoxModel(factory="mlp", kwargs={"in_size": 2, "out_size": 1, "width_size": 4, "depth": 1})
         >>> trained = op.bind(op.build(1))
         >>> registry = LocalModelRegistry(tempfile.mkdtemp())

@@ -16,7 +16,7 @@ from ..losses._losses import Loss
 from ..optim._recipes import GradientRule, ParamGroup
 from ..tracking._metrics import Metric
 from ..tracking._writers import MetricWriter
-from .presets import with_presets
+from .presets import fill_from_preset
 
 if TYPE_CHECKING:
     from ..backends._contract import Backend
@@ -280,6 +280,11 @@ class TrainingLoop(StatefulOperator):
                 f"backend {self.backend!r}"
             )
 
+    @classmethod
+    def fill_fields(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """`preset` fills every field the call (or the file) leaves out (`Operator.fill_fields`; docs/recipes.md)."""
+        return fill_from_preset(given)
+
     def non_default_fields(self) -> dict[str, Any]:
         """The fields a file must spell out: with a `preset`, those that differ from what the preset gives."""
         from .presets import explicit_fields
@@ -350,10 +355,6 @@ class TrainingLoop(StatefulOperator):
     def run(self) -> TrainingResult:  # type: ignore[override]
         """Train from scratch (or resume), returning ``(trained_model_op, artifact)``."""
         return self._apply(None, self.initial_state())[0]
-
-
-# `preset` fills the fields a call does not pass, so it needs the call's keywords, which only `__init__` sees.
-TrainingLoop.__init__ = with_presets(TrainingLoop.__init__)  # type: ignore[method-assign]
 
 
 def stage_name(loop: TrainingLoop, incoming: TrainerCarryState | None) -> str:

@@ -12,9 +12,8 @@ the same loop for as long as the process runs. ``docs/recipes.md`` lists the bui
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pipekit import ConfigError, suggestion
@@ -60,7 +59,7 @@ def register_preset(name: str, fields: Mapping[str, Any], *, description: str = 
         description: One line saying when to use it (`registered_presets` returns it).
 
     Example:
-        >>> from pipekit_train import MSE
+        >>> from pipekit_train.losses import MSE
         >>> register_preset("doc-quick-ae", {"loss": MSE(), "target_key": "x", "max_steps": 200})
         >>> preset_fields("doc-quick-ae")["max_steps"]
         200
@@ -117,22 +116,17 @@ def preset_fields(name: str) -> dict[str, Any]:
     if fields is None:
         raise ConfigError(
             f"TrainingLoop.preset {name!r} is not a registered preset{suggestion(name, _PRESETS)}; registered "
-            f"presets: {', '.join(sorted(_PRESETS))} (add one with pipekit_train.register_preset)"
+            f"presets: {', '.join(sorted(_PRESETS))} (add one with pipekit_train.stage.register_preset)"
         )
     return dict(fields)
 
 
-def with_presets(init: Callable[..., None]) -> Callable[..., None]:
-    """Wrap a `TrainingLoop` ``__init__`` so the fields of ``preset`` fill every field the call does not pass."""
-
-    @functools.wraps(init)
-    def __init__(self: Any, **kwargs: Any) -> None:
-        name = kwargs.get("preset")
-        if name is not None:
-            kwargs = {**{k: v for k, v in preset_fields(name).items() if k not in kwargs}, **kwargs}
-        init(self, **kwargs)
-
-    return __init__
+def fill_from_preset(given: dict[str, Any]) -> dict[str, Any]:
+    """`TrainingLoop.fill_fields`: the fields of ``given["preset"]`` (if any) for every field `given` leaves out."""
+    name = given.get("preset")
+    if name is None:
+        return given
+    return {**{k: v for k, v in preset_fields(name).items() if k not in given}, **given}
 
 
 def explicit_fields(loop: TrainingLoop, non_default: Mapping[str, Any]) -> dict[str, Any]:

@@ -172,3 +172,25 @@ def test_the_cli_refuses_bad_input_in_one_line_with_exit_code_2(model, bad_recor
     assert rc == 2 and len(err) == 1 and "Traceback" not in err[0], err
     assert re.search(expected, err[0]), err[0]
     assert not (tmp_path / "run" / "nuts" / "checkpoints").exists()  # refused before sampling
+
+
+def test_two_fits_of_one_structure_compile_once(tmp_path):
+    """The SVI programs are cached by structure: a second fit (another seed and learning rate, the same model,
+    guide, ELBO, optimizer structure, data size and batch shape) compiles nothing, and ends where a fit with the
+    same settings ends (the cached programs are the same computation)."""
+    from pipekit_train.tracking._progress import CompileWatch
+
+    y = Y[:37]  # a data size no other test fits: the first fit here compiles its own programs
+    fit = dict(dataset=TrainingDataset(source=ArraySource(arrays={"y": y})), batch_size=len(y), max_steps=20)
+    fit.update(steps_per_call=10, log_every_n_steps=10)
+    CompileWatch.install()
+    counts, params = [], []
+    for i, changes in enumerate([{}, {"seed": 3, "optimizer_config": {**_svi().optimizer_config, "lr": 0.01}}, {}]):
+        before = CompileWatch.count
+        with run_settings(run_dir=str(tmp_path / f"r{i}"), store=False):
+            model, _ = _svi(**fit, **changes).run()
+        counts.append(CompileWatch.count - before)
+        params.append(model.params)
+    assert counts[0] > 0 and counts[1:] == [0, 0], counts
+    assert all(np.array_equal(params[0][k], params[2][k]) for k in params[0])  # bitwise: a cached program's result
+    assert not np.array_equal(params[0]["mu_auto_loc"], params[1]["mu_auto_loc"])

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipekit import ConfigError
 
+from .._shared import cnn_feature_size
 from ._model import register_model
 
 if TYPE_CHECKING:
@@ -47,12 +48,8 @@ def cnn(
 
     from ._modules import ConvNet, Stack
 
-    final = image_size // 2 ** len(channels)
-    if final < 1:
-        raise ConfigError(
-            f"cnn: image_size={image_size} is too small for {len(channels)} conv+pool stages (channels={channels}); "
-            f"it must be at least {2 ** len(channels)}"
-        )
+    channels = [int(c) for c in channels]
+    final = cnn_feature_size(image_size, channels)
     k_conv, k_head = jax.random.split(key)
     widths = [1, *channels]
     convs = tuple(

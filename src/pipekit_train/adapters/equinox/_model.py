@@ -13,19 +13,22 @@ from typing import Any
 
 import numpy as np
 
-from pipekit import ConfigError, field, suggestion
+from pipekit import ConfigError, field
 
-from ..._models import ModelOp, check_factory_kwargs
+from ..._models import ModelOp
+from .._shared import FactoryRegistry
 
 __all__ = ["EquinoxModel", "register_model", "registered_models"]
 
-_MODELS: dict[str, Callable[..., Any]] = {}
+
+def _takes_key(name: str, fn: Callable[..., Any]) -> None:
+    params = list(inspect.signature(fn).parameters.values()) if callable(fn) else []
+    if not params or params[0].name != "key":
+        raise ConfigError(f"register_model({name!r}): the factory's first parameter must be `key`, got {fn!r}")
 
 
-def _builtins() -> dict[str, Callable[..., Any]]:
-    from . import _factories  # noqa: F401  (registers mlp, cnn, autoencoder, classifier)
-
-    return _MODELS
+#: The Equinox model factories (built-ins: `_factories`).
+FACTORIES = FactoryRegistry("EquinoxModel", "model factory", f"{__package__}._factories", leading=1, check=_takes_key)
 
 
 def register_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -39,26 +42,12 @@ def register_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., An
         >>> EquinoxModel(factory="doc_linear", kwargs={"in_size": 3})
         EquinoxModel(factory='doc_linear', kwargs={'in_size': 3})
     """
-
-    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        params = list(inspect.signature(fn).parameters.values())
-        if not params or params[0].name != "key":
-            raise ConfigError(f"register_model({name!r}): the factory's first parameter must be `key`, got {fn!r}")
-        old = _MODELS.get(name)
-        if old is not None and old is not fn and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ConfigError(
-                f"model factory {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
-                "choose another name"
-            )
-        _MODELS[name] = fn
-        return fn
-
-    return decorator
+    return FACTORIES.register(name, "register_model")
 
 
 def registered_models() -> list[str]:
     """The names `EquinoxModel.factory` accepts, sorted."""
-    return sorted(_builtins())
+    return FACTORIES.names()
 
 
 class EquinoxModel(ModelOp):
@@ -88,22 +77,14 @@ class EquinoxModel(ModelOp):
         return cls(factory="mlp", kwargs={"in_size": 4, "out_size": 2, "width_size": 8})
 
     def validate(self) -> None:
-        fn = _builtins().get(self.factory)
-        if fn is None:
-            names = registered_models()
-            raise ConfigError(
-                f"EquinoxModel.factory {self.factory!r} is not a registered model factory"
-                f"{suggestion(self.factory, names)}; registered: {', '.join(names)}"
-            )
-        params = list(inspect.signature(fn).parameters.values())[1:]
-        check_factory_kwargs("EquinoxModel", self.factory, params, self.kwargs)
+        FACTORIES.check_kwargs(self.factory, self.kwargs)
 
     def build(self, key: Any) -> Any:
         import equinox as eqx
         import jax
 
         try:
-            module = _builtins()[self.factory](jax.random.key(key) if isinstance(key, int) else key, **self.kwargs)
+            module = FACTORIES.get(self.factory)(jax.random.key(key) if isinstance(key, int) else key, **self.kwargs)
         except ConfigError:
             raise
         except (TypeError, ValueError) as e:  # a kwarg of the wrong kind: `in_size: 4.5`

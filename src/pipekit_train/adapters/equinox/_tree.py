@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipekit import ConfigError, ShapeError, suggestion
+from pipekit import ConfigError, ShapeError
 
 from ..._models import ModelOp, Transfer, parse_path
+from .._shared import MISSING, resolve_path
 
 __all__ = ["apply_transfer", "batched_call", "check_fits", "check_input", "fill", "weights"]
 
@@ -163,24 +164,17 @@ def check_input(op: ModelOp, shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 # Transfer -------------------------------------------------------------------------------------------------
+def _child(node: Any, name: str) -> Any:
+    """The field `name` of a module (not a method), or `MISSING`."""
+    return MISSING if not hasattr(node, name) or callable(getattr(type(node), name, None)) else getattr(node, name)
+
+
+def _fields(node: Any) -> list[str]:
+    return [n for n in getattr(node, "__dataclass_fields__", {}) if not n.startswith("_")]
+
+
 def _resolve(tree: Any, steps: list[str | int], path: str, role: str) -> Any:
-    node = tree
-    for i, step in enumerate(steps):
-        where = "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps[:i]).lstrip(".") or "<root>"
-        if isinstance(step, int):
-            if not isinstance(node, (list, tuple)) or step >= len(node):
-                size = f"of length {len(node)}" if isinstance(node, (list, tuple)) else type(node).__name__
-                raise ConfigError(f"Transfer: path {path!r} not found in the {role} model: {where} is {size}")
-            node = node[step]
-        else:
-            if not hasattr(node, step) or callable(getattr(type(node), step, None)):
-                names = [n for n in getattr(node, "__dataclass_fields__", {}) if not n.startswith("_")]
-                raise ConfigError(
-                    f"Transfer: path {path!r} not found in the {role} model: {type(node).__name__} at {where} has "
-                    f"no attribute {step!r}{suggestion(step, names)}; it has: {', '.join(names)}"
-                )
-            node = getattr(node, step)
-    return node
+    return resolve_path(tree, steps, path, role, child=_child, names=_fields, noun="attribute")
 
 
 def _pair_diff(src: dict[str, Any], dst: dict[str, Any]) -> str:

@@ -61,7 +61,7 @@ def to_keras_loss(loss: Loss) -> Any:
 
     Example:
         >>> import numpy as np
-        >>> from pipekit_train import MSE
+        >>> from pipekit_train.losses import MSE
         >>> float(to_keras_loss(MSE())(np.zeros(2, np.float32), np.array([1.0, 2.0], np.float32)))
         2.5
     """

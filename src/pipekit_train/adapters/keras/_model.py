@@ -12,25 +12,20 @@ copy of them.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from pipekit import ConfigError, field, suggestion
+from pipekit import field
 
-from ..._models import ModelOp, check_factory_kwargs
+from ..._models import ModelOp
+from .._shared import FactoryRegistry
 
 __all__ = ["KerasModel", "KerasState", "register_keras_model", "registered_keras_models"]
 
-_MODELS: dict[str, Callable[..., Any]] = {}
-
-
-def _builtins() -> dict[str, Callable[..., Any]]:
-    from . import _factories  # noqa: F401  (registers mlp, cnn, autoencoder, classifier; imports no Keras)
-
-    return _MODELS
+#: The Keras model factories (built-ins: `_factories`, which imports no framework).
+FACTORIES = FactoryRegistry("KerasModel", "Keras model factory", f"{__package__}._factories")
 
 
 def register_keras_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -49,24 +44,12 @@ def register_keras_model(name: str) -> Callable[[Callable[..., Any]], Callable[.
         KerasModel(factory='doc_linear', kwargs={'in_size': 3})
     """
 
-    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if not callable(fn):
-            raise ConfigError(f"register_keras_model({name!r}): expected a function, got {fn!r}")
-        old = _MODELS.get(name)
-        if old is not None and old is not fn and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ConfigError(
-                f"Keras model factory {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
-                "choose another name"
-            )
-        _MODELS[name] = fn
-        return fn
-
-    return decorator
+    return FACTORIES.register(name, "register_keras_model")
 
 
 def registered_keras_models() -> list[str]:
     """The names `KerasModel.factory` accepts, sorted."""
-    return sorted(_builtins())
+    return FACTORIES.names()
 
 
 class KerasState:
@@ -126,19 +109,7 @@ class KerasModel(ModelOp):
         return cls(factory="mlp", kwargs={"in_size": 4, "out_size": 2, "width_size": 8})
 
     def validate(self) -> None:
-        fn = _builtins().get(self.factory)
-        if fn is None:
-            names = registered_keras_models()
-            raise ConfigError(
-                f"KerasModel.factory {self.factory!r} is not a registered Keras model factory"
-                f"{suggestion(self.factory, names)}; registered: {', '.join(names)}"
-            )
-        params = list(inspect.signature(fn).parameters.values())
-        check_factory_kwargs("KerasModel", self.factory, params, self.kwargs)
-        if "activation" in self.kwargs and self.factory in ("mlp", "cnn", "autoencoder", "classifier"):
-            from ._factories import check_activation
-
-            check_activation(self.kwargs["activation"])
+        FACTORIES.check_kwargs(self.factory, self.kwargs)
 
     # Building ------------------------------------------------------------------------------------------------
     def build(self, key: Any) -> KerasState:

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipekit import ConfigError, ShapeError, suggestion
+from pipekit import ConfigError, ShapeError
 
 from ..._models import Transfer, parse_path
+from .._shared import MISSING, resolve_path
 from ._env import import_keras
-from ._model import KerasModel, KerasState, _builtins
+from ._model import FACTORIES, KerasModel, KerasState
 
 keras = import_keras()
 
@@ -161,7 +162,7 @@ def _seeded(seed: int) -> Iterator[None]:
 
 def call_factory(op: KerasModel, key: Any) -> Any:
     """A fresh Keras model from `op`'s factory, built under the seed of `key` (``None``: unseeded)."""
-    fn = _builtins()[op.factory]
+    fn = FACTORIES.get(op.factory)
     context = _seeded(_int_seed(key)) if key is not None else contextlib.nullcontext()
     with context:
         model = fn(**op.kwargs)
@@ -344,25 +345,18 @@ def inference_function(state: KerasState) -> Any:
 
 
 # Transfer ------------------------------------------------------------------------------------------------------
+def _sub_layer(node: Any, name: str) -> Any:
+    value = getattr(node, name, None) if not name.startswith("_") else None
+    return value if isinstance(value, (keras.layers.Layer, list, tuple)) else MISSING
+
+
+def _sub_layer_names(node: Any) -> list[str]:
+    return sorted({s.lstrip(".").split("[")[0] for s, _ in _children(node)})
+
+
 def _resolve(model: Any, path: str, role: str) -> Any:
-    node = model
     steps = parse_path(path)
-    for i, step in enumerate(steps):
-        where = "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps[:i]).lstrip(".") or "<root>"
-        if isinstance(step, int):
-            if not isinstance(node, (list, tuple)) or step >= len(node):
-                size = f"of length {len(node)}" if isinstance(node, (list, tuple)) else type(node).__name__
-                raise ConfigError(f"Transfer: path {path!r} not found in the {role} model: {where} is {size}")
-            node = node[step]
-        else:
-            value = getattr(node, step, None) if not step.startswith("_") else None
-            if not isinstance(value, (keras.layers.Layer, list, tuple)):
-                names = sorted({s.lstrip(".").split("[")[0] for s, _ in _children(node)})
-                raise ConfigError(
-                    f"Transfer: path {path!r} not found in the {role} model: {type(node).__name__} at {where} has "
-                    f"no layer {step!r}{suggestion(step, names)}; it has: {', '.join(names) or 'no sub-layers'}"
-                )
-            node = value
+    node = resolve_path(model, steps, path, role, child=_sub_layer, names=_sub_layer_names, noun="layer")
     if not isinstance(node, keras.layers.Layer):
         raise ConfigError(f"Transfer: path {path!r} names a {type(node).__name__} in the {role} model, not a layer")
     return node

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipekit import ConfigError
-
 from ..._models import ACTIVATION_NAMES, check_activation
+from .._shared import cnn_feature_size
 from ._model import register_torch_model
 
 __all__ = ["ACTIVATION_NAMES", "autoencoder", "check_activation", "classifier", "cnn", "mlp"]
@@ -38,11 +37,7 @@ def cnn(
     from ._layers import ConvNet
 
     channels = [int(c) for c in channels]
-    if image_size // 2 ** len(channels) < 1:
-        raise ConfigError(
-            f"cnn: image_size={image_size} is too small for {len(channels)} conv+pool stages (channels={channels}); "
-            f"it must be at least {2 ** len(channels)}"
-        )
+    cnn_feature_size(image_size, channels)
     return ConvNet(int(image_size), channels, int(hidden), int(out_size), check_activation(activation))
 
 

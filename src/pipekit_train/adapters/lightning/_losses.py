@@ -62,7 +62,7 @@ def to_torch_loss(loss: Loss) -> TorchLoss:
 
     Example:
         >>> import torch
-        >>> from pipekit_train import MSE
+        >>> from pipekit_train.losses import MSE
         >>> float(to_torch_loss(MSE())(torch.tensor([1.0, 2.0]), torch.zeros(2)))
         2.5
     """

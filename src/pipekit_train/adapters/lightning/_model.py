@@ -10,25 +10,20 @@ hands out a copy of its module whenever it binds one, so a bound model never cha
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from pipekit import ConfigError, field, suggestion
+from pipekit import field
 
-from ..._models import ModelOp, check_factory_kwargs
+from ..._models import ModelOp
+from .._shared import FactoryRegistry
 
 __all__ = ["TorchModel", "register_torch_model", "registered_torch_models"]
 
-_MODELS: dict[str, Callable[..., Any]] = {}
-
-
-def _builtins() -> dict[str, Callable[..., Any]]:
-    from . import _factories  # noqa: F401  (registers mlp, cnn, autoencoder, classifier; imports no torch)
-
-    return _MODELS
+#: The torch model factories (built-ins: `_factories`, which imports no framework).
+FACTORIES = FactoryRegistry("TorchModel", "torch model factory", f"{__package__}._factories")
 
 
 def register_torch_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -46,24 +41,12 @@ def register_torch_model(name: str) -> Callable[[Callable[..., Any]], Callable[.
         TorchModel(factory='doc_torch_linear', kwargs={'in_size': 3})
     """
 
-    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if not callable(fn):
-            raise ConfigError(f"register_torch_model({name!r}): expected a function, got {fn!r}")
-        old = _MODELS.get(name)
-        if old is not None and old is not fn and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ConfigError(
-                f"torch model factory {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
-                "choose another name"
-            )
-        _MODELS[name] = fn
-        return fn
-
-    return decorator
+    return FACTORIES.register(name, "register_torch_model")
 
 
 def registered_torch_models() -> list[str]:
     """The names `TorchModel.factory` accepts, sorted."""
-    return sorted(_builtins())
+    return FACTORIES.names()
 
 
 #: Why ``pipekit-train export`` refuses a torch model, and what to do instead.
@@ -101,19 +84,7 @@ class TorchModel(ModelOp):
         return cls(factory="mlp", kwargs={"in_size": 4, "out_size": 2, "width_size": 8})
 
     def validate(self) -> None:
-        fn = _builtins().get(self.factory)
-        if fn is None:
-            names = registered_torch_models()
-            raise ConfigError(
-                f"TorchModel.factory {self.factory!r} is not a registered torch model factory"
-                f"{suggestion(self.factory, names)}; registered: {', '.join(names)}"
-            )
-        params = list(inspect.signature(fn).parameters.values())
-        check_factory_kwargs("TorchModel", self.factory, params, self.kwargs)
-        if "activation" in self.kwargs and self.factory in ("mlp", "cnn", "autoencoder", "classifier"):
-            from ._factories import check_activation
-
-            check_activation(self.kwargs["activation"])
+        FACTORIES.check_kwargs(self.factory, self.kwargs)
 
     # Building ------------------------------------------------------------------------------------------------
     def build(self, key: Any) -> Any:

@@ -15,10 +15,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipekit import ConfigError, ShapeError, suggestion
+from pipekit import ConfigError, ShapeError
 
 from ..._models import Transfer, parse_path
-from ._model import TorchModel, _builtins
+from .._shared import MISSING, resolve_path
+from ._model import FACTORIES, TorchModel
 
 __all__ = [
     "apply_transfer",
@@ -48,7 +49,7 @@ def int_seed(key: Any) -> int:
 
 def call_factory(op: TorchModel, seed: int | None) -> nn.Module:
     """A fresh module from `op`'s factory, built under ``torch.manual_seed(seed)`` (the global generator restored)."""
-    fn = _builtins()[op.factory]
+    fn = FACTORIES.get(op.factory)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
@@ -211,28 +212,14 @@ def _children(module: nn.Module) -> list[str]:
     return [name for name, _ in module.named_children()]
 
 
+def _sub_module(node: nn.Module, name: str) -> Any:
+    return getattr(node, name) if name in _children(node) else MISSING
+
+
 def _resolve(model: nn.Module, path: str, role: str) -> nn.Module:
-    node: Any = model
     steps = parse_path(path)
-    for i, step in enumerate(steps):
-        where = "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps[:i]).lstrip(".") or "<root>"
-        if isinstance(step, int):
-            if not isinstance(node, (nn.ModuleList, nn.Sequential)) or step >= len(node):
-                size = (
-                    f"of length {len(node)}"
-                    if isinstance(node, (nn.ModuleList, nn.Sequential))
-                    else type(node).__name__
-                )
-                raise ConfigError(f"Transfer: path {path!r} not found in the {role} model: {where} is {size}")
-            node = node[step]
-        else:
-            names = _children(node)
-            if step not in names:
-                raise ConfigError(
-                    f"Transfer: path {path!r} not found in the {role} model: {type(node).__name__} at {where} has "
-                    f"no sub-module {step!r}{suggestion(step, names)}; it has: {', '.join(names) or 'no sub-modules'}"
-                )
-            node = getattr(node, step)
+    seq = (nn.ModuleList, nn.Sequential)
+    node = resolve_path(model, steps, path, role, child=_sub_module, names=_children, sequence=seq, noun="sub-module")
     if not isinstance(node, nn.Module):
         raise ConfigError(f"Transfer: path {path!r} names a {type(node).__name__} in the {role} model, not a module")
     return node

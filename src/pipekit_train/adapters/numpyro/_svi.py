@@ -12,8 +12,8 @@ explicit shardings, and XLA all-reduces the ELBO's gradient (a sum over the reco
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Hashable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -149,6 +149,64 @@ def _check_guide(op: NumpyroGuide, data: dict[str, Any], stage: str, init: Any) 
         )
 
 
+class Programs(NamedTuple):
+    """The jitted functions of one SVI structure: ``step(state, batch, scale)``, ``chunk(state, batches, scale)``
+    (a `lax.scan` of steps over stacked batches) and ``evaluate(state, batch, scale)``."""
+
+    step: Any
+    chunk: Any
+    evaluate: Any
+
+
+#: The compiled programs, one `Programs` per structure (`compiled_programs`); the oldest go past `_MAX_PROGRAMS`.
+_PROGRAMS: dict[Hashable, Programs] = {}
+_MAX_PROGRAMS = 32
+
+
+def compiled_programs(svi: Any, op: NumpyroGuide, loss: _ELBO, optimizer: Any, n: int, plan: Any) -> Programs:
+    """The jitted step, chunk and eval of an SVI fit, shared by every fit of the same structure in this process.
+
+    A `jax.jit` of a fresh function (a bound method of each backend) is a fresh cache: every fit compiled its
+    programs again. The programs depend only on the structure: the model and guide (the unbound operator, its
+    model function and its guide factory), the ELBO, the optimizer's structure (`StructuredOptimizer`: every
+    number is in the state), the number of records (the loss is divided by it) and the mesh; jit's own cache adds
+    the shapes and dtypes of the state and the batches. The first fit's `svi` is closed over and later fits of the
+    same structure reuse its programs with their own state, which traces to the same computation (an autoguide's
+    prototype holds the sites' shapes, and its initial values are replaced by the state's parameters), so results
+    are bitwise those of a fresh compile.
+    """
+    from ._ops import _GUIDES
+
+    key = (op.replace(), op.fn, _GUIDES.get(op.guide), loss, optimizer, n, plan)
+    programs = _PROGRAMS.get(key)
+    if programs is not None:
+        return programs
+
+    def step(state: Any, batch: Any, scale: Any) -> Any:
+        state, value = svi.update(state, **op.model_kwargs(batch), **{SCALE: scale})
+        return state, {"loss": value / n}
+
+    def chunk(state: Any, batches: Any, scale: Any) -> Any:
+        return jax.lax.scan(lambda s, b: step(s, b, scale), state, batches)
+
+    def evaluate(state: Any, batch: Any, scale: Any) -> Any:
+        return {"loss": svi.evaluate(state, **op.model_kwargs(batch), **{SCALE: scale}) / n}
+
+    if plan is None:
+        programs = Programs(jax.jit(step), jax.jit(chunk), jax.jit(evaluate))
+    else:
+        rep = plan.replicated
+        programs = Programs(
+            jax.jit(step, in_shardings=(rep, plan.batch(False), rep), out_shardings=(rep, rep)),
+            jax.jit(chunk, in_shardings=(rep, plan.batch(True), rep), out_shardings=(rep, rep)),
+            jax.jit(evaluate),
+        )
+    while len(_PROGRAMS) >= _MAX_PROGRAMS:
+        del _PROGRAMS[next(iter(_PROGRAMS))]
+    _PROGRAMS[key] = programs
+    return programs
+
+
 class SVIBackend:
     """The `StepBackend` of ``numpyro-svi``: holds the SVI state between steps."""
 
@@ -172,17 +230,9 @@ class SVIBackend:
         )
         self.treedef = jax.tree.structure(self.state)
         self.plan = mesh_plan(loop)  # None: one device, the unsharded steps
-        if self.plan is None:
-            self._chunk = jax.jit(self._chunk_impl)
-            self._step = jax.jit(self._step_impl)
-        else:
-            rep = self.plan.replicated
-            self.state = self._placed(self.state)
-            for name, stacked in (("_chunk", True), ("_step", False)):
-                impl = self._chunk_impl if stacked else self._step_impl
-                shardings = (rep, self.plan.batch(stacked), rep)
-                setattr(self, name, jax.jit(impl, in_shardings=shardings, out_shardings=(rep, rep)))
-        self._eval = jax.jit(self._eval_impl)
+        self.state = self._placed(self.state)
+        programs = compiled_programs(self.svi, op, loop.loss, self.optimizer, self.n, self.plan)
+        self._step, self._chunk, self._eval = programs
 
     def optimizer_state(self) -> Any:
         """The SVI state the stage ends with (`TrainerCarryState.opt_state`)."""
@@ -201,16 +251,6 @@ class SVIBackend:
     def _placed(self, state: Any) -> Any:
         """`state` replicated on the stage's mesh (as it is without one): what the sharded steps take."""
         return state if self.plan is None else jax.device_put(state, self.plan.replicated)
-
-    def _step_impl(self, state: Any, batch: Any, scale: Any) -> Any:
-        state, loss = self.svi.update(state, **self.op.model_kwargs(batch), **{SCALE: scale})
-        return state, {"loss": loss / self.n}
-
-    def _chunk_impl(self, state: Any, batches: Any, scale: Any) -> Any:
-        return jax.lax.scan(lambda s, b: self._step_impl(s, b, scale), state, batches)
-
-    def _eval_impl(self, state: Any, batch: Any, scale: Any) -> Any:
-        return {"loss": self.svi.evaluate(state, **self.op.model_kwargs(batch), **{SCALE: scale}) / self.n}
 
     # StepBackend -------------------------------------------------------------------------------------------
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> dict[str, Any]:
