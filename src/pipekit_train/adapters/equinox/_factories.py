@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipekit import ConfigError
-
 from .._shared import cnn_feature_size
 from ._model import register_model
 
