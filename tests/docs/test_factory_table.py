@@ -18,10 +18,11 @@ _TABLE = re.compile(r"(^## The Equinox backend's model factories\n\n(?:[^|\n].*\
 
 def generated_table() -> str:
     """``| factory | kwargs | what it builds |`` for every factory registered by the Equinox backend itself."""
-    from pipekit_train.adapters.equinox._model import _builtins
+    from pipekit_train.adapters.equinox._model import FACTORIES
 
     rows = ["| factory | kwargs | what it builds |", "| --- | --- | --- |"]
-    for name, fn in sorted(_builtins().items()):
+    for name in FACTORIES.names():
+        fn = FACTORIES.get(name)
         if not fn.__module__.startswith("pipekit_train.adapters.equinox."):
             continue  # registered by a user or a test, not built in
         params = list(inspect.signature(fn).parameters.values())[1:]  # the first is `key`

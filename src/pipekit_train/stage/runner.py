@@ -576,8 +576,9 @@ def _with_topology(loop: TrainingLoop, backend_info: dict[str, Any]) -> dict[str
     out = {**backend_info, **{k: v for k, v in topology.items() if k not in backend_info}}
     used = used_devices(loop)
     listed = out.get("devices")
-    if used is not None and isinstance(listed, list) and listed != used:
+    if used is not None and isinstance(listed, list) and listed != used and set(used) <= set(listed):
         # An adapter lists every device JAX sees; the artifact says which ones trained (mesh: {devices: 1}).
+        # A backend that lists devices of its own framework (torch's "cpu") keeps its list.
         out["devices"], out["available_devices"] = used, listed
     return out
 
