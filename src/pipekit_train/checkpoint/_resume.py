@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
 import signal
 import threading
@@ -153,7 +152,7 @@ class CheckpointHooks:
         self.info = info
         self.resume = resume
         self.config = config
-        self.directory = loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")
+        self.directory = loop.checkpoint_directory(info.stage_dir)
         self.checkpointer: Checkpointer | None = config.checkpointer(self.directory) if config else None
         self.fingerprint = fingerprint(loop) if config else None
         self.signals = _Signals()

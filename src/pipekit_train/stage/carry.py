@@ -155,5 +155,5 @@ def handoff(loop: Any, stage_dir: str) -> dict[str, Any]:
     """What a stage tells the next one for `carry`: where its checkpoints are (or None) and whether it kept EMA."""
 
     has_checkpoint = loop.checkpoint_settings is not None
-    directory = (loop.checkpoint_dir or os.path.join(stage_dir, "checkpoints")) if has_checkpoint else None
+    directory = loop.checkpoint_directory(stage_dir) if has_checkpoint else None
     return {"checkpoint_dir": directory, "has_ema": loop.ema_settings is not None}

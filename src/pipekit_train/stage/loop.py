@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -337,6 +338,10 @@ class TrainingLoop(StatefulOperator):
         from ..checkpoint._settings import Checkpoint
 
         return next((cb for cb in self.callbacks if isinstance(cb, Checkpoint)), None)
+
+    def checkpoint_directory(self, stage_dir: str) -> str:
+        """Where the stage's checkpoints are: `checkpoint_dir`, else ``checkpoints/`` in its stage folder."""
+        return self.checkpoint_dir or os.path.join(stage_dir, "checkpoints")
 
     # Running -----------------------------------------------------------------------------------------------
     def adapter(self) -> Backend:

@@ -151,7 +151,7 @@ def _check(
         return f"its model is not in the run's registry ({e})", None, 0
     if loop.checkpoint_settings is None:
         return "the stage keeps no checkpoints to check its last step against", None, 0
-    directory = loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")
+    directory = loop.checkpoint_directory(info.stage_dir)
     checkpointer = Checkpointer(directory, async_save=False)
     try:
         entries = checkpointer.manifest()

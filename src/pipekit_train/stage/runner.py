@@ -208,7 +208,7 @@ def _changed_since_finished(info: RunInfo, loop: TrainingLoop, artifact: Any, st
     from ..checkpoint._errors import CheckpointMismatchError
     from ..checkpoint._resume import _diff, fingerprint
 
-    directory = loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")
+    directory = loop.checkpoint_directory(info.stage_dir)
     if loop.checkpoint_settings is not None and os.path.isdir(directory) and any(os.scandir(directory)):
         return True
     try:
@@ -477,7 +477,7 @@ def _check_targets(loop: TrainingLoop, info: RunInfo) -> None:
         ("model folder", os.path.join(info.run_dir, "models")),
     ]
     if loop.checkpoint_settings is not None:
-        targets.append(("checkpoint directory", loop.checkpoint_dir or os.path.join(info.stage_dir, "checkpoints")))
+        targets.append(("checkpoint directory", loop.checkpoint_directory(info.stage_dir)))
     for what, path in targets:
         check_writable(path, f"stage {info.stage!r}: the {what}", "Choose another --run-dir (or checkpoint_dir)")
 
