@@ -123,7 +123,7 @@ def _read_only(arrays: Arrays) -> Arrays:
     """Read-only views, so the cached arrays cannot be changed through `TrainingDataset.arrays`."""
     out: Arrays = {}
     for key, value in arrays.items():
-        if value.flags.writeable:
+        if isinstance(value, np.ndarray) and value.flags.writeable:
             value = value.view()
             value.flags.writeable = False
         out[key] = value
@@ -393,6 +393,11 @@ class TrainingDataset(Operator):
         source = self.source
         key = (source, _file_identity(source)) if type(source)._yaml_serializable else None
         return dict(_ARRAYS.get(source, key, lambda: _read_only(source.load())))
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the source is read per batch (`RandomAccessSource`) rather than held in memory."""
+        return any(not isinstance(v, np.ndarray) for v in self.arrays().values())  # `RecordColumn`s
 
     def num_records(self) -> int:
         """The number of records in the source."""

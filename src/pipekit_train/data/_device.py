@@ -99,6 +99,11 @@ def resident_reason(
     bad = [type(t).__name__ for t in dataset.transforms if not _per_record(t)]
     if bad:
         return f"transform {bad[0]} must run on the host (it does not declare per_record = True)"
+    if dataset.lazy:
+        return (
+            "the source is read per batch (RandomAccessSource without in_memory); set in_memory: true to hold it "
+            "in memory first"
+        )
     if dataset.prefetch:
         return f"TrainingDataset.prefetch is {dataset.prefetch}: prefetching is a host-path setting"
     n = dataset.num_records()

@@ -164,7 +164,8 @@ def fit_statistics(arrays: Mapping[str, np.ndarray], transforms: Sequence[Transf
     """
     if not any(isinstance(t, Standardize) and not t.fitted for t in transforms):
         return tuple(transforms)
-    batch: Batch = dict(arrays)
+    # A lazily read source (`RandomAccessSource`) is read whole for the fit, then dropped.
+    batch: Batch = {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in arrays.items()}
     n = len(next(iter(batch.values()))) if batch else 0
     out: list[Transform] = []
     for t in transforms:

@@ -197,19 +197,27 @@ def _check_registries(loop: TrainingLoop, stage: str) -> None:
 
 def _check_finite_data(dataset: Any, where: str) -> None:
     """Refuse NaN or infinity in a dataset's floating-point arrays (they would train or evaluate to NaN)."""
+    import math
+
     import numpy as np
 
     for key, values in dataset.arrays().items():
-        host = np.asarray(values)
-        if host.dtype.kind not in "fc":
+        if np.dtype(values.dtype).kind not in "fc":
             continue
-        bad = ~np.isfinite(host)
-        if bad.any():
-            first = int(np.argwhere(bad)[0][0])
-            raise ConfigError(
-                f"{where}: {key!r} holds {int(bad.sum())} NaN or infinite value(s) (the first in record {first}); "
-                "clean the data or drop those records"
-            )
+        # In chunks, so a lazily read source (`RandomAccessSource`) is streamed rather than held in memory.
+        rows = max(1, (1 << 24) // max(1, values.itemsize * math.prod(values.shape[1:])))
+        for start in range(0, len(values), rows):
+            bad = ~np.isfinite(np.asarray(values[start : start + rows]))
+            if bad.any():
+                first = start + int(np.argwhere(bad)[0][0])
+                count = int(bad.sum()) + sum(
+                    int((~np.isfinite(np.asarray(values[s : s + rows]))).sum())
+                    for s in range(start + rows, len(values), rows)
+                )
+                raise ConfigError(
+                    f"{where}: {key!r} holds {count} NaN or infinite value(s) (the first in record {first}); "
+                    "clean the data or drop those records"
+                )
 
 
 def plan_pipeline(op: Operator) -> list[StagePlan]:
