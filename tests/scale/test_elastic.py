@@ -201,7 +201,8 @@ def test_a_run_resumed_on_fewer_processes_and_devices_draws_the_same_batches(
 
     assert main(["artifacts", "show", _artifact(work, run).artifact_id, "--store", str(work / "store.sqlite")]) == 0
     shown = capsys.readouterr().out
-    assert "topology   4 devices (2 processes) -> step 4: 2 devices (1 process) -> step 8: 1 device (1 process)" in shown
+    history = "4 devices (2 processes) -> step 4: 2 devices (1 process) -> step 8: 1 device (1 process)"
+    assert f"topology   {history}" in shown, shown
 
 
 def test_the_devices_that_split_a_global_batch() -> None:

@@ -28,6 +28,7 @@ from typing import Any
 from ._errors import CheckpointMismatchError
 
 __all__ = [
+    "check_pipeline_topologies",
     "check_resume_topology",
     "fitting_counts",
     "history_text",
