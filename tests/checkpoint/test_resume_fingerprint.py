@@ -172,7 +172,8 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
 }
 # Covered by the tests above: dataset.shuffle, val_dataset, eval_every_n_steps, callbacks.
 REFUSED_ABOVE = ("val_dataset", "eval_every_n_steps", "callbacks")
-# Not tried here (each needs a second model or device layout); in the fingerprint all the same.
+# Not tried here (each needs a second model or device layout); in the fingerprint all the same. Of `mesh`, only
+# `shard_params` is refused: another device or process count is an elastic resume (tests/scale/test_elastic.py).
 REFUSED_UNTRIED = ("task", "transfer", "input_key", "mesh")
 
 HARMLESS: dict[str, dict[str, Any]] = {

@@ -5,7 +5,8 @@
 - ``restore(backend)`` before the first step: a weights-only start (`TrainingLoop.init_from`), then, with
   ``resume="auto"``, the latest committed checkpoint of this stage: params, optimizer state (so the step count and
   the learning-rate schedule position), EMA, data position, callbacks' state. A checkpoint written under another
-  configuration is refused with a readable diff.
+  configuration is refused with a readable diff; one written on another device or process count continues (an
+  elastic resume, `_elastic`) and is recorded.
 - ``after_chunk(call, data_state)`` after every dispatch (`call`: a `HookCall`, never the engine): save at
   multiples of ``Checkpoint.every_n_steps`` (chunks never cross that boundary, so a resumed run makes the same
   chunks as an uninterrupted one).
@@ -38,6 +39,7 @@ from ..scale._distributed import agree, barrier, gather_data_state, is_primary, 
 if TYPE_CHECKING:
     from ..stage.steps import HookCall
 from ._checkpointer import Checkpointer
+from ._elastic import refusal, saved_topology, topology_now, topology_text, without_topology
 from ._errors import CheckpointError, CheckpointMismatchError
 from ._layout import _path_name
 from ._settings import Checkpoint
@@ -89,9 +91,10 @@ def fingerprint(loop: Any) -> dict[str, Any]:
     for name in ("gradient", "param_groups"):
         if getattr(loop, name, None):
             out[name] = to_plain(getattr(loop, name), name, strict=False)
-    # The topology and the compute dtype change the floating-point result: a resume on another device count (or
-    # precision) is refused like any other change (--force-resume continues: the data position is global). Only
-    # written when not the defaults, so checkpoints of one-device float32 runs keep their fingerprint.
+    # The topology and the compute dtype change the floating-point result. Another precision is refused like any
+    # other change; another device or process count alone is an elastic resume (`_elastic.without_topology`: the
+    # data position is global). Only written when not the defaults, so checkpoints of one-device float32 runs keep
+    # their fingerprint.
     from ..scale._mesh import describe
     from ..scale._precision import compute_dtype
 
@@ -162,6 +165,9 @@ class CheckpointHooks:
         self.parent_ids: tuple[str, ...] = ()
         self.restored_meta: dict[str, Any] | None = None
         self.backend: Any = None
+        self.topology: dict[str, int] | None = topology_now(loop) if config else None
+        self.topology_changes: list[dict[str, Any]] = []  # elastic resumes so far (`_elastic`)
+        self.topology_note: str | None = None
 
     # Engine protocol ---------------------------------------------------------------------------------------
     def boundaries(self) -> list[int]:
@@ -196,22 +202,24 @@ class CheckpointHooks:
             state, data_iter, meta = ckpt.restore(step, backend.state_tree())
         except CheckpointMismatchError:  # other shapes: report the configuration change when that is the cause
             meta = ckpt.restore(step, None)[2]
-            if meta.get("fingerprint") == self.fingerprint:
+            if without_topology(meta.get("fingerprint")) == without_topology(self.fingerprint):
                 raise
-        saved = meta.get("fingerprint")
-        if saved != self.fingerprint and self.force:
-            self.forced = _diff(saved or {}, self.fingerprint or {})
+        # Another device or process count alone is an elastic resume (`_elastic`): accepted and recorded.
+        self._elastic(meta, step)
+        saved, now = without_topology(meta.get("fingerprint")), without_topology(self.fingerprint)
+        if saved != now and self.force:
+            self.forced = _diff(saved, now)
             warnings.warn(
                 f"--force-resume: stage {self.info.stage!r} continues from step {step} under a changed "
                 f"configuration; the result is not what either configuration alone gives:\n{self.forced}",
                 PipekitTrainWarning,
                 stacklevel=2,
             )
-        elif saved != self.fingerprint:
+        elif saved != now:
             raise CheckpointMismatchError(
                 f"refusing to resume stage {self.info.stage!r} from step {step} in {self.directory}: the "
                 "configuration changed since that checkpoint was written:\n"
-                f"{_diff(saved or {}, self.fingerprint or {})}\n"
+                f"{_diff(saved, now)}\n"
                 "Resume with the original configuration, start a new run from these weights with "
                 f"init_from: {self.directory}@{step}, or continue anyway with --force-resume (recorded in the "
                 "artifact)"
@@ -230,6 +238,22 @@ class CheckpointHooks:
         self.restored_meta = meta
         where = f"resuming stage {self.info.stage!r} from step {step} in {self.directory}"
         return int(meta["step"]), local_data_state(data_iter, where), callbacks
+
+    def _elastic(self, meta: dict[str, Any], step: int) -> None:
+        """The topology history to carry on: the checkpoint's, plus this resume when the topology changed (refused
+        in one line when the new device count cannot split the global batch)."""
+        then, now = saved_topology(meta), topology_now(self.loop)
+        history = [dict(c) for c in meta.get("topology_changes") or []]
+        if then != now:
+            message = refusal(self.loop, self.info.stage, str(self.directory), step, then, now)
+            if message is not None:
+                raise CheckpointMismatchError(message)
+            history.append({"step": step, "from": then, "to": now})
+            self.topology_note = (
+                f"{self.info.stage}: elastic resume at step {step} on {topology_text(now)}, written on "
+                f"{topology_text(then)}: the same batches, weights within float rounding (docs/reliability.md)"
+            )
+        self.topology_changes = history
 
     def _set_aside_uncommitted(self, latest: int | None) -> None:
         """Step directories newer than the latest committed checkpoint never committed (a crash during the save):
@@ -312,6 +336,8 @@ class CheckpointHooks:
             "last_train": snap.last_train,
             "last_eval": snap.last_eval,
             "evaluated_at": snap.evaluated_at,
+            "topology": self.topology,
+            "topology_changes": self.topology_changes,
         }
         data_iter = gather_data_state(data_state)  # several processes: every one's position, by process index
         if self.checkpointer.save(snap.step, state=call.backend.state_tree(), data_iter=data_iter, meta=meta):

@@ -156,6 +156,11 @@ def _show(a: TrainingArtifact) -> str:
         f"{len(dists)} distributions ({lock})",
         f"devices    {', '.join(deps.get('devices') or []) or '-'}",
     ]
+    changes = (a.backend_info or {}).get("topology_changes")
+    if changes:  # elastic resumes: the device and process counts the stage trained on, and where they changed
+        from ..checkpoint._elastic import history_text
+
+        lines.append(f"topology   {history_text(changes)}")
     imports = [_import_text(m) for m in a.imports] or ["-"]
     lines.append(f"imports    {imports[0]}")
     lines += [f"           {text}" for text in imports[1:]]

@@ -267,6 +267,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if is_primary():  # a reused run directory is refused before pre-flight (which imports JAX)
         existing_run(args.run_dir, "auto" if args.resume == "auto" or _resumes(op) else "never")
+    if args.resume == "auto" or _resumes(op):  # a device count that cannot continue a checkpoint, in its words
+        from pipekit_train.checkpoint._elastic import check_pipeline_topologies
+
+        check_pipeline_topologies(op, args.run_dir)
     # Every stage is checked (and its fresh model built) before any trains; each stage's run takes its plan.
     plans = _preflight(plan_pipeline, op, args.pipeline)
     store: Any = False if args.no_store else args.store

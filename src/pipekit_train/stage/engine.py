@@ -198,6 +198,9 @@ class Engine:
                 self._emit({"type": "params", "context": "train", "step": 0, "epoch": 0, **self._params()})
             else:
                 progress.resumed(self.step, getattr(self.hooks, "directory", None))
+                note = getattr(self.hooks, "topology_note", None)
+                if note:  # an elastic resume (`checkpoint._elastic`)
+                    progress.line(note)
             summary = self._model_summary()
             if summary is not None:
                 ctx.artifact_fields["model_summary"] = summary

@@ -339,6 +339,10 @@ def run_stage(loop: TrainingLoop, state: TrainerCarryState | None) -> tuple[Trai
     # Everything that can be checked before training is checked before the run directory is created or claimed.
     plan = next((p for p in settings.plans if p.loop is loop and p.stage == info.stage), None)
     if plan is None:
+        if settings.resume == "auto":  # another device count that cannot continue the checkpoint: said as such
+            from ..checkpoint._elastic import check_resume_topology
+
+            check_resume_topology(loop, info.stage_dir, info.stage)
         plan = check(loop, state, info.stage)
     _check_store(settings)
     _check_targets(loop, info)
@@ -421,6 +425,8 @@ def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, ho
         **result.backend_info,  # what the engine resolved: steps_per_call (after `auto`), the data path
         **(summary() if summary is not None else {}),
     }
+    if getattr(hooks, "topology_changes", None):  # elastic resumes (`checkpoint._elastic`)
+        result.backend_info["topology_changes"] = hooks.topology_changes
     return result
 
 
