@@ -251,6 +251,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "--resume auto continues the run in --run-dir DIR: name that directory (without --run-dir every run "
             "starts in a new runs/<run id>)"
         )
+    if args.fork and args.resume == "auto":
+        raise UsageError("--fork starts a new run from another run's checkpoint; --resume auto continues one: use one")
     _check_paths(args)
     from pipekit_train.scale._distributed import initialize_distributed, is_primary
 
@@ -267,9 +269,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if is_primary():  # a reused run directory is refused before pre-flight (which imports JAX)
         existing_run(args.run_dir, "auto" if args.resume == "auto" or _resumes(op) else "never")
+    fork = None
+    if args.fork:  # the checkpoint a fork starts from is found (or refused) before anything is compiled
+        from pipekit_train.checkpoint._fork import resolve_fork
+        from pipekit_train.stage.preflight import training_stages
+
+        first = training_stages(op)[:1]
+        fork = resolve_fork(args.fork, (first[0].name or "stage0") if first else None)
     # Every stage is checked (and its fresh model built) before any trains; each stage's run takes its plan.
     plans = _preflight(plan_pipeline, op, args.pipeline)
     store: Any = False if args.no_store else args.store
+    code = None
+    if store is not False and is_primary():  # the code as it is now, before training (`provenance._code`)
+        from pipekit_train.provenance._code import capture_code
+
+        code = capture_code(args.pipeline, imports)
     run_dir = args.run_dir
     from pipekit_train._lock import run_dir_lock
 
@@ -288,6 +302,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 pipeline=op,
                 imports=imports,
                 plans=tuple(plans),
+                code=code,
+                fork=fork,
             ),
         ):
             result = op.run()
@@ -387,16 +403,27 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from pipekit_train.stage.runner import run_settings
 
     _check_paths(args)
+    if args.restore_code:
+        from pipekit_train.cli._restore import reproduce_restored
+
+        return reproduce_restored(args)
     with ArtifactStore(args.store) as store:
         imports = reimport_recorded(store, args.artifact, args.imports)
         pipeline, chain = pipeline_of(args.artifact, store)
+    from pipekit_train.provenance._code import capture_code
+
+    code = capture_code(None, imports)  # what this run trains with, recorded as `run` records it
+    if any(a.fork for a in chain):  # retrain the parent up to the fork's step first (`_fork.py`)
+        from pipekit_train.cli._fork import reproduce_fork
+
+        return reproduce_fork(args, imports, code)
     check_data_unchanged(pipeline, chain)
     print(f"reproducing {chain[-1].artifact_id[:12]}: {len(chain)} stage(s): {', '.join(a.stage for a in chain)}")
     from pipekit_train._lock import run_dir_lock
 
     # One writer per run directory for the whole pipeline, as for `run` (each stage also takes it).
     lock = run_dir_lock(args.run_dir) if args.run_dir and os.path.exists(args.run_dir) else contextlib.nullcontext()
-    with lock, run_settings(run_dir=args.run_dir, store=args.store, pipeline=pipeline, imports=imports):
+    with lock, run_settings(run_dir=args.run_dir, store=args.store, pipeline=pipeline, imports=imports, code=code):
         _, artifact = pipeline.run()
     _print_summary(artifact, args.store)
     same = artifact.trained_model_hash == chain[-1].trained_model_hash
@@ -431,6 +458,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --resume auto, continue a checkpoint written under another configuration (recorded)",
     )
+    run.add_argument(
+        "--fork",
+        metavar="RUN_DIR@STEP",
+        help="start a new run from that committed checkpoint of another run (weights, optimizer state, data "
+        "position), under this configuration; RUN_DIR/STAGE@STEP when the run has several stages",
+    )
     run.add_argument("--print-config", action="store_true", help="print the pipeline after --set and exit")
     run.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     run.add_argument("--no-store", action="store_true", help="do not record artifacts")
@@ -447,6 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("artifact", metavar="ARTIFACT_ID", help="an artifact id or a unique prefix of one")
     rep.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     rep.add_argument("--run-dir", metavar="DIR", help="where the new run writes")
+    rep.add_argument(
+        "--restore-code",
+        action="store_true",
+        help="rebuild the recorded code (commit, uncommitted patch, imported modules) in a temporary git worktree "
+        "and retrain there; exit 0 only when the weights are bitwise equal",
+    )
     add_import_flag(rep)
     rep.set_defaults(func=_cmd_reproduce)
 
