@@ -33,6 +33,8 @@ Train JAX models from YAML pipelines.
   pipekit-train artifacts list                 what was trained, from which data and code
   pipekit-train artifacts lineage ID           where a model came from, and what came from it
   pipekit-train reproduce ID                   train the recorded pipeline again
+  pipekit-train reproduce ID --restore-code    ... with the recorded code (commit + uncommitted patch)
+  pipekit-train run P.yaml --fork RUN@STEP     a new run from another run's checkpoint (--set what changes)
   pipekit-train runs RUN_DIR                   runs and their checkpoints
   pipekit-train average RUN_DIR --last 5 -o D  average checkpoints into a new one
   pipekit-train history RUN_DIR --png F.png    train/validate curves and a table of the logged metrics

@@ -642,8 +642,8 @@ class ArtifactStore:
                 continue
             for text in _index_problems(artifact, row, parents, metrics, imports):
                 problems.append((aid, text))
-            for text in _code_problems(artifact, stored_blobs):
-                problems.append((aid, text))
+            for text in _code_problems(artifact, stored_blobs):  # e.g. imported from an artifact.json: a warning
+                warnings.append((aid, text))
             for parent in artifact.parent_ids:
                 if parent not in known:
                     problems.append((aid, f"lineage: parent {parent} is not in this store"))

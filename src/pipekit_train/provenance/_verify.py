@@ -106,9 +106,14 @@ def _blob_problems(rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def _code_problems(artifact: TrainingArtifact, stored: set[str]) -> list[str]:
-    """The blobs an artifact's stored code (`TrainingArtifact.code`) names that the store lacks."""
+    """The blobs an artifact's stored code (`TrainingArtifact.code`) names that the store lacks (warnings)."""
     code = artifact.code
     if not code or not code.get("stored"):
         return []
     wanted = [code.get("patch")] + [f.get("sha256") for f in code.get("files", [])]
-    return [f"code: stored code {d} is missing from the store" for d in wanted if d and d not in stored]
+    return [
+        f"code: stored code {d} is not in this store (an artifact imported from its artifact.json comes without "
+        "its code); reproduce --restore-code cannot rebuild it"
+        for d in wanted
+        if d and d not in stored
+    ]
