@@ -55,8 +55,13 @@ def test_fork_changes_lr_records_the_edge_and_reproduces_bitwise(project: Path, 
     assert same.trained_model_hash == parent.trained_model_hash
     assert same.fork["config_diff"] == "" and same.parent_ids == (parent.artifact_id,)
 
-    # Refused before training: a step with no committed checkpoint (naming the nearest), a changed model.
+    # Refused before training: a place that is not RUN_DIR@STEP, with --resume auto, a step with no committed
+    # checkpoint (naming the nearest); when the checkpoint is read: a changed model.
     capsys.readouterr()
+    assert main(["run", "pipe.yaml", "--fork", "P", "--run-dir", "bad", *common]) == 2
+    assert "--fork 'P': expected RUN_DIR@STEP or RUN_DIR/STAGE@STEP" in capsys.readouterr().err
+    assert main(["run", "pipe.yaml", "--fork", "P@4", "--run-dir", "P", "--resume", "auto", *common]) == 2
+    assert "--fork starts a new run" in capsys.readouterr().err
     assert main(["run", "pipe.yaml", "--fork", "P@3", "--run-dir", "bad", *common]) != 0
     err = capsys.readouterr().err
     assert "no committed checkpoint at step 3; the nearest committed steps: 2, 4" in err, err

@@ -1,5 +1,6 @@
-"""``pipekit-train reproduce`` of a fork (`checkpoint._fork`): retrain the parent, then the fork from the parent's
-checkpoint at the recorded step, bitwise.
+"""``pipekit-train reproduce ID``: train the stages that led to an artifact again, oldest first, and say whether
+the weights match; for a fork (`checkpoint._fork`), the parent first, then the fork from the parent's checkpoint at
+the recorded step, bitwise.
 
 A fork's artifact names its parent stage's artifact and the step (`TrainingArtifact.fork`). Reproducing it trains
 the parent's recorded pipeline again (itself a fork, recursively) into its own run directory (``RUN_DIR.parent``
@@ -17,7 +18,7 @@ from typing import Any
 
 from pipekit_train.cli._common import EXIT_OK, CommandError
 
-__all__ = ["reproduce_fork"]
+__all__ = ["reproduce_recorded"]
 
 
 def _retrain(store: Any, artifact_id: str, run_dir: str | None, settings: dict[str, Any]) -> Any:
@@ -48,14 +49,16 @@ def _retrain(store: Any, artifact_id: str, run_dir: str | None, settings: dict[s
     print(f"reproducing {chain[-1].artifact_id[:12]}: {len(chain)} stage(s): {', '.join(a.stage for a in chain)}")
     from pipekit_train._lock import run_dir_lock
 
+    # One writer per run directory for the whole pipeline, as for `run` (each stage also takes it).
     lock = run_dir_lock(run_dir) if run_dir and os.path.exists(run_dir) else contextlib.nullcontext()
     with lock, run_settings(run_dir=run_dir, pipeline=pipeline, fork=fork, **settings):
         _, artifact = pipeline.run()
     return artifact
 
 
-def reproduce_fork(args: argparse.Namespace, imports: Any, code: Any) -> int:
-    """``reproduce ID`` where the stages leading to ID include a fork: see the module docstring."""
+def reproduce_recorded(args: argparse.Namespace, imports: Any, code: Any) -> int:
+    """``reproduce ID`` (see the module docstring): `imports` are the re-imported modules' records, `code` the
+    `CodeSnapshot` this run records."""
     from pipekit_train.cli._main import _print_summary
     from pipekit_train.provenance._store import ArtifactStore
 

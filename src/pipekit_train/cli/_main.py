@@ -400,37 +400,20 @@ def _print_summary(artifact: Any, store: Any) -> None:
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     import pipekit_train  # noqa: F401  (registers the training operators)
-    from pipekit_train.provenance._reproduce import check_data_unchanged, pipeline_of
     from pipekit_train.provenance._store import ArtifactStore
-    from pipekit_train.stage.runner import run_settings
 
     _check_paths(args)
-    if args.restore_code:
+    if args.restore_code:  # in a temporary worktree of the recorded code (`_restore.py`)
         from pipekit_train.cli._restore import reproduce_restored
 
         return reproduce_restored(args)
     with ArtifactStore(args.store) as store:
         imports = reimport_recorded(store, args.artifact, args.imports)
-        pipeline, chain = pipeline_of(args.artifact, store)
+    from pipekit_train.cli._fork import reproduce_recorded
     from pipekit_train.provenance._code import capture_code
 
-    code = capture_code(None, imports)  # what this run trains with, recorded as `run` records it
-    if any(a.fork for a in chain):  # retrain the parent up to the fork's step first (`_fork.py`)
-        from pipekit_train.cli._fork import reproduce_fork
-
-        return reproduce_fork(args, imports, code)
-    check_data_unchanged(pipeline, chain)
-    print(f"reproducing {chain[-1].artifact_id[:12]}: {len(chain)} stage(s): {', '.join(a.stage for a in chain)}")
-    from pipekit_train._lock import run_dir_lock
-
-    # One writer per run directory for the whole pipeline, as for `run` (each stage also takes it).
-    lock = run_dir_lock(args.run_dir) if args.run_dir and os.path.exists(args.run_dir) else contextlib.nullcontext()
-    with lock, run_settings(run_dir=args.run_dir, store=args.store, pipeline=pipeline, imports=imports, code=code):
-        _, artifact = pipeline.run()
-    _print_summary(artifact, args.store)
-    same = artifact.trained_model_hash == chain[-1].trained_model_hash
-    print(f"trained weights {'match' if same else 'differ from'} the recorded ones ({artifact.trained_model_hash})")
-    return EXIT_OK
+    # The stages again (a fork's parent first, `_fork.py`), recording the code they train with as `run` does.
+    return reproduce_recorded(args, imports, capture_code(None, imports))
 
 
 def build_parser() -> argparse.ArgumentParser:
