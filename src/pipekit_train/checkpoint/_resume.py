@@ -168,6 +168,8 @@ class CheckpointHooks:
         self.topology: dict[str, int] | None = topology_now(loop) if config else None
         self.topology_changes: list[dict[str, Any]] = []  # elastic resumes so far (`_elastic`)
         self.topology_note: str | None = None
+        self.fork_point: Any = None  # a `_fork.ForkPoint`: this stage starts from another run's checkpoint
+        self.fork: dict[str, Any] | None = None  # the lineage edge `_fork.restore_fork` recorded
 
     # Engine protocol ---------------------------------------------------------------------------------------
     def boundaries(self) -> list[int]:
@@ -186,6 +188,10 @@ class CheckpointHooks:
         if self.loop.init_from:
             self._warm_start(backend)
         if not self.resume:
+            if self.fork_point is not None:  # --fork: another run's whole training state (`_fork.py`)
+                from ._fork import restore_fork
+
+                return restore_fork(self, backend, self.fork_point)
             return 0, None, None
         ckpt = self.checkpointer
         step = ckpt.latest_step() if ckpt is not None else None
@@ -236,6 +242,9 @@ class CheckpointHooks:
             keys = callback_keys(tuple(sorted(self.loop.callbacks, key=lambda c: c.order)))
             callbacks = {keys[int(k)]: v for k, v in callbacks.items() if int(k) < len(keys)}
         self.restored_meta = meta
+        if meta.get("fork"):
+            self.fork = meta["fork"]
+            self.parent_ids = (meta["fork"]["parent_artifact"],) if meta["fork"].get("parent_artifact") else ()
         where = f"resuming stage {self.info.stage!r} from step {step} in {self.directory}"
         return int(meta["step"]), local_data_state(data_iter, where), callbacks
 
@@ -339,6 +348,8 @@ class CheckpointHooks:
             "topology": self.topology,
             "topology_changes": self.topology_changes,
         }
+        if self.fork is not None:  # a resumed fork still records where it was forked from
+            meta["fork"] = self.fork
         data_iter = gather_data_state(data_state)  # several processes: every one's position, by process index
         if self.checkpointer.save(snap.step, state=call.backend.state_tree(), data_iter=data_iter, meta=meta):
             self.last_saved = snap.step
@@ -444,4 +455,7 @@ def make_hooks(loop: Any, info: Any, settings: Any) -> CheckpointHooks:
     """The hooks for one stage: with its `Checkpoint` callback (if any) and the run's resume setting."""
     config = loop.checkpoint_settings
     resume = settings.resume == "auto" or loop.resume == "auto"
-    return CheckpointHooks(loop, info, resume, config, force=bool(getattr(settings, "force_resume", False)))
+    hooks = CheckpointHooks(loop, info, resume, config, force=bool(getattr(settings, "force_resume", False)))
+    if info.stage_index == 0:  # a fork starts the run's first stage
+        hooks.fork_point = getattr(settings, "fork", None)
+    return hooks

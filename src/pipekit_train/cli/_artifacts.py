@@ -189,7 +189,8 @@ def _import_text(m: dict[str, Any]) -> str:
 def _lineage(root: TrainingArtifact, lineage: dict[str, list[Any]]) -> str:
     def line(a: TrainingArtifact, mark: str = " ") -> str:
         when = _short_time(a.started_at)
-        return f"{mark} {a.artifact_id[:12]}  {a.stage:<10}  {a.status:<10}  {when}  {_key_metrics(a)}"
+        forked = f"  (fork of {a.fork['stage']}@{a.fork['step']})" if a.fork else ""
+        return f"{mark} {a.artifact_id[:12]}  {a.stage:<10}  {a.status:<10}  {when}  {_key_metrics(a)}{forked}"
 
     out = ["ancestors (oldest first):"]
     out += [line(a) for a in reversed(lineage["ancestors"])] or ["  (none)"]
@@ -198,7 +199,24 @@ def _lineage(root: TrainingArtifact, lineage: dict[str, list[Any]]) -> str:
     out += [line(a) for a in lineage["descendants"]] or ["  (none)"]
     if lineage["missing"]:
         out.append("parents not in this store: " + ", ".join(lineage["missing"]))
+    for a in [*reversed(lineage["ancestors"]), root, *lineage["descendants"]]:
+        out += _fork_text(a)
     return "\n".join(out)
+
+
+def _fork_text(a: TrainingArtifact) -> list[str]:
+    """A fork's lineage edge: the parent run, stage, step and artifact, and the configuration diff."""
+    if not a.fork:
+        return []
+    edge = a.fork
+    parent = edge.get("parent_artifact")
+    lines = [
+        f"fork {a.artifact_id[:12]}: started from {edge['run_dir']}/{edge['stage']}@{edge['step']} "
+        f"(artifact {parent[:12] if parent else 'not recorded: the parent had not finished'}); configuration diff:"
+    ]
+    diff = edge.get("config_diff") or ""
+    lines += ["  " + d for d in diff.rstrip("\n").splitlines()] if diff else ["  (none)"]
+    return lines
 
 
 def _diff(d: dict[str, Any]) -> str:

@@ -33,6 +33,8 @@ Train JAX models from YAML pipelines.
   pipekit-train artifacts list                 what was trained, from which data and code
   pipekit-train artifacts lineage ID           where a model came from, and what came from it
   pipekit-train reproduce ID                   train the recorded pipeline again
+  pipekit-train reproduce ID --restore-code    ... with the recorded code (commit + uncommitted patch)
+  pipekit-train run P.yaml --fork RUN@STEP     a new run from another run's checkpoint (--set what changes)
   pipekit-train runs RUN_DIR                   runs and their checkpoints
   pipekit-train average RUN_DIR --last 5 -o D  average checkpoints into a new one
   pipekit-train history RUN_DIR --png F.png    train/validate curves and a table of the logged metrics
@@ -251,6 +253,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "--resume auto continues the run in --run-dir DIR: name that directory (without --run-dir every run "
             "starts in a new runs/<run id>)"
         )
+    if args.fork and args.resume == "auto":
+        raise UsageError("--fork starts a new run from another run's checkpoint; --resume auto continues one: use one")
     _check_paths(args)
     from pipekit_train.scale._distributed import initialize_distributed, is_primary
 
@@ -271,9 +275,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from pipekit_train.checkpoint._elastic import check_pipeline_topologies
 
         check_pipeline_topologies(op, args.run_dir)
+    fork = None
+    if args.fork:  # the checkpoint a fork starts from is found (or refused) before anything is compiled
+        from pipekit_train.checkpoint._fork import resolve_fork
+        from pipekit_train.stage.preflight import training_stages
+
+        first = training_stages(op)[:1]
+        fork = resolve_fork(args.fork, (first[0].name or "stage0") if first else None)
     # Every stage is checked (and its fresh model built) before any trains; each stage's run takes its plan.
     plans = _preflight(plan_pipeline, op, args.pipeline)
     store: Any = False if args.no_store else args.store
+    code = None
+    if store is not False and is_primary():  # the code as it is now, before training (`provenance._code`)
+        from pipekit_train.provenance._code import capture_code
+
+        code = capture_code(args.pipeline, imports)
     run_dir = args.run_dir
     from pipekit_train._lock import run_dir_lock
 
@@ -292,6 +308,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 pipeline=op,
                 imports=imports,
                 plans=tuple(plans),
+                code=code,
+                fork=fork,
             ),
         ):
             result = op.run()
@@ -386,26 +404,20 @@ def _print_summary(artifact: Any, store: Any) -> None:
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     import pipekit_train  # noqa: F401  (registers the training operators)
-    from pipekit_train.provenance._reproduce import check_data_unchanged, pipeline_of
     from pipekit_train.provenance._store import ArtifactStore
-    from pipekit_train.stage.runner import run_settings
 
     _check_paths(args)
+    if args.restore_code:  # in a temporary worktree of the recorded code (`_restore.py`)
+        from pipekit_train.cli._restore import reproduce_restored
+
+        return reproduce_restored(args)
     with ArtifactStore(args.store) as store:
         imports = reimport_recorded(store, args.artifact, args.imports)
-        pipeline, chain = pipeline_of(args.artifact, store)
-    check_data_unchanged(pipeline, chain)
-    print(f"reproducing {chain[-1].artifact_id[:12]}: {len(chain)} stage(s): {', '.join(a.stage for a in chain)}")
-    from pipekit_train._lock import run_dir_lock
+    from pipekit_train.cli._fork import reproduce_recorded
+    from pipekit_train.provenance._code import capture_code
 
-    # One writer per run directory for the whole pipeline, as for `run` (each stage also takes it).
-    lock = run_dir_lock(args.run_dir) if args.run_dir and os.path.exists(args.run_dir) else contextlib.nullcontext()
-    with lock, run_settings(run_dir=args.run_dir, store=args.store, pipeline=pipeline, imports=imports):
-        _, artifact = pipeline.run()
-    _print_summary(artifact, args.store)
-    same = artifact.trained_model_hash == chain[-1].trained_model_hash
-    print(f"trained weights {'match' if same else 'differ from'} the recorded ones ({artifact.trained_model_hash})")
-    return EXIT_OK
+    # The stages again (a fork's parent first, `_fork.py`), recording the code they train with as `run` does.
+    return reproduce_recorded(args, imports, capture_code(None, imports))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -435,6 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --resume auto, continue a checkpoint written under another configuration (recorded)",
     )
+    run.add_argument(
+        "--fork",
+        metavar="RUN_DIR@STEP",
+        help="start a new run from that committed checkpoint of another run (weights, optimizer state, data "
+        "position), under this configuration; RUN_DIR/STAGE@STEP when the run has several stages",
+    )
     run.add_argument("--print-config", action="store_true", help="print the pipeline after --set and exit")
     run.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     run.add_argument("--no-store", action="store_true", help="do not record artifacts")
@@ -451,6 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("artifact", metavar="ARTIFACT_ID", help="an artifact id or a unique prefix of one")
     rep.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     rep.add_argument("--run-dir", metavar="DIR", help="where the new run writes")
+    rep.add_argument(
+        "--restore-code",
+        action="store_true",
+        help="rebuild the recorded code (commit, uncommitted patch, imported modules) in a temporary git worktree "
+        "and retrain there; exit 0 only when the weights are bitwise equal",
+    )
     add_import_flag(rep)
     rep.set_defaults(func=_cmd_reproduce)
 

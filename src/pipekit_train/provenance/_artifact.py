@@ -106,6 +106,14 @@ class TrainingArtifact:
         data_statistics: What the stage's `Standardize` transforms were fitted to on its training split:
             ``{key: {"mean": [...], "std": [...]}}`` (one number per column), which ``evaluate``, ``predict`` and
             ``export`` apply again (and invert on the target), or ``None``. Left out of `to_dict` when ``None``.
+        code: The code the run trained with, as `provenance._code.capture_code` recorded it: ``{"stored",
+            "reason", "repo_root", "commit", "cwd", "patch", "files", "bytes", "cap_bytes"}``, whose digests name
+            blobs in the store (``reproduce --restore-code`` rebuilds the tree from them), or ``None`` (recorded
+            outside ``pipekit-train run``, or before it existed). Left out of `to_dict` when ``None``.
+        fork: The lineage edge of a fork (``run --fork RUN_DIR@STEP``): ``{"run_dir", "stage", "step",
+            "parent_artifact", "config_diff"}`` (the parent stage's artifact, also in `parent_ids` when it had one,
+            and the unified diff of its recorded configuration against the fork's), or ``None``. Left out of
+            `to_dict` when ``None``.
     """
 
     artifact_id: str = dataclasses.field(default_factory=new_artifact_id)
@@ -134,6 +142,8 @@ class TrainingArtifact:
     preset: dict[str, Any] | None = None
     user: dict[str, Any] | None = None
     data_statistics: dict[str, Any] | None = None
+    code: dict[str, Any] | None = None
+    fork: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -198,6 +208,10 @@ class TrainingArtifact:
             del out["user"]
         if self.data_statistics is None:
             del out["data_statistics"]
+        if self.code is None:
+            del out["code"]
+        if self.fork is None:
+            del out["fork"]
         return out
 
     @classmethod

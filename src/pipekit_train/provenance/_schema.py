@@ -93,6 +93,16 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX evaluation_metrics_by_name ON evaluation_metrics(name, value)",
     ),
+    # 5: the code a run trained with (`TrainingArtifact.code`: the uncommitted patch, the imported modules, the
+    # pipeline file), content-addressed: one row per distinct content, however many artifacts name it. Older
+    # artifacts stored no code, so there is nothing to fill in.
+    (
+        """CREATE TABLE blobs (
+            digest TEXT PRIMARY KEY,
+            size INTEGER NOT NULL,
+            content BLOB NOT NULL
+        )""",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

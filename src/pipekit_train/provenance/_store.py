@@ -32,11 +32,12 @@ import difflib
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ._artifact import TrainingArtifact
+from ._code import blob_digest
 from ._errors import ArtifactIntegrityError, ArtifactStoreError, UnknownArtifactError
 from ._netfs import ALLOW_ENV_VAR, network_filesystem
 from ._schema import (
@@ -49,7 +50,7 @@ from ._schema import (
     record_digest,
     time_key,
 )
-from ._verify import _check_model, _check_record, _index_problems, _run_dir_hint
+from ._verify import _blob_problems, _check_model, _check_record, _code_problems, _index_problems, _run_dir_hint
 
 __all__ = [
     "ArtifactIntegrityError",
@@ -240,14 +241,22 @@ class ArtifactStore:
             raise
 
     # Writing ---------------------------------------------------------------------------------------------
-    def record(self, artifact: TrainingArtifact, *, repair: bool = False) -> None:
+    def record(
+        self, artifact: TrainingArtifact, *, repair: bool = False, blobs: Mapping[str, bytes] | None = None
+    ) -> None:
         """Add `artifact`. Recording the same artifact again is a no-op; a different one under its id is an error.
 
         A damaged record under the same id (one that does not match its digest) is an `ArtifactIntegrityError`,
         or, with ``repair=True`` (``pipekit-train artifacts import``), replaced by `artifact`.
+
+        `blobs` (digest to bytes: the code `TrainingArtifact.code` names, `capture_code`) are added in the same
+        transaction, each once: a digest already stored adds no row.
         """
         if not isinstance(artifact, TrainingArtifact):
             raise TypeError(f"ArtifactStore.record expects a TrainingArtifact, got {type(artifact).__name__}")
+        for key, data in (blobs or {}).items():
+            if blob_digest(data) != key:
+                raise ArtifactStoreError(f"blob {key[:19]}... does not hash to its key; refusing to store it")
         doc = artifact.to_json()
         digest = record_digest(doc)
         row = {
@@ -312,11 +321,35 @@ class ArtifactStore:
                         for i, m in enumerate(artifact.imports)
                     ],
                 )
+                conn.executemany(
+                    "INSERT OR IGNORE INTO blobs (digest, size, content) VALUES (?, ?, ?)",
+                    [(key, len(data), sqlite3.Binary(data)) for key, data in (blobs or {}).items()],
+                )
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    def blob(self, digest: str) -> bytes:
+        """The stored bytes whose digest is `digest` (``"sha256:<hex>"``), checked against it.
+
+        Raises:
+            UnknownArtifactError: no such blob.
+            ArtifactIntegrityError: the bytes no longer hash to `digest`.
+        """
+        with self._connect() as conn:
+            row = conn.execute("SELECT content FROM blobs WHERE digest = ?", (digest,)).fetchone()
+        if row is None:
+            raise UnknownArtifactError(f"{self.path} holds no stored code with digest {digest}")
+        data = bytes(row[0])
+        if blob_digest(data) != digest:
+            raise ArtifactIntegrityError(
+                f"{self.path}: the stored code {digest[:19]}... is damaged (its bytes hash to "
+                f"{blob_digest(data)[:19]}...); restore the store from its backup",
+                path=self.path,
+            )
+        return data
 
     # Reading ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -589,6 +622,7 @@ class ArtifactStore:
                     "SELECT evaluation_id, artifact_id, digest, record FROM evaluations WHERE artifact_id = ?",
                     (ids[0],),
                 ).fetchall()
+            blob_rows = conn.execute("SELECT digest, size, content FROM blobs").fetchall()
             evaluation_metrics = {
                 e[0]: dict(conn.execute("SELECT name, value FROM evaluation_metrics WHERE evaluation_id = ?", (e[0],)))
                 for e in evaluations
@@ -596,6 +630,9 @@ class ArtifactStore:
         for evaluation_id, linked, digest, doc in evaluations:
             for text in _evaluation_problems(doc, digest, linked, known, evaluation_metrics[evaluation_id]):
                 problems.append((linked, f"evaluation {evaluation_id}: {text}"))
+        stored_blobs = {r[0] for r in blob_rows}
+        if artifact_id is None:
+            problems += [(None, text) for text in _blob_problems(blob_rows)]
         model_cache: dict[str, tuple[str, str] | None] = {}
         for row, parents, metrics, imports in rows:
             aid = row[0]
@@ -605,6 +642,8 @@ class ArtifactStore:
                 continue
             for text in _index_problems(artifact, row, parents, metrics, imports):
                 problems.append((aid, text))
+            for text in _code_problems(artifact, stored_blobs):  # e.g. imported from an artifact.json: a warning
+                warnings.append((aid, text))
             for parent in artifact.parent_ids:
                 if parent not in known:
                     problems.append((aid, f"lineage: parent {parent} is not in this store"))

@@ -87,3 +87,33 @@ def _check_model(uri: str, expected_hash: str | None) -> tuple[str, str] | None:
     if expected_hash is not None and got != expected_hash:
         return "problem", f"model {uri}: its weights hash to {got}, the record says {expected_hash}"
     return None
+
+
+def _blob_problems(rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Stored code (``blobs`` rows: digest, size, content) whose bytes no longer hash to their digest or size."""
+    from ._code import blob_digest
+
+    out = []
+    for digest, size, content in rows:
+        data = bytes(content) if isinstance(content, (bytes, memoryview)) else None
+        if data is None:
+            out.append(f"stored code {digest}: its content is not bytes but {type(content).__name__}")
+        elif blob_digest(data) != digest or len(data) != size:
+            out.append(
+                f"stored code {digest}: its {len(data)} bytes hash to {blob_digest(data)[:19]}...; it was changed"
+            )
+    return out
+
+
+def _code_problems(artifact: TrainingArtifact, stored: set[str]) -> list[str]:
+    """The blobs an artifact's stored code (`TrainingArtifact.code`) names that the store lacks (warnings)."""
+    code = artifact.code
+    if not code or not code.get("stored"):
+        return []
+    wanted = [code.get("patch")] + [f.get("sha256") for f in code.get("files", [])]
+    return [
+        f"code: stored code {d} is not in this store (an artifact imported from its artifact.json comes without "
+        "its code); reproduce --restore-code cannot rebuild it"
+        for d in wanted
+        if d and d not in stored
+    ]

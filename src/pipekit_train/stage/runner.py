@@ -48,6 +48,11 @@ class RunSettings:
             every stage's artifact (`TrainingArtifact.imports`).
         plans: `StagePlan`s of stages already pre-flighted (`plan_pipeline`): such a stage is not checked again
             and starts from the model its plan built.
+        code: The `provenance._code.CodeSnapshot` taken when the command started (patch, imported modules,
+            pipeline file): its record goes in every stage's artifact (`TrainingArtifact.code`), its blobs into the
+            store. ``None``: no code is stored.
+        fork: A `checkpoint._fork.ForkPoint` (``--fork``): the run's first stage starts from that checkpoint of
+            another run, and its artifact records the edge (`TrainingArtifact.fork`).
     """
 
     run_dir: str | None = None
@@ -57,6 +62,8 @@ class RunSettings:
     pipeline: Any = None
     imports: tuple[dict[str, Any], ...] = ()
     plans: tuple[Any, ...] = ()
+    code: Any = None
+    fork: Any = None
 
 
 _DEFAULT_SETTINGS = RunSettings()
@@ -447,7 +454,7 @@ def finish(
                 "registered and the stage is not marked finished. Lower the learning rate or set grad_clip_norm"
             )
     model_uri = None if interrupted is not None or not is_primary() else _keep_final_model(info, result)
-    artifact = _build_artifact(loop, result, info, settings, model_uri, forced=hooks.forced)
+    artifact = _build_artifact(loop, result, info, settings, model_uri, forced=hooks.forced, fork=hooks.fork)
     if interrupted is not None:
         _record_in_store(artifact, settings, info)
         raise TrainingInterrupted(interrupted[0], artifact, interrupted[1])
@@ -531,6 +538,7 @@ def _build_artifact(
     settings: RunSettings,
     model_uri: str | None,
     forced: str | None = None,
+    fork: dict[str, Any] | None = None,
 ) -> Any:
     from ..provenance._artifact import TrainingArtifact, collect_deps_lock, git_state, new_artifact_id
     from .presets import preset_record
@@ -564,6 +572,8 @@ def _build_artifact(
         model_summary=fields.pop("model_summary", None),
         data_statistics=fields.pop("data_statistics", None),
         preset=preset_record(loop),
+        code=settings.code.record if settings.code is not None else None,
+        fork=fork,
         user=fields or None,  # every other key a callback set: kept, never dropped
     )
     # The stage's own record first: a store that fails later loses nothing (`artifacts import` records it).
@@ -601,7 +611,7 @@ def _record_in_store(artifact: Any, settings: RunSettings, info: RunInfo) -> Non
     store = ArtifactStore(settings.store or None)
     try:
         with store:
-            store.record(artifact)
+            store.record(artifact, blobs=settings.code.blobs if settings.code is not None else None)
     except (sqlite3.Error, OSError, ArtifactStoreError) as e:
         raise ArtifactStoreError(
             f"stage {info.stage!r} finished (its weights, final.json and artifact.json are in {info.stage_dir}) but "
