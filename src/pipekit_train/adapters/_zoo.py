@@ -36,6 +36,7 @@ __all__ = [
     "Image",
     "MaxPool",
     "convert",
+    "converted_op",
     "describe",
     "factory",
     "from_canonical",
@@ -336,21 +337,26 @@ def from_canonical(backend: str, arch: Architecture, canonical: Mapping[Path, tu
     return out
 
 
-def convert(model: Any, dst_backend: str) -> Any:
-    """A bound built-in `model` as a bound model of `dst_backend`: the same factory, kwargs and function."""
+def converted_op(model: Any, dst_backend: str) -> Any:
+    """The unbound model op of `dst_backend` that `convert` makes of `model`: the same factory and kwargs."""
     import importlib
 
+    module, cls = _LAYOUTS[dst_backend].model
+    return getattr(importlib.import_module(module), cls)(factory=model.factory, kwargs=dict(model.kwargs))
+
+
+def convert(model: Any, dst_backend: str) -> Any:
+    """A bound built-in `model` as a bound model of `dst_backend`: the same factory, kwargs and function."""
     arch = describe(model.factory, model.kwargs)
     canonical = to_canonical(model.backend, arch, model.weights())
-    module, cls = _LAYOUTS[dst_backend].model
-    op = getattr(importlib.import_module(module), cls)(factory=model.factory, kwargs=dict(model.kwargs))
-    return op.with_weights(from_canonical(dst_backend, arch, canonical))
+    return converted_op(model, dst_backend).with_weights(from_canonical(dst_backend, arch, canonical))
 
 
 def _converter(src: str, dst: str, name: str) -> Callable[[Any], Any]:
     def fn(model: Any) -> Any:
         return convert(model, dst)
 
+    fn.architecture = lambda model: converted_op(model, dst)  # type: ignore[attr-defined]
     fn.__name__ = fn.__qualname__ = f"{src}_{name}_to_{dst}"
     fn.__doc__ = f"A {src} ``{name}`` as a {dst} ``{name}``: the same kwargs, the weights in its layout."
     return fn

@@ -15,6 +15,7 @@ from pipekit import ConfigError
 
 __all__ = [
     "convert_model",
+    "converted_architecture",
     "find_converter",
     "refuse_foreign",
     "register_converter",
@@ -29,6 +30,9 @@ def register_converter(
     src_backend: str, dst_backend: str, factory: str | None = None
 ) -> Callable[[Converter], Converter]:
     """Register ``fn(bound_model_op) -> bound model op of dst_backend``, for models of `factory` (``None``: any).
+
+    A converter that knows what it will produce without weights may carry ``fn.architecture(model_op)`` returning
+    that unbound model op; pre-flight then refuses a hand-off into a stage of another architecture.
 
     Example:
         >>> @register_converter("doc-src", "keras", "mlp")
@@ -48,6 +52,15 @@ def register_converter(
 def registered_converters() -> list[tuple[str, str, str | None]]:
     """``(src_backend, dst_backend, factory)`` of every registered converter."""
     return sorted(_CONVERTERS, key=lambda k: (k[0], k[1], k[2] or ""))
+
+
+def converted_architecture(model: Any, dst_backend: str) -> Any:
+    """The unbound model op the converter for `model` into `dst_backend` will produce, when it says so (a converter
+    may carry ``fn.architecture(model)``, as the built-in ones do); ``None`` when it does not. Needs no weights: it
+    lets pre-flight refuse a hand-off into another architecture before anything trains."""
+    fn = find_converter(model, dst_backend)
+    architecture = getattr(fn, "architecture", None)
+    return architecture(model) if architecture is not None else None
 
 
 def find_converter(model: Any, dst_backend: str) -> Converter | None:

@@ -265,10 +265,19 @@ def test_a_stage_takes_an_equinox_mlp_through_the_converter_and_refuses_others(t
     )
     np.testing.assert_allclose(starts[0], first(X[:4]), rtol=1e-5, atol=1e-6)
 
+    # an autoencoder converts, but to a Keras autoencoder, not the stage's mlp: refused in pre-flight
     ae = EquinoxModel(factory="autoencoder", kwargs={"in_size": 4})
     other = eqx_stage.replace(model_op=ae, target_key="x", name="e")
-    with pytest.raises(pipekit.ConfigError, match="backend 'equinox'.*registered converter"):
+    with pytest.raises(pipekit.ConfigError, match=r"converts to KerasModel\(factory='autoencoder'.*transfer:"):
         _train(pipekit.Sequential([other, keras_stage]), tmp_path / "refused")
+
+    @register_model("test_no_converter")
+    def _plain(key, in_size: int = 4, out_size: int = 1):
+        return eqx.nn.Linear(in_size, out_size, key=key)
+
+    unconvertible = eqx_stage.replace(model_op=EquinoxModel(factory="test_no_converter"), name="e")
+    with pytest.raises(pipekit.ConfigError, match="backend 'equinox'.*registered converter"):
+        _train(pipekit.Sequential([unconvertible, keras_stage]), tmp_path / "no-converter")
 
 
 # Losses ---------------------------------------------------------------------------------------------------------

@@ -284,9 +284,22 @@ def test_a_stage_takes_an_equinox_mlp_through_the_converter_and_refuses_others(t
     _train(pipekit.Sequential(stages), tmp_path / "s")
     np.testing.assert_allclose(seen["t start"], seen["e end"], rtol=1e-5, atol=1e-6)
     assert not np.allclose(seen["e start"], seen["e end"]), "the Equinox stage did not train"
+    # an autoencoder converts, but to a torch autoencoder, not the stage's mlp: refused in pre-flight
     other = eqx_stage.replace(model_op=EquinoxModel(factory="autoencoder", kwargs={"in_size": 4}), target_key="x")
-    with pytest.raises(pipekit.ConfigError, match="backend 'equinox'.*registered converter"):
+    with pytest.raises(pipekit.ConfigError, match=r"converts to TorchModel\(factory='autoencoder'.*transfer:"):
         _train(pipekit.Sequential([other.replace(name="e"), torch_stage]), tmp_path / "refused")
+
+    import equinox as eqx
+
+    from pipekit_train.adapters.equinox import register_model
+
+    @register_model("test_no_torch_converter")
+    def _plain(key, in_size: int = 4, out_size: int = 1):
+        return eqx.nn.Linear(in_size, out_size, key=key)
+
+    unconvertible = eqx_stage.replace(model_op=EquinoxModel(factory="test_no_torch_converter"), name="e")
+    with pytest.raises(pipekit.ConfigError, match="backend 'equinox'.*registered converter"):
+        _train(pipekit.Sequential([unconvertible, torch_stage]), tmp_path / "no-converter")
 
 
 # Losses ---------------------------------------------------------------------------------------------------------
