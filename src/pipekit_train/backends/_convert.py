@@ -1,8 +1,9 @@
 """Moving a trained model between backends: `register_converter`, `find_converter`, `convert_model`.
 
 A stage of one backend refuses the model of another unless a converter is registered for the pair (and the source
-model's factory). Backends register their converters when their package is imported (the Keras package ships
-``mlp`` Equinox ⇄ Keras). A converter takes a bound model operator and returns a bound one of the other backend.
+model's factory). Backends register their converters when their package is imported (the built-in factories convert
+in all six directions among Equinox, Keras and Lightning: `pipekit_train.adapters._zoo`). A converter takes a bound
+model operator and returns a bound one of the other backend.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pipekit import ConfigError
 
 __all__ = [
     "convert_model",
+    "converted_architecture",
     "find_converter",
     "refuse_foreign",
     "register_converter",
@@ -28,6 +30,9 @@ def register_converter(
     src_backend: str, dst_backend: str, factory: str | None = None
 ) -> Callable[[Converter], Converter]:
     """Register ``fn(bound_model_op) -> bound model op of dst_backend``, for models of `factory` (``None``: any).
+
+    A converter that knows what it will produce without weights may carry ``fn.architecture(model_op)`` returning
+    that unbound model op; pre-flight then refuses a hand-off into a stage of another architecture.
 
     Example:
         >>> @register_converter("doc-src", "keras", "mlp")
@@ -47,6 +52,15 @@ def register_converter(
 def registered_converters() -> list[tuple[str, str, str | None]]:
     """``(src_backend, dst_backend, factory)`` of every registered converter."""
     return sorted(_CONVERTERS, key=lambda k: (k[0], k[1], k[2] or ""))
+
+
+def converted_architecture(model: Any, dst_backend: str) -> Any:
+    """The unbound model op the converter for `model` into `dst_backend` will produce, when it says so (a converter
+    may carry ``fn.architecture(model)``, as the built-in ones do); ``None`` when it does not. Needs no weights: it
+    lets pre-flight refuse a hand-off into another architecture before anything trains."""
+    fn = find_converter(model, dst_backend)
+    architecture = getattr(fn, "architecture", None)
+    return architecture(model) if architecture is not None else None
 
 
 def find_converter(model: Any, dst_backend: str) -> Converter | None:

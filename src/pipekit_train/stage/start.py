@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pipekit import ConfigError
 
-from ..backends._convert import convert_model, find_converter, refuse_foreign
+from ..backends._convert import convert_model, converted_architecture, find_converter, refuse_foreign
 
 if TYPE_CHECKING:
     from .._models import ModelOp
@@ -54,6 +54,14 @@ def route(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str, ba
             )
         return "transferred"
     if converted:
+        produces = converted_architecture(previous, backend.name)
+        if produces is not None and produces != loop.model_op:
+            raise ConfigError(
+                f"stage {stage!r} trains {loop.model_op!r} but the previous stage's {previous!r} converts to "
+                f"{produces!r}; say which weights to carry over with `transfer:` (for example "
+                "`transfer: {type: Transfer, paths: {encoder: encoder}}`, or `transfer: {type: Transfer}` to start "
+                "fresh)"
+            )
         return "converted"
     if previous == loop.model_op:
         return "carried"

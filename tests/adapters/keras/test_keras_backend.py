@@ -36,7 +36,6 @@ from pipekit_train.adapters.equinox import EquinoxModel, register_model
 from pipekit_train.adapters.keras import (
     KerasModel,
     build_keras_optimizer,
-    convert_model,
     register_keras_model,
     to_keras_loss,
 )
@@ -238,14 +237,7 @@ def test_load_model_gives_a_usable_keras_model(tmp_path):
 MLP_KWARGS = {"in_size": 4, "out_size": 3, "width_size": 8, "depth": 2, "activation": "gelu"}
 
 
-def test_the_mlp_converters_keep_the_outputs():
-    eqx_op = EquinoxModel(factory="mlp", kwargs=MLP_KWARGS)
-    eqx_model = eqx_op.bind(eqx_op.build(0))
-    as_keras = convert_model(eqx_model, "keras")
-    assert isinstance(as_keras, KerasModel) and as_keras.kwargs == MLP_KWARGS
-    np.testing.assert_allclose(as_keras(X), eqx_model(X), rtol=1e-5, atol=1e-6)
-    back = convert_model(as_keras, "equinox")
-    assert back.weights_hash() == eqx_model.weights_hash()
+# The converters of every factory, in all six directions: tests/adapters/test_zoo.py.
 
 
 def test_a_stage_takes_an_equinox_mlp_through_the_converter_and_refuses_others(tmp_path):
@@ -265,10 +257,19 @@ def test_a_stage_takes_an_equinox_mlp_through_the_converter_and_refuses_others(t
     )
     np.testing.assert_allclose(starts[0], first(X[:4]), rtol=1e-5, atol=1e-6)
 
+    # an autoencoder converts, but to a Keras autoencoder, not the stage's mlp: refused in pre-flight
     ae = EquinoxModel(factory="autoencoder", kwargs={"in_size": 4})
     other = eqx_stage.replace(model_op=ae, target_key="x", name="e")
-    with pytest.raises(pipekit.ConfigError, match="backend 'equinox'.*registered converter"):
+    with pytest.raises(pipekit.ConfigError, match=r"converts to KerasModel\(factory='autoencoder'.*transfer:"):
         _train(pipekit.Sequential([other, keras_stage]), tmp_path / "refused")
+
+    @register_model("test_no_converter")
+    def _plain(key, in_size: int = 4, out_size: int = 1):
+        return eqx.nn.Linear(in_size, out_size, key=key)
+
+    unconvertible = eqx_stage.replace(model_op=EquinoxModel(factory="test_no_converter"), name="e")
+    with pytest.raises(pipekit.ConfigError, match="backend 'equinox'.*registered converter"):
+        _train(pipekit.Sequential([unconvertible, keras_stage]), tmp_path / "no-converter")
 
 
 # Losses ---------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The built-in Equinox modules (`Stack`, `AutoEncoder`, `Classifier`, `ConvNet`) and activations by name.
 
-The factories that build them (`_factories`) import this module when they are called, not when they register."""
+The factories that build them (`_factories.build`) import this module when they are called, not when they register."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from pipekit import ConfigError, ShapeError, suggestion
 
-__all__ = ["ACTIVATIONS", "AutoEncoder", "Classifier", "ConvNet", "Stack", "encoder", "get_activation"]
+__all__ = ["ACTIVATIONS", "AutoEncoder", "Classifier", "ConvNet", "Stack", "get_activation"]
 
 #: Activations by name. Models refer to them by these names, never by an import path.
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -102,7 +102,3 @@ class ConvNet(eqx.Module):
         for conv in self.convs:
             x = pool(fn(conv(x)))
         return self.head(jnp.ravel(x))
-
-
-def encoder(key: Any, in_size: int, latent_size: int, hidden: Sequence[int], activation: str) -> Stack:
-    return Stack([in_size, *hidden, latent_size], activation, key=key)

@@ -1,81 +1,43 @@
 """The built-in Keras factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier`` (the Equinox backend's kwargs).
 
-Cheap to import: the signatures are what `KerasModel` checks its ``kwargs`` against when a pipeline is read, and
-Keras is imported only when a factory runs (the model classes live in `_layers`).
+Their kwargs and layers are the backend-neutral descriptions in `pipekit_train.adapters._zoo`; `build` makes Keras
+layers (the model classes in `_layers`) from a description. Cheap to import: the signatures are what `KerasModel`
+checks its ``kwargs`` against when a pipeline is read, and Keras is imported only when a factory runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from ..._models import ACTIVATION_NAMES, check_activation
-from .._shared import cnn_feature_size
+from .._zoo import ZOO, Architecture, factory
 from ._model import register_keras_model
 
-__all__ = ["ACTIVATION_NAMES", "autoencoder", "check_activation", "classifier", "cnn", "mlp"]
+__all__ = ["build"]
 
 
-@register_keras_model("mlp")
-def mlp(in_size: int, out_size: int, width_size: int = 64, depth: int = 2, activation: str = "relu") -> Any:
-    """`depth` hidden ``Dense`` layers of `width_size` and a named activation (like ``equinox.nn.MLP``)."""
-    from ._layers import MLP
+def build(arch: Architecture, key: Any = None) -> Any:
+    """The built Keras model of `arch` (under the caller's seed; `key` is unused): `MLP`, `ConvNet`,
+    `AutoEncoder` or `Classifier`, with a batch input of the first layer's width."""
+    from . import _layers as k
 
-    model = MLP(in_size, out_size, width_size, depth, check_activation(activation), name="mlp")
-    model.build((None, int(in_size)))
+    act = arch.activation
+    if arch.factory == "mlp":
+        model = k.MLP(arch.sizes("layers"), act, name="mlp")
+        in_size = arch.sizes("layers")[0]
+    elif arch.factory == "cnn":
+        image = arch.image()
+        model = k.ConvNet(image.size, arch.part("convs"), arch.sizes("head"), act, name="cnn")
+        in_size = image.size**2 * image.channels
+    else:
+        encoder = k.Stack(arch.sizes("encoder"), act, name="encoder")
+        other = arch.parts()[1]  # "decoder" | "head"
+        second = k.Stack(arch.sizes(other), act, name=other)
+        cls = k.AutoEncoder if arch.factory == "autoencoder" else k.Classifier
+        model = cls(encoder, second, name=arch.factory)
+        in_size = arch.sizes("encoder")[0]
+    model.build((None, in_size))
     return model
 
 
-@register_keras_model("cnn")
-def cnn(
-    image_size: int = 8,
-    out_size: int = 10,
-    channels: Sequence[int] = (8, 16),
-    hidden: int = 64,
-    activation: str = "relu",
-) -> Any:
-    """3x3 convolutions (each followed by the activation and 2x2 max-pooling), then a one-hidden-layer head."""
-    from ._layers import ConvNet
-
-    channels = [int(c) for c in channels]
-    cnn_feature_size(image_size, channels)
-    model = ConvNet(image_size, channels, hidden, out_size, check_activation(activation), name="cnn")
-    model.build((None, int(image_size) ** 2))
-    return model
-
-
-def _encoder(in_size: int, latent_size: int, hidden: Sequence[int], activation: str) -> Any:
-    from ._layers import Stack
-
-    return Stack([in_size, *hidden, latent_size], check_activation(activation), name="encoder")
-
-
-@register_keras_model("autoencoder")
-def autoencoder(in_size: int, latent_size: int = 16, hidden: Sequence[int] = (128,), activation: str = "relu") -> Any:
-    """``encoder``: in → hidden… → latent; ``decoder``: latent → reversed hidden… → in (linear output)."""
-    from ._layers import AutoEncoder, Stack
-
-    encoder = _encoder(in_size, latent_size, hidden, activation)
-    decoder = Stack([latent_size, *reversed(list(hidden)), in_size], activation, name="decoder")
-    model = AutoEncoder(encoder, decoder, name="autoencoder")
-    model.build((None, int(in_size)))
-    return model
-
-
-@register_keras_model("classifier")
-def classifier(
-    in_size: int,
-    num_classes: int,
-    latent_size: int = 16,
-    hidden: Sequence[int] = (128,),
-    head_hidden: Sequence[int] = (),
-    activation: str = "relu",
-) -> Any:
-    """``encoder`` exactly as `autoencoder`'s (same arguments: it takes that encoder's weights), then a ``head``."""
-    from ._layers import Classifier, Stack
-
-    encoder = _encoder(in_size, latent_size, hidden, activation)
-    head = Stack([latent_size, *head_hidden, num_classes], activation, name="head")
-    model = Classifier(encoder, head, name="classifier")
-    model.build((None, int(in_size)))
-    return model
+for _name in ZOO:
+    register_keras_model(_name)(factory(_name, build, __name__))

@@ -67,15 +67,14 @@ class Stack(keras.layers.Layer):
 
 
 class MLP(keras.Model):
-    """`depth` hidden ``Dense`` layers of `width_size`, like ``equinox.nn.MLP``: ``model.layers[i]`` are the Dense
-    layers in order (kernels ``(in, out)``, the transposes of Equinox's ``weight``)."""
+    """``Dense`` layers through `sizes` (``[in, width, ..., out]``), like ``equinox.nn.MLP``: ``model.layers[i]`` are
+    the Dense layers in order (kernels ``(in, out)``, the transposes of Equinox's ``weight``)."""
 
-    def __init__(self, in_size: int, out_size: int, width_size: int, depth: int, activation: str, **kwargs: Any):
+    def __init__(self, sizes: Sequence[int], activation: str, **kwargs: Any):
         super().__init__(**kwargs)
-        sizes = [in_size, *([width_size] * depth), out_size]
-        self.in_size = int(in_size)
+        self.in_size = int(sizes[0])
         self.activation_name = activation
-        self._dense = [keras.layers.Dense(s, name=f"layers_{i}") for i, s in enumerate(sizes[1:])]
+        self._dense = [keras.layers.Dense(int(s), name=f"layers_{i}") for i, s in enumerate(sizes[1:])]
 
     @property
     def expected_input(self) -> str:
@@ -142,13 +141,16 @@ class ConvNet(keras.Model):
     One example is a single-channel square image, flat ``(H*W,)``, ``(H, W)``, ``(1, H, W)`` or ``(H, W, 1)``.
     """
 
-    def __init__(self, image_size: int, channels: Sequence[int], hidden: int, out_size: int, activation: str, **kw):
+    def __init__(self, image_size: int, convs: Sequence[Any], head: Sequence[int], activation: str, **kw):
+        """`convs`: the zoo's `Conv` layers (``"same"`` padding); `head`: the sizes through the head `Stack`."""
         super().__init__(**kw)
         self.image_size = int(image_size)
         self.activation_name = activation
-        self.convs = [keras.layers.Conv2D(c, 3, padding="same", name=f"convs_{i}") for i, c in enumerate(channels)]
-        final = self.image_size // 2 ** len(channels)
-        self.head = Stack([channels[-1] * final * final, hidden, out_size], activation, name="head")
+        self.convs = [
+            keras.layers.Conv2D(c.out_channels, c.kernel, strides=c.stride, padding="same", name=f"convs_{i}")
+            for i, c in enumerate(convs)
+        ]
+        self.head = Stack(head, activation, name="head")
 
     @property
     def expected_input(self) -> str:

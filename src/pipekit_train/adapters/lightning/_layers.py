@@ -89,14 +89,16 @@ class Classifier(nn.Module):
 class ConvNet(nn.Module):
     """Small conv net for single-channel square images; input ``(B, H*W)``, ``(B, H, W)`` or ``(B, 1, H, W)``."""
 
-    def __init__(self, image_size: int, channels: Sequence[int], hidden: int, out_size: int, activation: str) -> None:
+    def __init__(self, image_size: int, convs: Sequence[Any], head: Sequence[int], activation: str) -> None:
+        """`convs`: the zoo's `Conv` layers; `head`: the sizes through the head `Stack`."""
         super().__init__()
-        widths = [1, *channels]
-        final = image_size // 2 ** len(channels)
         self.image_size = image_size
         self.activation = activation
-        self.convs = nn.ModuleList(nn.Conv2d(a, b, kernel_size=3, padding=1) for a, b in itertools.pairwise(widths))
-        self.head = Stack([widths[-1] * final * final, hidden, out_size], activation)
+        self.convs = nn.ModuleList(
+            nn.Conv2d(c.in_channels, c.out_channels, kernel_size=c.kernel, stride=c.stride, padding=c.padding)
+            for c in convs
+        )
+        self.head = Stack(head, activation)
         s = image_size
         self.expected_input = f"({s * s},), ({s}, {s}) or (1, {s}, {s}) (a single-channel {s}x{s} image)"
 
