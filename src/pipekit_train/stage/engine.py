@@ -198,6 +198,7 @@ class Engine:
         progress = self.progress = Progress(
             self.stage, loop.max_steps, self.step, enabled=loop.progress and self.primary, batch_size=loop.batch_size
         )
+        progress.chains = getattr(self.backend, "progress_chains", None)  # a sampler's chains (adapters/numpyro)
         status = "completed"
         try:
             if self.step == 0:

@@ -278,6 +278,20 @@ class Posterior:
     def __repr__(self) -> str:
         return f"Posterior({ {k: v.shape for k, v in self.draws.items()} })"
 
+    def to_arviz(
+        self,
+        sample_stats: Mapping[str, Any] | None = None,
+        observed_data: Mapping[str, Any] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """The draws as an ArviZ ``InferenceData`` (group ``posterior``, dims ``chain``, ``draw``), with the
+        ``sample_stats`` and ``observed_data`` groups when given (``pipekit-train export --format arviz`` adds
+        them from the stage's files) and `attrs` on every group. Needs the ``arviz`` package (the numpyro and
+        blackjax extras install it)."""
+        from .._arviz import inference_data
+
+        return inference_data(self.draws, sample_stats or {}, observed_data or {}, dict(attrs or {}))
+
 
 class GuideParams:
     """A guide's fitted parameters (constrained values, as ``SVI.get_params`` returns them), as host arrays."""

@@ -173,6 +173,29 @@ class SamplerControls:
             }
         return out
 
+    # The progress line --------------------------------------------------------------------------------------
+    _chain_divergences: np.ndarray | None = None
+
+    def progress_chains(self, step: int) -> str | None:
+        """The progress line's part for several chains: each chain's phase (warm-up or sampling, with its
+        iteration; vectorized chains move in lockstep) and its divergences after warm-up so far. The counts are
+        read from the device only once the latest chunk has finished (``is_ready``), so drawing the line never
+        makes the host wait; until then the line shows the previous counts."""
+        k = self.setup.kernel
+        if k.num_chains < 2:
+            return None
+        latest = self.chain_divergences()  # type: ignore[attr-defined]
+        if latest is not None:
+            self._chain_divergences = latest
+        if self._chain_divergences is None:
+            self._chain_divergences = np.zeros(k.num_chains, np.int64)
+        if step < k.num_warmup:
+            phase = f"warm-up {step}/{k.num_warmup}"
+        else:
+            phase = f"sampling {step - k.num_warmup}/{self.setup.num_samples}"
+        divs = " ".join(str(int(d)) for d in self._chain_divergences)
+        return f"chains 0-{k.num_chains - 1} {phase} | divergences [{divs}]"
+
     # `until`: sample until converged (the engine asks at every chunk end; see docs/bayesian.md) -------------
     _until_at: int = -1
     _until_done: bool = False
@@ -235,8 +258,13 @@ class SamplerControls:
 
     def final_metrics(self, stage: str, stage_dir: str) -> dict[str, float]:
         """The posterior's diagnostics (printed and written beside the stage's metrics) when sampling completed."""
-        from ._posterior import report
+        from ._posterior import report, write_groups
+        from ._registry import get_numpyro_model
 
+        if stage_dir:
+            observed = get_numpyro_model(self.setup.model_op.model).observed
+            data = {k: v for k, v in self.setup.data.items() if k in observed}
+            write_groups(stage_dir, self.sample_stats(), data)  # type: ignore[attr-defined]
         return report(self.draws(), self.divergences(), stage, stage_dir)  # type: ignore[attr-defined]
 
     def get_lr_scale(self) -> float:
