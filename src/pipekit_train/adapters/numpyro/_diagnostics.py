@@ -20,11 +20,16 @@ def load_scipy() -> None:
     """Import what the diagnostics use (the first import takes about a second)."""
     import scipy.fft
     import scipy.special
-    import scipy.stats  # noqa: F401
+    import scipy.stats
+    import scipy.stats.mstats  # noqa: F401
 
 
 def _columns(x: Any) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float64)
+    """`x` as ``(chains, draws, k)``; floating draws keep their dtype, as in ArviZ (the tail R-hat folds float32
+    draws in float32, and the fold's ties decide its ranks)."""
+    a = np.asarray(x)
+    if not np.issubdtype(a.dtype, np.floating):
+        a = a.astype(np.float64)
     return a[..., None] if a.ndim == 2 else a.reshape(a.shape[0], a.shape[1], -1)
 
 
@@ -46,6 +51,7 @@ def _z_scale(x: np.ndarray) -> np.ndarray:
 
 
 def _rhat_plain(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
     n = x.shape[1]
     between = n * np.var(x.mean(axis=1), axis=0, ddof=1)
     within = np.mean(np.var(x, axis=1, ddof=1), axis=0)
@@ -121,6 +127,7 @@ def _ess_one(acov: np.ndarray, chain_mean: np.ndarray, n_chain: int, n_draw: int
 
 def _ess(x: np.ndarray) -> np.ndarray:
     """ArviZ's ``_ess`` of every column of ``(chains, draws, k)`` (a constant column: its number of values)."""
+    x = x.astype(np.float64)
     n_chain, n_draw, k = x.shape
     acov = _autocov(x)
     means = x.mean(axis=1)
@@ -149,10 +156,12 @@ def ess_tail(x: Any, prob: tuple[float, float] = (0.05, 0.95)) -> np.ndarray | f
     a = _columns(x)
     if a.shape[1] < 4:
         return _shaped(np.full(a.shape[-1], np.nan), x)
+    from scipy.stats.mstats import mquantiles
+
     flat = a.reshape(-1, a.shape[-1])
     out = None
     for p in prob:
-        q = np.quantile(flat, p, axis=0)
+        q = np.asarray(mquantiles(flat, [p], alphap=1, betap=1, axis=0)).reshape(-1)  # ArviZ's quantile (R type 7)
         e = _ess(_split((a <= q).astype(np.float64)))
         out = e if out is None else np.minimum(out, e)
     assert out is not None

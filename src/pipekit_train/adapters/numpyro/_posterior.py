@@ -24,11 +24,13 @@ def site_table(draws: Mapping[str, np.ndarray], prob: float = 0.9) -> list[dict[
     lo, hi = (1 - prob) / 2, 1 - (1 - prob) / 2
     rows = []
     for site, value in draws.items():
-        v = np.asarray(value, dtype=np.float64)
+        raw = np.asarray(value)
+        v = raw.astype(np.float64)
         if v.ndim < 2 or v.shape[1] < 4:
             continue
         flat = v.reshape(v.shape[0], v.shape[1], -1)
-        rhat, bulk, tail = r_hat(flat), ess_bulk(flat), ess_tail(flat)
+        as_sampled = raw.reshape(flat.shape)  # the diagnostics in the draws' dtype, as ArviZ computes them
+        rhat, bulk, tail = r_hat(as_sampled), ess_bulk(as_sampled), ess_tail(as_sampled)
         for j in range(flat.shape[-1]):
             x = flat[:, :, j]
             name = site if flat.shape[-1] == 1 and v.ndim == 2 else f"{site}[{j}]"
@@ -104,7 +106,7 @@ def write_groups(stage_dir: str, sample_stats: Mapping[str, np.ndarray], observe
     os.makedirs(stage_dir, exist_ok=True)
     tmp = os.path.join(stage_dir, GROUPS_NPZ + ".tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stubs take allow_pickle for a key
     os.replace(tmp, os.path.join(stage_dir, GROUPS_NPZ))
 
 
