@@ -20,8 +20,7 @@ def load_scipy() -> None:
     """Import what the diagnostics use (the first import takes about a second)."""
     import scipy.fft
     import scipy.special
-    import scipy.stats
-    import scipy.stats.mstats  # noqa: F401
+    import scipy.stats  # noqa: F401
 
 
 def _columns(x: Any) -> np.ndarray:
@@ -39,14 +38,29 @@ def _split(x: np.ndarray) -> np.ndarray:
     return np.concatenate([x[:, :half], x[:, x.shape[1] - half :]], axis=0)
 
 
+def _average_ranks(flat: np.ndarray) -> np.ndarray:
+    """``scipy.stats.rankdata(method="average")`` of every column of ``(n, k)`` (the same algorithm: ties get the
+    mean of their ranks, which are exact in float64, so the ranks are the same numbers)."""
+    n, k = flat.shape
+    ranks = np.empty((n, k), np.float64)
+    order = np.argsort(flat, axis=0, kind="stable")
+    for j in range(k):
+        xs = flat[order[:, j], j]
+        first = np.empty(n, bool)
+        first[0] = True
+        np.not_equal(xs[1:], xs[:-1], out=first[1:])
+        dense = np.cumsum(first)
+        bounds = np.r_[np.flatnonzero(first), n]
+        ranks[order[:, j], j] = 0.5 * (bounds[dense] + bounds[dense - 1] + 1)
+    return ranks
+
+
 def _z_scale(x: np.ndarray) -> np.ndarray:
     """Rank-normalised values: average ranks over all chains and draws (per column), Blom's back-transform."""
     from scipy.special import ndtri
-    from scipy.stats import rankdata
 
     flat = x.reshape(-1, x.shape[-1])
-    ranks = rankdata(flat, method="average", axis=0)
-    out: np.ndarray = ndtri((ranks - 0.375) / (flat.shape[0] + 0.25))
+    out: np.ndarray = ndtri((_average_ranks(flat) - 0.375) / (flat.shape[0] + 0.25))
     return out.reshape(x.shape)
 
 
@@ -91,21 +105,22 @@ def _autocov(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ess_one(acov: np.ndarray, chain_mean: np.ndarray, n_chain: int, n_draw: int) -> float:
-    """ArviZ's ``_ess`` from one column's autocovariances: Geyer's initial positive and monotone sequences."""
-    mean_var = np.mean(acov[:, 0]) * n_draw / (n_draw - 1.0)
+def _ess_one(acov_mean: list[float], chain_var: float, n_chain: int, n_draw: int) -> float:
+    """ArviZ's ``_ess`` of one column from the chains' mean autocovariance at every lag: Geyer's initial positive
+    and initial monotone sequences."""
+    mean_var = acov_mean[0] * n_draw / (n_draw - 1.0)
     var_plus = mean_var * (n_draw - 1.0) / n_draw
     if n_chain > 1:
-        var_plus += np.var(chain_mean, ddof=1)
-    rho = np.zeros(n_draw)
+        var_plus += chain_var
+    rho = [0.0] * n_draw
     rho_even = 1.0
     rho[0] = rho_even
-    rho_odd = 1.0 - (mean_var - np.mean(acov[:, 1])) / var_plus
+    rho_odd = 1.0 - (mean_var - acov_mean[1]) / var_plus
     rho[1] = rho_odd
     t = 1
     while t < (n_draw - 3) and (rho_even + rho_odd) > 0.0:
-        rho_even = 1.0 - (mean_var - np.mean(acov[:, t + 1])) / var_plus
-        rho_odd = 1.0 - (mean_var - np.mean(acov[:, t + 2])) / var_plus
+        rho_even = 1.0 - (mean_var - acov_mean[t + 1]) / var_plus
+        rho_odd = 1.0 - (mean_var - acov_mean[t + 2]) / var_plus
         if (rho_even + rho_odd) >= 0:
             rho[t + 1] = rho_even
             rho[t + 2] = rho_odd
@@ -120,9 +135,10 @@ def _ess_one(acov: np.ndarray, chain_mean: np.ndarray, n_chain: int, n_draw: int
             rho[t + 2] = rho[t + 1]
         t += 2
     ess = n_chain * n_draw
-    tau = -1.0 + 2.0 * np.sum(rho[: max_t + 1]) + np.sum(rho[max_t + 1 : max_t + 2])
+    head = np.asarray(rho[: max_t + 2], dtype=np.float64)
+    tau = -1.0 + 2.0 * np.sum(head[: max_t + 1]) + np.sum(head[max_t + 1 : max_t + 2])
     tau = max(tau, 1 / np.log10(ess))
-    return float("nan") if np.isnan(rho).any() else float(ess / tau)
+    return float("nan") if np.isnan(head).any() else float(ess / tau)
 
 
 def _ess(x: np.ndarray) -> np.ndarray:
@@ -130,16 +146,18 @@ def _ess(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     n_chain, n_draw, k = x.shape
     acov = _autocov(x)
-    means = x.mean(axis=1)
+    acov_mean = acov.mean(axis=0)  # (draws, k): the mean over chains of every lag
+    chain_var = np.var(x.mean(axis=1), axis=0, ddof=1) if n_chain > 1 else np.zeros(k)
+    lo, hi = x.min(axis=(0, 1)), x.max(axis=(0, 1))
+    nan = np.isnan(x).any(axis=(0, 1))
     out = np.empty(k)
     for j in range(k):
-        col = x[:, :, j]
-        if np.isnan(col).any():
+        if nan[j]:
             out[j] = np.nan
-        elif np.max(col) - np.min(col) < np.finfo(float).resolution:
-            out[j] = col.size
+        elif hi[j] - lo[j] < np.finfo(float).resolution:
+            out[j] = n_chain * n_draw
         else:
-            out[j] = _ess_one(acov[:, :, j], means[:, j], n_chain, n_draw)
+            out[j] = _ess_one(acov_mean[:, j].tolist(), float(chain_var[j]), n_chain, n_draw)
     return out
 
 
@@ -156,16 +174,29 @@ def ess_tail(x: Any, prob: tuple[float, float] = (0.05, 0.95)) -> np.ndarray | f
     a = _columns(x)
     if a.shape[1] < 4:
         return _shaped(np.full(a.shape[-1], np.nan), x)
-    from scipy.stats.mstats import mquantiles
-
-    flat = a.reshape(-1, a.shape[-1])
+    flat = np.sort(a.reshape(-1, a.shape[-1]), axis=0)
     out = None
     for p in prob:
-        q = np.asarray(mquantiles(flat, [p], alphap=1, betap=1, axis=0)).reshape(-1)  # ArviZ's quantile (R type 7)
+        q = _type7(flat, p)
         e = _ess(_split((a <= q).astype(np.float64)))
         out = e if out is None else np.minimum(out, e)
     assert out is not None
+    out = np.where(np.isnan(a).any(axis=(0, 1)), np.nan, out)  # ArviZ: NaN in, NaN out
     return _shaped(out, x)
+
+
+def _type7(xs: np.ndarray, p: float) -> np.ndarray:
+    """ArviZ's quantile, ``scipy.stats.mstats.mquantiles(alphap=1, betap=1)``, of sorted columns ``(n, k)``: the
+    same arithmetic (R's type 7), in the same order."""
+    n = xs.shape[0]
+    if n == 1:
+        return xs[0].astype(np.float64)
+    pp = np.asarray([p], dtype=np.float64)
+    aleph = n * pp + (1.0 + pp * (1.0 - 1.0 - 1.0))
+    k = np.floor(aleph.clip(1, n - 1)).astype(int)
+    gamma = (aleph - k).clip(0, 1)
+    out: np.ndarray = (1.0 - gamma) * xs[k - 1] + gamma * xs[k]
+    return out.reshape(-1)
 
 
 def _shaped(values: np.ndarray, x: Any) -> np.ndarray | float:
