@@ -224,3 +224,27 @@ def test_the_progress_line_shows_each_chains_phase_and_divergences(converged):
             assert match.group(2) == str(step)
         else:
             assert match.group(3) == str(step - WARMUP)
+
+
+# BlackJAX: the same `until`, and NUTS's tree depth in the sample statistics ------------------------------------
+def test_blackjax_until_stops_when_converged_and_keeps_the_tree_depth(tmp_path):
+    pytest.importorskip("blackjax")
+    from pipekit_train.adapters.blackjax import BlackjaxModel
+    from pipekit_train.adapters.numpyro._posterior import read_groups
+
+    until = {"r_hat_max": 1.02, "ess_bulk_min": 200, "check_every": EVERY, "max_draws": 1000}
+    loop = _loop(until=until, num_chains=2).replace(
+        model_op=BlackjaxModel(model="conjugate_normal"), backend="blackjax", max_steps=WARMUP + 1000
+    )
+    with run_settings(run_dir=str(tmp_path / "run"), store=False):
+        model, artifact = loop.run()
+    info = artifact.backend_info["until"]
+    draws = model.posterior.draws["mu"]
+    assert info["stopped"] == "converged" and info["draws"] == draws.shape[1] < 1000
+    assert info["step"] == artifact.backend_info["steps"] == WARMUP + draws.shape[1]
+    assert info["ess_bulk_min"] == diagnostics(model.posterior.draws)["ess_bulk_min"] >= 200
+    stats = read_groups(str(tmp_path / "run" / "s"))["sample_stats"]
+    assert {"tree_depth", "energy", "diverging", "step_size", "n_steps", "acceptance_rate", "lp"} <= set(stats)
+    assert stats["tree_depth"].shape == draws.shape and stats["tree_depth"].min() >= 1
+    # NUTS's leapfrog steps fit in the tree: at most 2**depth - 1.
+    assert np.all(stats["n_steps"] <= 2 ** stats["tree_depth"].astype(np.int64) - 1)

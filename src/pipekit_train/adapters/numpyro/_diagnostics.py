@@ -40,19 +40,21 @@ def _split(x: np.ndarray) -> np.ndarray:
 
 def _average_ranks(flat: np.ndarray) -> np.ndarray:
     """``scipy.stats.rankdata(method="average")`` of every column of ``(n, k)`` (the same algorithm: ties get the
-    mean of their ranks, which are exact in float64, so the ranks are the same numbers)."""
+    mean of their ranks, which are exact in float64, so the ranks are the same numbers). Each column is sorted as
+    a contiguous row: an ``axis=0`` sort of the strided columns took 25x longer."""
     n, k = flat.shape
-    ranks = np.empty((n, k), np.float64)
-    order = np.argsort(flat, axis=0, kind="stable")
+    ranks = np.empty((k, n), np.float64)
+    rows = np.ascontiguousarray(flat.T)
     for j in range(k):
-        xs = flat[order[:, j], j]
+        order = np.argsort(rows[j])
+        xs = rows[j][order]
         first = np.empty(n, bool)
         first[0] = True
         np.not_equal(xs[1:], xs[:-1], out=first[1:])
         dense = np.cumsum(first)
         bounds = np.r_[np.flatnonzero(first), n]
-        ranks[order[:, j], j] = 0.5 * (bounds[dense] + bounds[dense - 1] + 1)
-    return ranks
+        ranks[j, order] = 0.5 * (bounds[dense] + bounds[dense - 1] + 1)
+    return ranks.T
 
 
 def _z_scale(x: np.ndarray) -> np.ndarray:
@@ -98,10 +100,11 @@ def _autocov(x: np.ndarray) -> np.ndarray:
 
     n = x.shape[1]
     m = next_fast_len(2 * n)
-    centred = x - x.mean(axis=1, keepdims=True)
-    f = np.fft.rfft(centred, n=m, axis=1)
+    rows = np.ascontiguousarray(np.moveaxis(x, 1, -1))  # (chains, k, draws): each FFT over contiguous memory
+    centred = rows - rows.mean(axis=-1, keepdims=True)
+    f = np.fft.rfft(centred, n=m, axis=-1)
     f *= np.conjugate(f)
-    out: np.ndarray = np.fft.irfft(f, n=m, axis=1)[:, :n] / n
+    out: np.ndarray = np.moveaxis(np.fft.irfft(f, n=m, axis=-1)[..., :n] / n, -1, 1)
     return out
 
 
@@ -174,7 +177,7 @@ def ess_tail(x: Any, prob: tuple[float, float] = (0.05, 0.95)) -> np.ndarray | f
     a = _columns(x)
     if a.shape[1] < 4:
         return _shaped(np.full(a.shape[-1], np.nan), x)
-    flat = np.sort(a.reshape(-1, a.shape[-1]), axis=0)
+    flat = np.sort(np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T), axis=1).T
     out = None
     for p in prob:
         q = _type7(flat, p)
@@ -203,6 +206,13 @@ def _shaped(values: np.ndarray, x: Any) -> np.ndarray | float:
     return float(values[0]) if np.ndim(x) == 2 else values.reshape(np.shape(x)[2:])
 
 
+def _worst(values: Any, pick: Any) -> float:
+    """`pick` (max or min) of the finite values; NaN when there is none."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(pick(v)) if v.size else float("nan")
+
+
 def diagnostics(draws: Mapping[str, np.ndarray]) -> dict[str, float]:
     """The worst of every scalar over every site of `draws` (``(chains, draws, ...)`` by site): the largest R-hat,
     the smallest bulk and tail ESS. NaNs are left out; a statistic with no finite value is NaN."""
@@ -211,18 +221,34 @@ def diagnostics(draws: Mapping[str, np.ndarray]) -> dict[str, float]:
         return {"r_hat_max": float("nan"), "ess_bulk_min": float("nan"), "ess_tail_min": float("nan")}
     x = np.concatenate(cols, axis=-1)
 
-    def worst(values: Any, pick: Any) -> float:
-        v = np.asarray(values, dtype=np.float64)
-        v = v[np.isfinite(v)]
-        return float(pick(v)) if v.size else float("nan")
-
     if x.shape[1] < 4:
         return {"r_hat_max": float("nan"), "ess_bulk_min": float("nan"), "ess_tail_min": float("nan")}
     split = _split(x)
     z = _z_scale(split)  # shared by R-hat and bulk ESS
     rhat = _r_hat_split(split, z) if x.shape[0] >= 2 else np.full(x.shape[-1], np.nan)
     return {
-        "r_hat_max": worst(rhat, np.max),
-        "ess_bulk_min": worst(_ess(z), np.min),
-        "ess_tail_min": worst(ess_tail(x), np.min),
+        "r_hat_max": _worst(rhat, np.max),
+        "ess_bulk_min": _worst(_ess(z), np.min),
+        "ess_tail_min": _worst(ess_tail(x), np.min),
     }
+
+
+def meets(draws: Mapping[str, np.ndarray], until: Mapping[str, Any]) -> bool:
+    """Whether `draws` meet every criterion of a kernel's ``until`` (the same values as `diagnostics`), computing
+    only the criteria given and stopping at the first one that fails: bulk ESS (which shares its rank-normalised
+    split chains with R-hat), then R-hat, then tail ESS (the dearest: two autocovariances)."""
+    cols = [_columns(v) for v in draws.values() if np.ndim(v) >= 2]
+    if not cols or cols[0].shape[1] < 4:
+        return False
+    x = np.concatenate(cols, axis=-1)
+    split = _split(x)
+    z = _z_scale(split)
+
+    if "ess_bulk_min" in until and not _worst(_ess(z), np.min) >= until["ess_bulk_min"]:
+        return False
+    rhat_fails = "r_hat_max" in until and (
+        x.shape[0] < 2 or not _worst(_r_hat_split(split, z), np.max) <= until["r_hat_max"]
+    )
+    if rhat_fails:
+        return False
+    return not ("ess_tail_min" in until and not _worst(ess_tail(x), np.min) >= until["ess_tail_min"])
