@@ -193,7 +193,8 @@ def _type7(xs: np.ndarray, p: float) -> np.ndarray:
     same arithmetic (R's type 7), in the same order."""
     n = xs.shape[0]
     if n == 1:
-        return xs[0].astype(np.float64)
+        first: np.ndarray = xs[0].astype(np.float64)
+        return first
     pp = np.asarray([p], dtype=np.float64)
     aleph = n * pp + (1.0 + pp * (1.0 - 1.0 - 1.0))
     k = np.floor(aleph.clip(1, n - 1)).astype(int)
