@@ -1,4 +1,5 @@
-"""The ``pipekit-train export`` command: a trained model's inference function as a ``jax.export`` file.
+"""The ``pipekit-train export`` command: a trained model's inference function as a ``jax.export`` file, or
+(``--format arviz``) a sampler's posterior as an ArviZ netCDF file.
 
 ``export ARTIFACT_ID|MODEL_URI -o model.jaxexport [--batch N | --symbolic-batch] [--store PATH]`` writes the
 serialized function (weights included) and ``model.jaxexport.json``, its provenance. The input shape comes from
@@ -45,8 +46,38 @@ def _import_user_modules(args: argparse.Namespace) -> None:
     import_modules([*requests, *requested_imports(args.imports)])
 
 
+def cmd_export_arviz(args: argparse.Namespace) -> int:
+    """Write a sampler stage's posterior, sample statistics and observed data as an ArviZ netCDF file."""
+    given = [
+        f
+        for f, v in (
+            ("--batch", args.batch),
+            ("--input-shape", args.input_shape),
+            ("--dtype", args.dtype),
+            ("--platform", args.platform),
+            ("--symbolic-batch", args.symbolic_batch or None),
+        )
+        if v is not None
+    ]
+    if given:
+        raise UsageError(f"--format arviz writes the posterior draws; {', '.join(given)} belong to --format jaxexport")
+    _import_user_modules(args)
+
+    from ..adapters._arviz import export_arviz
+    from ..inference._export import _resolve
+
+    model, artifact, uri = _resolve(args.source, args.store, None)
+    written = export_arviz(artifact, model, uri, args.output)
+    groups = ", ".join(f"{g} ({', '.join(written['variables'][g])})" for g in written["groups"])
+    origin = f"artifact {artifact.artifact_id[:12]}" if artifact is not None else uri.split("?")[0]
+    print(f"wrote {args.output} ({origin}; ArviZ InferenceData, netCDF: {groups})")
+    return EXIT_OK
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Serialize the model's inference function with jax.export, and write its provenance next to it."""
+    if args.format == "arviz":
+        return cmd_export_arviz(args)
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch must be a positive int, got {args.batch}")
     if args.dtype is not None and args.input_shape is None:
@@ -89,6 +120,13 @@ def add_export_commands(sub: Any) -> None:
     )
     p.add_argument("source", metavar="ARTIFACT_ID|MODEL_URI", help="an artifact id (or unique prefix) or a model URI")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write (e.g. model.jaxexport)")
+    p.add_argument(
+        "--format",
+        choices=("jaxexport", "arviz"),
+        default="jaxexport",
+        help="jaxexport (default): the inference function; arviz: a sampler's posterior, sample_stats and "
+        "observed_data as ArviZ netCDF (e.g. -o post.nc)",
+    )
     batch = p.add_mutually_exclusive_group()
     batch.add_argument("--batch", type=int, metavar="N", help="a fixed batch size (default: the training batch size)")
     batch.add_argument("--symbolic-batch", action="store_true", help="accept any batch size (a symbolic dimension)")

@@ -146,6 +146,9 @@ class Engine:
             every.append(loop.steps_per_epoch)
         if self.hooks is not None:
             every.extend(self.hooks.boundaries())
+        periods = getattr(self.backend, "chunk_periods", None)  # a sampler's `until` checks (adapters/numpyro)
+        if periods is not None:
+            every.extend(periods())
         return [e for e in every if e]
 
     def _boundaries(self) -> list[int]:
@@ -159,6 +162,9 @@ class Engine:
         """
         remaining: int = self.loop.max_steps - self.step
         stop = min(self.step + remaining, *(((self.step // e) + 1) * e for e in self._boundaries()))
+        boundary = getattr(self.backend, "next_boundary", None)  # one not at multiples of a period (after warm-up)
+        if boundary is not None:
+            stop = min(stop, boundary(self.step))
         span = stop - self.step
         plan = self.chunks
         if not plan.auto or span >= plan.size:
@@ -192,6 +198,7 @@ class Engine:
         progress = self.progress = Progress(
             self.stage, loop.max_steps, self.step, enabled=loop.progress and self.primary, batch_size=loop.batch_size
         )
+        progress.chains = getattr(self.backend, "progress_chains", None)  # a sampler's chains (adapters/numpyro)
         status = "completed"
         try:
             if self.step == 0:
@@ -208,7 +215,10 @@ class Engine:
             for cb in self.callbacks:
                 cb.on_train_start(ctx)
             pending: tuple[int, Any] | None = None  # (step, loss) of the previous chunk, checked one chunk late
-            while self.step < loop.max_steps and ctx.stop_reason is None:
+            # A backend that decides it is done before max_steps (a sampler's `until`, checked at chunk ends on
+            # what the chunks computed, and again after a resume) ends the stage as completed.
+            done = getattr(self.backend, "until_reached", lambda step: False)
+            while self.step < loop.max_steps and ctx.stop_reason is None and not done(self.step):
                 n = self.next_chunk()
                 t0 = time.perf_counter()
                 if self.resident:  # the chunk gathers its own batches on the device

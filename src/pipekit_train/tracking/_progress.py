@@ -244,6 +244,9 @@ class Progress:
         self._bar: Any = None
         self._bar_width = 24
         self._task: Any = None
+        #: A sampler's per-chain state for the line (``step -> text``, or ``None`` with one chain); the engine sets
+        #: it from the backend's ``progress_chains``.
+        self.chains: Any = None
         if enabled and not self.plain:
             self._start_bar()
 
@@ -276,10 +279,13 @@ class Progress:
             return 0.0
         return (self.total - self.step) * self.step_s if self.step_s is not None else None
 
-    def _fields(self, epoch: int | None = None) -> dict[str, str]:
+    def _fields(self, epoch: int | None = None, step: int | None = None) -> dict[str, str]:
         parts = [f"epoch {self.epoch if epoch is None else epoch}"]
         if self.loss is not None:
             parts.append(f"loss {_num(self.loss)}")
+        chains = self.chains(self.step if step is None else step) if self.chains is not None else None
+        if chains:
+            parts.append(chains)
         if self.val:
             parts.append("val " + format_metrics(self.val, "validate/"))
         if self.step_s:
@@ -365,7 +371,7 @@ class Progress:
             self._refresh()
         elif step - self.last_print >= self.every or step >= self.total:
             self.last_print = step
-            info = self._fields(epoch)
+            info = self._fields(epoch, step)
             elapsed = _clock(time.perf_counter() - self.t0)
             self.line(f"{self.stage}: step {step}/{self.total} {info['info']} | elapsed {elapsed} ETA {info['eta']}")
 

@@ -136,7 +136,8 @@ def schedule_of(kernel: Any) -> np.ndarray:
 
 
 def transition(kernel: Any, logdensity: Any) -> Any:
-    """``step(key, state, adapt) -> (state, acceptance, diverging, leapfrog steps)`` of the kernel operator."""
+    """``step(key, state, adapt) -> (state, acceptance, diverging, leapfrog steps, extra statistics)`` of the kernel
+    operator (the extras: ``energy``, and NUTS's ``tree_depth``)."""
     import blackjax
 
     if isinstance(kernel, NUTS):
@@ -146,7 +147,8 @@ def transition(kernel: Any, logdensity: Any) -> Any:
             new, info = base(
                 key, state, logdensity, a.step_size, a.inverse_mass_matrix, max_num_doublings=kernel.max_tree_depth
             )
-            return new, info.acceptance_rate, info.is_divergent, info.num_integration_steps
+            extra = {"energy": info.energy, "tree_depth": info.num_trajectory_expansions}
+            return new, info.acceptance_rate, info.is_divergent, info.num_integration_steps, extra
 
         return nuts_step
     if isinstance(kernel, HMC):
@@ -158,14 +160,14 @@ def transition(kernel: Any, logdensity: Any) -> Any:
             else:  # NumPyro's rule: the trajectory length over the current step size, rounded up
                 n = jnp.clip(jnp.ceil(kernel.trajectory_length / a.step_size), 1, 1024).astype(jnp.int32)
             new, info = base(key, state, logdensity, a.step_size, a.inverse_mass_matrix, n)
-            return new, info.acceptance_rate, info.is_divergent, n
+            return new, info.acceptance_rate, info.is_divergent, n, {"energy": info.energy}
 
         return hmc_step
     base = blackjax.mala.build_kernel()
 
     def step(key: Any, state: Any, a: Adaptation) -> Any:
         new, info = base(key, state, logdensity, a.step_size)
-        return new, info.acceptance_rate, jnp.zeros((), bool), jnp.int32(1)
+        return new, info.acceptance_rate, jnp.zeros((), bool), jnp.int32(1), {}
 
     return step
 
@@ -233,7 +235,12 @@ class BlackjaxBackend(SamplerControls):
         self._adapt_update, self._adapt_final = program.adapt_update, program.adapt_final
         self.carry = jax.tree.map(_strong, program.init(z))
         sample = jax.eval_shape(jax.vmap(self._post), z)
-        self.draws_buf = jax.tree.map(lambda s: jnp.zeros((setup.kept, *s.shape), s.dtype), sample)
+        stats = jax.eval_shape(
+            lambda c: self._all_chains(jnp.zeros((self.chains, 2), jnp.uint32), c, jnp.int32(0), 0, False)[1][1],
+            self.carry,
+        )
+        # The kept draws and their sampler statistics, each ``(kept, chains, ...)``.
+        self.draws_buf = jax.tree.map(lambda s: jnp.zeros((setup.kept, *s.shape), s.dtype), (sample, stats))
         self.treedef = jax.tree.structure(self.carry)
         self.draws_def = jax.tree.structure(self.draws_buf)
         self.digest = config_digest(loop.task, setup.model_op)
@@ -244,7 +251,15 @@ class BlackjaxBackend(SamplerControls):
 
     # One iteration of one chain ----------------------------------------------------------------------------
     def _one(self, key: Any, c: ChainState, i: Any, stage: Any, is_end: Any) -> tuple[ChainState, Any]:
-        new, acc, diverging, num_steps = self._step(key, c.state, c.adapt)
+        new, acc, diverging, num_steps, extra = self._step(key, c.state, c.adapt)
+        stats = {  # this draw's sampler statistics (ArviZ's sample_stats names), kept with the draw
+            "lp": new.logdensity,
+            "acceptance_rate": acc,
+            "diverging": diverging,
+            "step_size": c.adapt.step_size,
+            "n_steps": jnp.asarray(num_steps, jnp.int32),
+            **extra,
+        }
         warm = i < self.num_warmup
         adapt = jax.lax.cond(
             warm, lambda a: self._adapt_update(a, stage, is_end, new.position, acc), lambda a: a, c.adapt
@@ -263,7 +278,7 @@ class BlackjaxBackend(SamplerControls):
             "diverging": diverging.astype(jnp.float32),
             "num_steps": jnp.asarray(num_steps, jnp.float32),
         }
-        return out, info
+        return out, (info, stats)
 
     def _all_chains(self, keys: Any, carry: ChainState, i: Any, stage: Any, is_end: Any) -> Any:
         if self.chains == 1:  # unbatched: the program of a plain single-chain BlackJAX loop
@@ -281,9 +296,9 @@ class BlackjaxBackend(SamplerControls):
             i = first + j
             key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
             entry = jax.lax.dynamic_index_in_dim(schedule, jnp.minimum(i, last), keepdims=False)
-            carry, info = self._all_chains(key, carry, i, entry[0], entry[1].astype(bool))
+            carry, (info, stats) = self._all_chains(key, carry, i, entry[0], entry[1].astype(bool))
             idx = (i - self.start_idx) // self.thinning
-            value = jax.vmap(self._post)(carry.state.position)
+            value = (jax.vmap(self._post)(carry.state.position), stats)
 
             def update(buf: Any, v: Any) -> Any:
                 return jax.lax.cond(idx >= 0, lambda b: b.at[idx].set(v), lambda b: b, buf)
@@ -308,7 +323,18 @@ class BlackjaxBackend(SamplerControls):
 
     def draws(self) -> dict[str, np.ndarray]:
         """The draws kept so far, ``(chains, draws, ...)`` by site."""
-        z = jax.device_get(self.draws_buf)
+        z = jax.device_get(self.draws_buf[0])
+        m = self.filled()
+        return {k: np.swapaxes(np.asarray(v), 0, 1)[:, :m] for k, v in z.items()}
+
+    def chain_divergences(self) -> np.ndarray | None:
+        """Divergences after warm-up per chain so far ``(chains,)``, or ``None`` while the latest chunk runs."""
+        divergences = self.carry.divergences
+        return np.asarray(divergences) if getattr(divergences, "is_ready", lambda: True)() else None
+
+    def sample_stats(self) -> dict[str, np.ndarray]:
+        """The kept draws' sampler statistics, ``(chains, draws)`` by name."""
+        z = jax.device_get(self.draws_buf[1])
         m = self.filled()
         return {k: np.swapaxes(np.asarray(v), 0, 1)[:, :m] for k, v in z.items()}
 

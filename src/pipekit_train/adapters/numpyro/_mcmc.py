@@ -94,7 +94,16 @@ class MCMCBackend(SamplerControls):
         )
 
     def _transform(self, state: Any) -> list[Any]:
-        return [self._post(state.z), state.diverging]
+        """What every kept draw records: the constrained sites, divergence, and the sampler's statistics (ArviZ's
+        ``sample_stats`` names; NumPyro keeps no tree depth, only the leapfrog steps)."""
+        stats = {
+            "lp": -state.potential_energy,
+            "energy": state.energy,
+            "acceptance_rate": state.accept_prob,
+            "step_size": state.adapt_state.step_size,
+            "n_steps": state.num_steps,
+        }
+        return [self._post(state.z), state.diverging, stats]
 
     def _iteration(self, i: Any, state: Any, collection: Any) -> Any:
         """One iteration, NumPyro's ``fori_collect`` body: sample, then write the draw at ``(i - start) // thinning``.
@@ -153,6 +162,25 @@ class MCMCBackend(SamplerControls):
 
     def divergences(self) -> int:
         return int(np.asarray(jax.device_get(self.collection[1]))[: self.filled()].sum())
+
+    def chain_divergences(self) -> np.ndarray | None:
+        """Divergences after warm-up per chain so far ``(chains,)``, or ``None`` while the latest chunk runs (read
+        on the host: no program to compile, no wait for the device)."""
+        diverging = self.collection[1]
+        if not getattr(diverging, "is_ready", lambda: True)():
+            return None
+        counts = np.asarray(diverging)[: self.filled()].sum(axis=0)
+        return np.atleast_1d(counts)
+
+    def sample_stats(self) -> dict[str, np.ndarray]:
+        """The kept draws' sampler statistics, ``(chains, draws)`` by name (``diverging`` included)."""
+        stats = {"diverging": self.collection[1], **self.collection[2]}
+        m = self.filled()
+        out = {}
+        for k, v in jax.device_get(stats).items():
+            a = np.asarray(v)[:m]
+            out[k] = np.swapaxes(a, 0, 1) if self.chains > 1 else a[None]
+        return out
 
     def bound_model(self) -> Any:
         return self.setup.model_op.bind(Posterior(self.draws()))

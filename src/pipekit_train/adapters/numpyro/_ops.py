@@ -38,6 +38,40 @@ InitStrategy = Literal["uniform", "median", "sample", "feasible", "mean"]
 
 
 # Kernels -------------------------------------------------------------------------------------------------
+#: The keys of a kernel's ``until``: the criteria (at least one), how often they are checked, the budget.
+UNTIL_KEYS = ("r_hat_max", "ess_bulk_min", "ess_tail_min", "check_every", "max_draws")
+UNTIL_CRITERIA = ("r_hat_max", "ess_bulk_min", "ess_tail_min")
+UNTIL_DEFAULT_CHECK_EVERY = 250
+
+
+def check_until(until: Any, num_samples: int | None, kernel: str) -> None:
+    """One-line `ConfigError`s for a kernel's ``until`` mapping: unknown keys, types, non-positive values."""
+    where = f"{kernel}.until"
+    if not isinstance(until, Mapping):
+        raise ConfigError(f"{where} must be a mapping such as {{r_hat_max: 1.01, ess_bulk_min: 400}}, got {until!r}")
+    for key, value in until.items():
+        if key not in UNTIL_KEYS:
+            raise ConfigError(
+                f"{where}: unknown key {key!r}{suggestion(str(key), list(UNTIL_KEYS))}; keys: {', '.join(UNTIL_KEYS)}"
+            )
+        ok_type = isinstance(value, int) if key in ("check_every", "max_draws") else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok_type:
+            kind = "an int" if key in ("check_every", "max_draws") else "a number"
+            raise ConfigError(f"{where}.{key} must be {kind}, got {value!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{where}.{key} must be > 0, got {value!r}")
+        if key == "r_hat_max" and value <= 1.0:
+            raise ConfigError(f"{where}.r_hat_max must be > 1 (R-hat is 1 at best), got {value!r}")
+    if not any(k in until for k in UNTIL_CRITERIA):
+        raise ConfigError(f"{where} names no criterion: give at least one of {', '.join(UNTIL_CRITERIA)}")
+    max_draws = until.get("max_draws")
+    if max_draws is not None and num_samples is not None and max_draws != num_samples:
+        raise ConfigError(
+            f"{where}.max_draws ({max_draws}) and {kernel}.num_samples ({num_samples}) disagree: with until, "
+            "the budget of sampling iterations is max_draws; remove num_samples"
+        )
+
+
 class _Kernel(Operator, register=False):
     """What every sampler kernel shares: how many iterations, chains, which draws are kept, where chains start.
 
@@ -52,9 +86,12 @@ class _Kernel(Operator, register=False):
     dense_mass: bool = False
     step_size: float = 1.0
     init_strategy: InitStrategy = "uniform"
+    until: dict[str, Any] | None = None
 
     def validate(self) -> None:
         name = type(self).__name__
+        if self.until is not None:
+            check_until(self.until, self.num_samples, name)
         for key in ("num_warmup", "num_chains", "thinning"):
             value = getattr(self, key)
             low = 0 if key == "num_warmup" else 1
@@ -70,8 +107,9 @@ class _Kernel(Operator, register=False):
     def samples_for(self, max_steps: int) -> int:
         """`num_samples`, or ``max_steps - num_warmup`` when it is left null; a `ConfigError` when they disagree."""
         name = type(self).__name__
-        total = self.num_warmup + (self.num_samples or 0)
-        if self.num_samples is None:
+        num_samples = self.num_samples if self.num_samples is not None else self.max_draws
+        total = self.num_warmup + (num_samples or 0)
+        if num_samples is None:
             if max_steps <= self.num_warmup:
                 raise ConfigError(
                     f"TrainingLoop.max_steps ({max_steps}) must be more than {name}.num_warmup ({self.num_warmup}): "
@@ -84,7 +122,12 @@ class _Kernel(Operator, register=False):
                 f"(num_warmup + num_samples); set max_steps: {total} (one loop step is one MCMC iteration of "
                 "every chain), or leave num_samples null to take max_steps - num_warmup"
             )
-        return self.num_samples
+        return num_samples
+
+    @property
+    def max_draws(self) -> int | None:
+        """``until.max_draws``: the most sampling iterations per chain a stage sampling until converged runs."""
+        return None if self.until is None else self.until.get("max_draws")
 
     def kept(self, max_steps: int) -> int:
         """How many draws per chain are kept: ``num_samples // thinning``."""
@@ -234,6 +277,20 @@ class Posterior:
 
     def __repr__(self) -> str:
         return f"Posterior({ {k: v.shape for k, v in self.draws.items()} })"
+
+    def to_arviz(
+        self,
+        sample_stats: Mapping[str, Any] | None = None,
+        observed_data: Mapping[str, Any] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """The draws as an ArviZ ``InferenceData`` (group ``posterior``, dims ``chain``, ``draw``), with the
+        ``sample_stats`` and ``observed_data`` groups when given (``pipekit-train export --format arviz`` adds
+        them from the stage's files) and `attrs` on every group. Needs the ``arviz`` package (the numpyro and
+        blackjax extras install it)."""
+        from .._arviz import inference_data
+
+        return inference_data(self.draws, sample_stats or {}, observed_data or {}, dict(attrs or {}))
 
 
 class GuideParams:

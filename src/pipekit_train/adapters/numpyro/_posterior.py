@@ -1,5 +1,6 @@
-"""Posterior diagnostics and the summary table: NumPyro's split R-hat and ESS (bulk ESS on rank-normalised
-split chains, as in Vehtari et al. 2021), the metrics every sampler stage records, and the table it writes."""
+"""Posterior diagnostics and the summary table: ArviZ's rank-normalised split R-hat, bulk and tail ESS (Vehtari et
+al. 2021; computed in NumPy by `_diagnostics`), the metrics every sampler stage records, the table it writes, and
+the file of the groups an ArviZ export adds to the posterior (sample statistics, observed data)."""
 
 from __future__ import annotations
 
@@ -14,35 +15,25 @@ SUMMARY_TXT = "posterior_summary.txt"
 SUMMARY_JSON = "posterior_summary.json"
 
 
-def _rank_normalise(x: np.ndarray) -> np.ndarray:
-    """Rank-normalised split chains, ``(2 * chains, draws // 2)``, of draws ``(chains, draws)``."""
-    from scipy.special import ndtri
-    from scipy.stats import rankdata
-
-    n = x.shape[1]
-    half = n // 2
-    split = np.concatenate([x[:, :half], x[:, n - half :]], axis=0) if half >= 2 else x
-    ranks = rankdata(split, method="average").reshape(split.shape)
-    normalised: np.ndarray = ndtri((ranks - 0.375) / (split.size + 0.25))
-    return normalised
-
-
 def site_table(draws: Mapping[str, np.ndarray], prob: float = 0.9) -> list[dict[str, Any]]:
-    """One row per scalar element of every site: mean, sd, quantiles, r_hat, ess_bulk (draws: (chains, n, ...))."""
-    from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
+    """One row per scalar element of every site: mean, sd, quantiles, ess_bulk, ess_tail, r_hat (draws:
+    ``(chains, n, ...)``); the diagnostics are ArviZ's (`_diagnostics`: rank-normalised split R-hat, NaN for one
+    chain; bulk and tail ESS), so ``az.summary`` of the exported file gives the same numbers."""
+    from ._diagnostics import ess_bulk, ess_tail, r_hat
 
     lo, hi = (1 - prob) / 2, 1 - (1 - prob) / 2
     rows = []
     for site, value in draws.items():
-        v = np.asarray(value, dtype=np.float64)
+        raw = np.asarray(value)
+        v = raw.astype(np.float64)
         if v.ndim < 2 or v.shape[1] < 4:
             continue
         flat = v.reshape(v.shape[0], v.shape[1], -1)
+        as_sampled = raw.reshape(flat.shape)  # the diagnostics in the draws' dtype, as ArviZ computes them
+        rhat, bulk, tail = r_hat(as_sampled), ess_bulk(as_sampled), ess_tail(as_sampled)
         for j in range(flat.shape[-1]):
             x = flat[:, :, j]
             name = site if flat.shape[-1] == 1 and v.ndim == 2 else f"{site}[{j}]"
-            r_hat = float(split_gelman_rubin(x)) if x.shape[1] >= 4 else float("nan")
-            ess = float(effective_sample_size(_rank_normalise(x))) if np.ptp(x) > 0 else float("nan")
             rows.append(
                 {
                     "site": name,
@@ -51,8 +42,9 @@ def site_table(draws: Mapping[str, np.ndarray], prob: float = 0.9) -> list[dict[
                     f"{lo:.0%}": float(np.quantile(x, lo)),
                     "50%": float(np.quantile(x, 0.5)),
                     f"{hi:.0%}": float(np.quantile(x, hi)),
-                    "ess_bulk": ess,
-                    "r_hat": r_hat,
+                    "ess_bulk": float(np.asarray(bulk)[j]),
+                    "ess_tail": float(np.asarray(tail)[j]),
+                    "r_hat": float(np.asarray(rhat)[j]),
                 }
             )
     return rows
@@ -67,18 +59,21 @@ def format_table(rows: list[dict[str, Any]], title: str) -> str:
     for r in rows:
         cells = []
         for c in cols:
-            cells.append(f"{r[c]:11.1f}" if c == "ess_bulk" else f"{r[c]:11.3f}")
+            cells.append(f"{r[c]:11.1f}" if c.startswith("ess_") else f"{r[c]:11.3f}")
         lines.append(r["site"].ljust(width) + "".join(cells))
     return "\n".join(lines) + "\n"
 
 
 def metrics_of(rows: list[dict[str, Any]], divergences: int) -> dict[str, float]:
-    """The artifact's posterior metrics: ``posterior/r_hat_max``, ``posterior/ess_bulk_min``, ``divergences``."""
+    """The artifact's posterior metrics: ``posterior/r_hat_max``, ``ess_bulk_min``, ``ess_tail_min``,
+    ``divergences``."""
     r_hats = [r["r_hat"] for r in rows if np.isfinite(r["r_hat"])]
     esses = [r["ess_bulk"] for r in rows if np.isfinite(r["ess_bulk"])]
+    tails = [r["ess_tail"] for r in rows if np.isfinite(r["ess_tail"])]
     return {
         "posterior/r_hat_max": float(max(r_hats)) if r_hats else float("nan"),
         "posterior/ess_bulk_min": float(min(esses)) if esses else float("nan"),
+        "posterior/ess_tail_min": float(min(tails)) if tails else float("nan"),
         "posterior/divergences": float(divergences),
     }
 
@@ -98,3 +93,31 @@ def report(
     if show:
         print(text, end="", flush=True)
     return metrics_of(rows, divergences)
+
+
+GROUPS_NPZ = "posterior_groups.npz"
+
+
+def write_groups(stage_dir: str, sample_stats: Mapping[str, np.ndarray], observed: Mapping[str, np.ndarray]) -> None:
+    """``posterior_groups.npz`` in the stage directory: ``sample_stats/<name>`` ``(chains, draws)`` and
+    ``observed_data/<site>``, what ``pipekit-train export --format arviz`` adds to the registered draws."""
+    arrays = {f"sample_stats/{k}": np.asarray(v) for k, v in sample_stats.items()}
+    arrays.update({f"observed_data/{k}": np.asarray(v) for k, v in observed.items()})
+    os.makedirs(stage_dir, exist_ok=True)
+    tmp = os.path.join(stage_dir, GROUPS_NPZ + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stubs take allow_pickle for a key
+    os.replace(tmp, os.path.join(stage_dir, GROUPS_NPZ))
+
+
+def read_groups(stage_dir: str) -> dict[str, dict[str, np.ndarray]]:
+    """The groups `write_groups` wrote (empty groups when the file is not there)."""
+    out: dict[str, dict[str, np.ndarray]] = {"sample_stats": {}, "observed_data": {}}
+    path = os.path.join(stage_dir, GROUPS_NPZ)
+    if not os.path.exists(path):
+        return out
+    with np.load(path, allow_pickle=False) as z:
+        for key in z.files:
+            group, name = key.split("/", 1)
+            out.setdefault(group, {})[name] = z[key]
+    return out

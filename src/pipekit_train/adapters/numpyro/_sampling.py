@@ -4,6 +4,7 @@ handed over by a previous stage, the `StepBackend` plumbing and the end-of-stage
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import numpy as np
 from pipekit import ConfigError, PipekitError
 
 from ._data import check_data, check_sites, full_data
-from ._ops import NumpyroGuide, NumpyroModel, _Kernel
+from ._ops import UNTIL_DEFAULT_CHECK_EVERY, NumpyroGuide, NumpyroModel, _Kernel
 
 
 @dataclass
@@ -68,6 +69,35 @@ def _check(loop: Any, stage: str, kernels: tuple[type[_Kernel], ...]) -> None:
         raise ConfigError(f"stage {stage!r}: init_from warm-starts optimizers; a sampler starts from its init_strategy")
     if loop.transfer is not None:
         raise ConfigError(f"stage {stage!r}: a sampler stage takes no `transfer`; it starts from the whole model")
+    if kernel.until is not None:
+        _check_until(loop, stage)
+
+
+def _check_until(loop: Any, stage: str) -> None:
+    """What `until` needs of the stage (its own keys and values were checked when the kernel was built)."""
+    kernel = loop.task
+    name = type(kernel).__name__
+    where = f"stage {stage!r}: {name}.until"
+    until = kernel.until
+    every = until.get("check_every", UNTIL_DEFAULT_CHECK_EVERY)
+    if "r_hat_max" in until and kernel.num_chains < 2:
+        raise ConfigError(
+            f"{where}.r_hat_max needs num_chains >= 2 (split R-hat compares chains; ArviZ gives NaN for one chain), "
+            f"got num_chains: {kernel.num_chains}; set num_chains: 4, or use ess_bulk_min / ess_tail_min alone"
+        )
+    samples = kernel.samples_for(loop.max_steps)
+    if every > samples:
+        raise ConfigError(
+            f"{where}.check_every ({every}) is more than the draws the stage may take ({samples}, until.max_draws or "
+            f"max_steps - num_warmup): it would never check; set check_every <= {samples}"
+        )
+    spc = loop.steps_per_call
+    if spc != "auto" and every % int(spc) != 0:
+        lower = max(int(spc), every // int(spc) * int(spc))
+        raise ConfigError(
+            f"{where}.check_every ({every}) must be a multiple of steps_per_call ({spc}): checks run between chunks; "
+            f"set check_every: {lower} (or {lower + int(spc)}), or steps_per_call to a divisor of {every}"
+        )
 
 
 def _initial_point(
@@ -125,19 +155,115 @@ class SamplerControls:
 
     def summary(self) -> dict[str, Any]:
         k = self.setup.kernel
-        return {
+        out = {
             "kernel": type(k).__name__,
             "num_chains": k.num_chains,
             "num_warmup": k.num_warmup,
             "num_samples": self.setup.num_samples,
-            "draws_per_chain": self.setup.kept,
+            "draws_per_chain": self.filled(),  # type: ignore[attr-defined]
             "init": self.setup.init_source or k.init_strategy,
         }
+        if k.until is not None:
+            self.until_reached(self.step)  # type: ignore[attr-defined]  # the last step's values, if not checked
+            out["until"] = {
+                "config": dict(k.until),
+                **self._until_record,
+                "checks": self._until_checks,  # in this process (a resumed run counts its own)
+                "check_s": self._until_check_s,
+            }
+        return out
+
+    # The progress line --------------------------------------------------------------------------------------
+    _chain_divergences: np.ndarray | None = None
+
+    def progress_chains(self, step: int) -> str | None:
+        """The progress line's part for several chains: each chain's phase (warm-up or sampling, with its
+        iteration; vectorized chains move in lockstep) and its divergences after warm-up so far. The counts are
+        read from the device only once the latest chunk has finished (``is_ready``), so drawing the line never
+        makes the host wait; until then the line shows the previous counts."""
+        k = self.setup.kernel
+        if k.num_chains < 2:
+            return None
+        latest = self.chain_divergences()  # type: ignore[attr-defined]
+        if latest is not None:
+            self._chain_divergences = latest
+        if self._chain_divergences is None:
+            self._chain_divergences = np.zeros(k.num_chains, np.int64)
+        if step < k.num_warmup:
+            phase = f"warm-up {step}/{k.num_warmup}"
+        else:
+            phase = f"sampling {step - k.num_warmup}/{self.setup.num_samples}"
+        divs = " ".join(str(int(d)) for d in self._chain_divergences)
+        return f"chains 0-{k.num_chains - 1} {phase} | divergences [{divs}]"
+
+    # `until`: sample until converged (the engine asks at every chunk end; see docs/bayesian.md) -------------
+    _until_at: int = -1
+    _until_done: bool = False
+    _until_record: dict[str, Any] = {}
+    _until_checks: int = 0
+    _until_check_s: float = 0.0
+
+    @property
+    def check_every(self) -> int:
+        until = self.setup.kernel.until or {}
+        return int(until.get("check_every", UNTIL_DEFAULT_CHECK_EVERY))
+
+    def chunk_periods(self) -> list[int]:
+        """Periods the engine's chunks must not cross: with `until`, the warm-up's end and `check_every`."""
+        k = self.setup.kernel
+        return [] if k.until is None else [p for p in (k.num_warmup, self.check_every) if p]
+
+    def next_boundary(self, step: int) -> int:
+        """The next check after `step` (``num_warmup + j * check_every``), or the stage's end."""
+        k = self.setup.kernel
+        total = k.num_warmup + self.setup.num_samples
+        if k.until is None or step < k.num_warmup:
+            return total if k.until is None else k.num_warmup
+        return min(total, step + self.check_every - (step - k.num_warmup) % self.check_every)
+
+    def until_reached(self, step: int) -> bool:
+        """Whether the stage has converged at `step`, a check point (``num_warmup + j * check_every``, and the last
+        step): the diagnostics of the draws so far (`_diagnostics.diagnostics`, as ArviZ computes them) meet every
+        criterion. A pure function of the draws, so a resumed run decides as the uninterrupted one did."""
+        k = self.setup.kernel
+        until = k.until
+        if until is None:
+            return False
+        if step == self._until_at:
+            return self._until_done
+        n = step - k.num_warmup
+        if n <= 0 or (n % self.check_every and step < k.num_warmup + self.setup.num_samples):
+            return False
+        from ._diagnostics import diagnostics, load_scipy, meets
+
+        load_scipy()  # its first import is not a check's cost
+        last = step >= k.num_warmup + self.setup.num_samples
+        t0 = time.perf_counter()
+        draws = self.draws()  # type: ignore[attr-defined]
+        met = meets(draws, until)
+        values = diagnostics(draws) if met or last else None  # the values at the stop, all of them
+        self._until_check_s += time.perf_counter() - t0
+        self._until_checks += 1
+        self._until_at, self._until_done = step, met
+        if values is not None:
+            self._until_record = {
+                "stopped": "converged" if met else "max_draws",
+                "iterations": n,
+                "draws": self.filled(),  # type: ignore[attr-defined]
+                "step": step,
+                **values,
+            }
+        return self._until_done
 
     def final_metrics(self, stage: str, stage_dir: str) -> dict[str, float]:
         """The posterior's diagnostics (printed and written beside the stage's metrics) when sampling completed."""
-        from ._posterior import report
+        from ._posterior import report, write_groups
+        from ._registry import get_numpyro_model
 
+        if stage_dir:
+            observed = get_numpyro_model(self.setup.model_op.model).observed
+            data = {k: v for k, v in self.setup.data.items() if k in observed}
+            write_groups(stage_dir, self.sample_stats(), data)  # type: ignore[attr-defined]
         return report(self.draws(), self.divergences(), stage, stage_dir)  # type: ignore[attr-defined]
 
     def get_lr_scale(self) -> float:
