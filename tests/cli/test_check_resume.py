@@ -9,23 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.test_signals import STAGE as SIGNALS_STAGE
 
 from pipekit_train.cli._main import main
 
 pytestmark = pytest.mark.xdist_group("check-resume")
 
-STAGE = """\
-- type: TrainingLoop
-  name: {name}
-  model_op: {{type: EquinoxModel, factory: mlp, kwargs: {{in_size: 4, out_size: 1, width_size: 8, depth: 1}}}}
-  dataset: {{type: TrainingDataset, source: {{type: NpzSource, path: data.npz}}}}
-  loss: {{type: MSE}}
-  optimizer_config: {{name: adam, lr: 1e-2}}
-  max_steps: {steps}
-  batch_size: 8
-  progress: false
-  callbacks: [{{type: Checkpoint, every_n_steps: {every}}}{extra}]
-"""
+# The tiny two-layer MLP stage of tests/test_signals.py, with a step budget and a Checkpoint callback.
+STAGE = SIGNALS_STAGE.replace("max_steps: 4", "max_steps: {steps}") + (
+    "  callbacks: [{{type: Checkpoint, every_n_steps: {every}}}{extra}]\n"
+)
 
 # A callback that keeps a step counter as a plain Python attribute, not in `ctx.state_of(self)`: a resumed run starts
 # it from 0, so it halves the learning rate at other steps than the uninterrupted run.
@@ -101,8 +94,7 @@ def test_a_callback_with_unsaved_state_is_named_with_the_step(tmp_path, monkeypa
 
 
 def test_a_pipeline_without_checkpoints_is_refused_before_running_anything(tmp_path, capsys):
-    stage = STAGE.replace("  callbacks: [{{type: Checkpoint, every_n_steps: {every}}}{extra}]\n", "")
-    _workspace(tmp_path, stage.format(name="fit", steps=4))
+    _workspace(tmp_path, SIGNALS_STAGE.format(name="fit"))
     assert main(["check-resume", "pipe.yaml", "--work-dir", "w"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no stage has a Checkpoint callback" in err[0] and "pipe.yaml" in err[0]

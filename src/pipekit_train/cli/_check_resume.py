@@ -278,7 +278,7 @@ class _Runner:
         for text in self.sets:
             command += ["--set", text]
         self.runs += 1
-        env = {**os.environ, ENV_VAR: json.dumps(probe), "PIPEKIT_DEBUG": os.environ.get("PIPEKIT_DEBUG", "")}
+        env = {**os.environ, ENV_VAR: json.dumps(probe)}
         return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
 
 
@@ -347,8 +347,10 @@ def _check(
         ]
 
     shown = ", ".join(f"{s.name}: {s.steps} steps" for s in stages)
+    fewer = f" (of {args.kills} asked: the stages have too few steps for more)" if len(kills) < args.kills else ""
     print(
-        f"check-resume {args.pipeline}: {len(stages)} stage(s) ({shown}); {len(kills)} kill(s), {len(kills) + 2} runs"
+        f"check-resume {args.pipeline}: {len(stages)} stage(s) ({shown}); {len(kills)} kill(s){fewer}, "
+        f"{len(kills) + 2} runs"
     )
     reference = _Runner(args, work, with_dirs("reference"))
     out = reference.run("reference", work / "reference", False, None)
