@@ -82,6 +82,8 @@ def plan_kills(stages: Sequence[StageInfo], kills: int) -> list[KillPoint]:
         >>> plan = plan_kills([StageInfo("fit", 12, 4), StageInfo("tune", 8, 4)], 3)
         >>> [(k.stage, k.step, k.signal, k.during_save) for k in plan]
         [('fit', 8, 'SIGKILL', True), ('fit', 10, 'SIGTERM', False), ('tune', 3, 'SIGKILL', False)]
+        >>> [(k.step, k.signal) for k in plan_kills([StageInfo("fit", 12, 4)], 2)]
+        [(8, 'SIGKILL'), (9, 'SIGTERM')]
     """
     total = sum(s.steps for s in stages)
     places: list[tuple[int, int]] = []  # (stage index, step)
@@ -111,9 +113,12 @@ def plan_kills(stages: Sequence[StageInfo], kills: int) -> list[KillPoint]:
         others += 1
     order = {s.name: i for i, s in enumerate(stages)}
     out: list[KillPoint] = []
-    for p in points:  # in run order, each after the one before
+    steps = {s.name: s.steps for s in stages}
+    for p in points:  # in run order, each after the one before (moved a step on when it can be, else left out)
         if out and (order[p.stage], p.step) <= (order[out[-1].stage], out[-1].step):
-            continue
+            if p.during_save or p.stage != out[-1].stage or out[-1].step + 1 >= steps[p.stage]:
+                continue
+            p = KillPoint(p.stage, out[-1].step + 1, p.signal)
         out.append(p)
     return out
 
