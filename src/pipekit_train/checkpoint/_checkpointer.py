@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pipekit import ConfigError
 
+from .._probe import at_save
 from .._warnings import PipekitTrainWarning
 from ..scale._distributed import barrier, is_primary, process_count
 from ._errors import (
@@ -303,6 +304,7 @@ class Checkpointer:
             data_iter=ocp.args.JsonSave(data_iter),
             meta=ocp.args.JsonSave(record),
         )
+        at_save(step)  # `pipekit-train check-resume` kills here: the save begun, nothing committed
         try:
             self._get_manager().save(step, args=args, force=True)
         except Exception as e:

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from .._probe import at_save
+
 LEAVES = "state.bin"
 DATA_ITER = "data_iter.json"
 RECORD = "meta.json"
@@ -103,6 +105,7 @@ def write_flat(
                 at = rec["offset"] + rec["nbytes"]
             f.flush()
             os.fsync(f.fileno())
+        at_save(step)  # `pipekit-train check-resume` kills here: the arrays written, nothing committed
         assert at == size, (at, size)
         files[LEAVES] = [size, None]
         for name, value in ((DATA_ITER, data_iter), (RECORD, record)):

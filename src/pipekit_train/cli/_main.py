@@ -30,6 +30,7 @@ Train JAX models from YAML pipelines.
   pipekit-train validate PIPELINE.yaml         check a pipeline file without training
   pipekit-train lr-find PIPELINE.yaml --stage 1   sweep one stage's learning rate and suggest one
   pipekit-train launch --num-processes 2 P.yaml   train with 2 processes on this host (jax.distributed)
+  pipekit-train check-resume PIPELINE.yaml     kill and resume it N times: does it resume bitwise?
   pipekit-train artifacts list                 what was trained, from which data and code
   pipekit-train artifacts lineage ID           where a model came from, and what came from it
   pipekit-train reproduce ID                   train the recorded pipeline again
@@ -479,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_cmd_reproduce)
 
     from pipekit_train.cli._artifacts import add_artifact_commands
+    from pipekit_train.cli._check_resume import add_check_resume_commands
     from pipekit_train.cli._checkpoints import add_checkpoint_commands
     from pipekit_train.cli._evaluate import add_evaluate_commands
     from pipekit_train.cli._export import add_export_commands
@@ -495,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_schema_commands(sub)
     add_launch_commands(sub)
     add_lr_find_commands(sub)
+    add_check_resume_commands(sub)
     return parser
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._probe import from_env as probe_from_env
 from ..callbacks._base import Callback, TrainContext
 from ..scale._distributed import is_primary, local_rows
 from ..tracking._progress import CompileWatch, PhaseClock, Progress, model_summary
@@ -105,6 +106,8 @@ class Engine:
         self.progress: Progress | None = None
         self._saved = False
         self.hooks = hooks
+        # `pipekit-train check-resume`: a trace of the state after every chunk, kills at exact steps (`probe`).
+        self.probe = probe_from_env(stage)
         self.chunks = chunk_plan(
             loop, self._periods(), getattr(backend, "fuses_steps", True), _batch_bytes(loop), self.callbacks
         )
@@ -246,6 +249,8 @@ class Engine:
                     self._check_finite(*pending)
                 pending = (self.step, metrics["loss"])
                 self._after_chunk(first, n, metrics, may_defer=not compiled_now)
+                if self.probe is not None:
+                    self.probe.after_chunk(self, first, metrics, data_state)
                 if self.hooks is not None and ctx.stop_reason is None:
                     self._checkpointing(self.hooks.after_chunk, self._hook_call(), data_state)
                 signal_name = self.hooks.stop_requested() if self.hooks is not None else None
