@@ -106,6 +106,9 @@ class TrainingArtifact:
         data_statistics: What the stage's `Standardize` transforms were fitted to on its training split:
             ``{key: {"mean": [...], "std": [...]}}`` (one number per column), which ``evaluate``, ``predict`` and
             ``export`` apply again (and invert on the target), or ``None``. Left out of `to_dict` when ``None``.
+        sweep: The sweep trial the stage ran in: ``{"name", "trial", "params", "key"}`` (the sweep's name, the
+            trial's number, its ``{field path: value}`` and its key), or ``None`` outside a sweep. Left out of
+            `to_dict` when ``None``. ``artifacts query --sweep NAME`` finds a sweep's artifacts.
     """
 
     artifact_id: str = dataclasses.field(default_factory=new_artifact_id)
@@ -134,6 +137,7 @@ class TrainingArtifact:
     preset: dict[str, Any] | None = None
     user: dict[str, Any] | None = None
     data_statistics: dict[str, Any] | None = None
+    sweep: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -159,6 +163,8 @@ class TrainingArtifact:
         object.__setattr__(self, "imports", _checked_imports(self.imports))
         if self.user is not None:
             _check_user(self.user)
+        if self.sweep is not None and not (isinstance(self.sweep, Mapping) and isinstance(self.sweep.get("name"), str)):
+            raise ConfigError(f"TrainingArtifact.sweep must be a dict with a 'name', got {self.sweep!r}"[:300])
         if self.data_statistics is not None:  # plain JSON data: lists, as a record read back from the store holds
             object.__setattr__(
                 self,
@@ -198,6 +204,8 @@ class TrainingArtifact:
             del out["user"]
         if self.data_statistics is None:
             del out["data_statistics"]
+        if self.sweep is None:
+            del out["sweep"]
         return out
 
     @classmethod

@@ -48,6 +48,8 @@ class RunSettings:
             every stage's artifact (`TrainingArtifact.imports`).
         plans: `StagePlan`s of stages already pre-flighted (`plan_pipeline`): such a stage is not checked again
             and starts from the model its plan built.
+        sweep: The sweep trial this run is, ``{"name", "trial", "params", "key"}`` (`pipekit_train.sweep`);
+            recorded in every stage's artifact (`TrainingArtifact.sweep`).
     """
 
     run_dir: str | None = None
@@ -57,6 +59,7 @@ class RunSettings:
     pipeline: Any = None
     imports: tuple[dict[str, Any], ...] = ()
     plans: tuple[Any, ...] = ()
+    sweep: dict[str, Any] | None = None
 
 
 _DEFAULT_SETTINGS = RunSettings()
@@ -559,6 +562,7 @@ def _build_artifact(
         data_statistics=fields.pop("data_statistics", None),
         preset=preset_record(loop),
         user=fields or None,  # every other key a callback set: kept, never dropped
+        sweep=settings.sweep,
     )
     # The stage's own record first: a store that fails later loses nothing (`artifacts import` records it).
     if is_primary():
