@@ -56,7 +56,9 @@ def test_grid_2x2_end_to_end_recorded_and_compiled_once(tmp_path, capsys):
     CompileWatch.install()
     path = _files(tmp_path, width=7, sweep=GRID)  # a width no other test compiles
     compiles: list[int] = []
-    result = run_sweep(load_sweep(str(path)), str(tmp_path / "D"), on_trial=lambda e: compiles.append(CompileWatch.count))
+    result = run_sweep(
+        load_sweep(str(path)), str(tmp_path / "D"), on_trial=lambda e: compiles.append(CompileWatch.count)
+    )
 
     assert [t["params"] for t in result.trials] == [
         {"optimizer_config.lr": 0.003, "seed": 0},
@@ -95,6 +97,9 @@ def test_grid_2x2_end_to_end_recorded_and_compiled_once(tmp_path, capsys):
     assert {a["artifact_id"] for a in json.loads(capsys.readouterr().out)} == {
         t["artifact_ids"][0] for t in result.trials
     }
+    png = tmp_path / "sweep.png"
+    assert main(["sweep", str(path), "--run-dir", str(tmp_path / "D"), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(
@@ -160,7 +165,9 @@ def test_optuna_tpe_sweep_prunes_through_optunas_pruner(tmp_path):
     assert result.best is not None and result.best["objective"] == study.best_value
     # The study resumes: a second run asks for nothing more.
     again = run_sweep(load_sweep(str(path)), str(tmp_path / "O"))
-    assert again.trials == result.trials and len(optuna.load_study(study_name="tpe", storage=study._storage).trials) == 6
+    assert (
+        again.trials == result.trials and len(optuna.load_study(study_name="tpe", storage=study._storage).trials) == 6
+    )
 
 
 def _table(result):

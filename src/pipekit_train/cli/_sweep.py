@@ -24,7 +24,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or default_run_dir(sweep)
     if args.status or args.plot:
         if not os.path.isdir(run_dir):
-            raise UsageError(f"--run-dir {run_dir}: no sweep has run there yet; run it with pipekit-train sweep {args.sweep}")
+            raise UsageError(
+                f"--run-dir {run_dir}: no sweep has run there yet; run it with pipekit-train sweep {args.sweep}"
+            )
         result = sweep_status(sweep, run_dir)
         if args.plot:
             from ..sweep._plot import plot_sweep

@@ -67,7 +67,9 @@ def load_sweep(path: str) -> Sweep:
     if not isinstance(op, Sweep):
         raise ConfigError(f"{path}: expected a sweep (type: Sweep), got type: {type(op).__name__}")
     if isinstance(op.pipeline, str):
-        op = op.replace(pipeline=_load_pipeline(os.path.join(os.path.dirname(os.path.abspath(path)), op.pipeline), path))
+        op = op.replace(
+            pipeline=_load_pipeline(os.path.join(os.path.dirname(os.path.abspath(path)), op.pipeline), path)
+        )
     return op
 
 
@@ -123,7 +125,7 @@ def random_params(space: Mapping[str, Mapping[str, Any]], seed: int, number: int
     rng = np.random.default_rng([seed, number])
     out: dict[str, Any] = {}
     for path, dist in space.items():
-        (kind, args), = dist.items()
+        ((kind, args),) = dist.items()
         if kind == "uniform":
             out[path] = float(rng.uniform(args[0], args[1]))
         elif kind == "log_uniform":
@@ -184,7 +186,11 @@ def preflight(sweep: Sweep, pipeline: Operator) -> list[dict[str, Any]]:
     else:
         assert sweep.space is not None and sweep.trials is not None
         checked, where = _extremes(sweep.space), "Sweep.space"
-        planned = [] if sweep.sampler == "optuna" else [random_params(sweep.space, sweep.seed, i) for i in range(sweep.trials)]
+        planned = (
+            []
+            if sweep.sampler == "optuna"
+            else [random_params(sweep.space, sweep.seed, i) for i in range(sweep.trials)]
+        )
     for params in checked if checked is not None else planned:
         op = apply_params(pipeline, params, where)
         for index, loop in enumerate(training_stages(op)):
@@ -308,7 +314,7 @@ def run_trial(
             pipeline=op,
             sweep=record,
         ):
-            op.run()
+            op.run()  # type: ignore[attr-defined]  # a TrainingLoop or a Sequential (pre-flight checked)
     except TrainingInterrupted:
         raise  # SIGINT / SIGTERM: the trial stays `running` and resumes from its checkpoint next time
     except Exception as e:
@@ -341,7 +347,9 @@ def _with_pruning(op: Operator, metric: str) -> Operator:
 
 def trial_artifacts(trial_dir: str) -> list[dict[str, Any]]:
     """The artifacts a trial's stages wrote (``artifact.json``), in the order they ran."""
-    records = [read_json(p, what="a stage's artifact") for p in glob.glob(os.path.join(trial_dir, "*", "artifact.json"))]
+    records = [
+        read_json(p, what="a stage's artifact") for p in glob.glob(os.path.join(trial_dir, "*", "artifact.json"))
+    ]
     return sorted(records, key=lambda a: (a.get("started_at") or "", a["artifact_id"]))
 
 
@@ -380,8 +388,15 @@ def sweep_status(sweep: Sweep, run_dir: str | None = None) -> SweepResult:
     for number, params in planned:
         if number not in numbers:
             trials.append(
-                {"number": number, "key": None, "params": params, "state": "pending", "objective": None,
-                 "artifact_ids": [], "run_dir": None}
+                {
+                    "number": number,
+                    "key": None,
+                    "params": params,
+                    "state": "pending",
+                    "objective": None,
+                    "artifact_ids": [],
+                    "run_dir": None,
+                }
             )
     trials.sort(key=lambda t: t["number"])
     return SweepResult(trials=trials, best=best_trial(trials, sweep.mode), run_dir=run_dir)
@@ -389,7 +404,11 @@ def sweep_status(sweep: Sweep, run_dir: str | None = None) -> SweepResult:
 
 def best_trial(trials: Sequence[dict[str, Any]], mode: str) -> dict[str, Any] | None:
     """The completed trial with the lowest (``mode: min``) or highest objective; ties go to the lower number."""
-    done = [t for t in trials if t["state"] == "completed" and t["objective"] is not None and t["objective"] == t["objective"]]
+    done = [
+        t
+        for t in trials
+        if t["state"] == "completed" and t["objective"] is not None and t["objective"] == t["objective"]
+    ]
     if not done:
         return None
     sign = 1.0 if mode == "min" else -1.0
@@ -400,14 +419,15 @@ def format_table(result: SweepResult, metric: str) -> str:
     """The table ``sweep --status`` prints: one line per trial, then the best."""
     paths = list(dict.fromkeys(p for t in result.trials for p in t["params"]))
     width = {p: max(len(p), 10) for p in paths}
+    wide = max(len(metric), 10)
     header = f"{'trial':>5}  " + "  ".join(f"{p:>{width[p]}}" for p in paths)
-    header += f"  {'state':<9}  {metric:>14}  artifacts"
+    header += f"  {'state':<9}  {metric:>{wide}}  artifacts"
     lines = [header, "-" * len(header)]
     for t in result.trials:
         cells = "  ".join(f"{_cell(t['params'].get(p)):>{width[p]}}" for p in paths)
         objective = "-" if t["objective"] is None else f"{t['objective']:.6g}"
         ids = ",".join(a[:12] for a in t["artifact_ids"]) or "-"
-        lines.append(f"{t['number']:>5}  {cells}  {t['state']:<9}  {objective:>14}  {ids}")
+        lines.append(f"{t['number']:>5}  {cells}  {t['state']:<9}  {objective:>{wide}}  {ids}")
     if result.best is not None:
         b = result.best
         shown = ", ".join(f"{k}={_cell(v)}" for k, v in b["params"].items())

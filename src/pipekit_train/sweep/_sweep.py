@@ -144,7 +144,7 @@ def check_distribution(path: str, dist: Any) -> None:
             f"{where}: a distribution is one of {{uniform: [a, b]}}, {{log_uniform: [a, b]}}, {{int: [a, b]}}, "
             f"{{choice: [...]}}; got {dist!r}"
         )
-    (kind, args), = dist.items()
+    ((kind, args),) = dist.items()
     if kind not in DISTRIBUTIONS:
         raise ConfigError(f"{where}: unknown distribution {kind!r}{suggestion(kind, DISTRIBUTIONS)}")
     if kind == "choice":
