@@ -16,7 +16,7 @@ import pytest
 
 from pipekit_train.cli._main import main
 from pipekit_train.provenance import ArtifactStore
-from pipekit_train.sweep import load_sweep, run_sweep, sweep_status
+from pipekit_train.sweep import LocalExecutor, load_sweep, run_sweep, sweep_status
 from pipekit_train.sweep._driver import random_params
 
 PIPELINE = """\
@@ -114,6 +114,7 @@ def test_grid_2x2_end_to_end_recorded_and_compiled_once(tmp_path, capsys):
         ("grid: {seed: [0]}\nobjective: {metric: test/loss}\n", "no stage logs 'test/loss'"),
         ("sampler: random\ntrials: 2\nspace: {optimizer_config.lr: {log_uniforn: [1e-4, 1e-1]}}\n", "log_uniform"),
         ("sampler: random\ntrials: 2\nspace: {batch_size: {int: [0, 4]}}\n", "Sweep.space.batch_size"),
+        ("grid: {seed: [0]}\nexecutor: {type: local, workers: 0}\n", "local.workers must be >= 1, got 0"),
     ],
 )
 def test_bad_sweeps_are_refused_before_any_trial_runs(tmp_path, capsys, sweep, message):
@@ -174,11 +175,16 @@ def _table(result):
     return [(t["params"], t["state"], t["objective"]) for t in result.trials]
 
 
-def test_sigkilled_driver_restarts_and_ends_with_the_same_table(tmp_path, xla_cache_env):
+def test_sigkilled_driver_restarts_and_ends_with_the_same_table(tmp_path, xla_cache_env, monkeypatch):
     sweep = "name: killed\ngrid: {optimizer_config.lr: [0.003, 0.03]}\nobjective: {metric: validate/loss}\n"
     extra = "callbacks: [{type: Checkpoint, every_n_steps: 10, async_save: false}]\n"
     path = _files(tmp_path, width=5, steps=120, every=40, extra=extra, sweep=sweep)
-    reference = run_sweep(load_sweep(str(path)), str(tmp_path / "ref"))
+    # The uninterrupted reference runs its trials in two worker processes (executor: {type: local, workers: 2}); the
+    # driver records their artifacts.
+    for name, value in xla_cache_env.items():
+        monkeypatch.setenv(name, value)  # for the spawned workers (this process's JAX is already set up)
+    reference = run_sweep(load_sweep(str(path)).replace(executor=LocalExecutor(workers=2)), str(tmp_path / "ref"))
+    assert [t["state"] for t in reference.trials] == ["completed", "completed"]
 
     run_dir = tmp_path / "D"
     cmd = [sys.executable, "-m", "pipekit_train.cli", "sweep", str(path), "--run-dir", str(run_dir)]
@@ -211,5 +217,6 @@ def test_sigkilled_driver_restarts_and_ends_with_the_same_table(tmp_path, xla_ca
     with ArtifactStore() as store:
         mine = [a for a in store.query(sweep="killed") if str(run_dir) in (a.run_dir or "")]
         assert len(mine) == 2  # one per trial: nothing recorded twice
-        ref_hashes = sorted(store.get(t["artifact_ids"][0]).trained_model_hash for t in reference.trials)
-        assert sorted(a.trained_model_hash for a in mine) == ref_hashes
+        refs = [store.get(t["artifact_ids"][0]) for t in reference.trials]  # recorded by the driver for its workers
+        assert sorted(a.trained_model_hash for a in mine) == sorted(a.trained_model_hash for a in refs)
+        assert [a.sweep["trial"] for a in refs] == [0, 1]

@@ -264,16 +264,93 @@ def run_sweep(
 
             run_optuna(sweep, pipeline, run_dir, journal, store, on_trial)
         else:
+            todo = []
             for number, params in enumerate(planned):
                 op = apply_params(pipeline, params, "Sweep.grid" if sweep.sampler == "grid" else "Sweep.space")
                 key = trial_key(op)
                 done = journal.trials.get(key)
-                if done is not None and done["state"] in ("completed", "pruned", "failed"):
-                    continue
+                if done is None or done["state"] not in ("completed", "pruned"):  # a failed trial runs again
+                    todo.append((number, params, op, key))
+            if sweep.workers > 1:
+                _run_in_processes(sweep, todo, run_dir, journal, store, on_trial)
+            for number, params, op, key in todo if sweep.workers == 1 else ():
                 entry = run_trial(sweep, op, key, number, params, run_dir, journal, store, None)
                 if on_trial is not None:
                     on_trial(entry)
     return sweep_status(sweep, run_dir)
+
+
+def _run_in_processes(
+    sweep: Sweep,
+    todo: Sequence[tuple[int, dict[str, Any], Operator, str]],
+    run_dir: str,
+    journal: Journal,
+    store: str | bool | None,
+    on_trial: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    """``workers: N``: the trials in up to N spawned worker processes. A worker trains its trial as `run_trial`
+    does but records nothing (``store=False``); it returns the artifacts its stages wrote, and the driver records
+    them in the store and the journal (one writer of each)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from ..provenance._artifact import TrainingArtifact
+    from ..provenance._store import ArtifactStore
+
+    context = multiprocessing.get_context("spawn")  # JAX does not survive fork
+    with ProcessPoolExecutor(max_workers=sweep.workers, mp_context=context) as pool:
+        futures = {}
+        for number, params, op, key in todo:
+            trial_dir = os.path.join(run_dir, "trials", key)
+            entry = _entry(number, key, params, trial_dir)
+            journal.set(entry)
+            record = {"name": sweep.name, "trial": number, "params": params, "key": key}
+            resume = "auto" if os.path.exists(os.path.join(trial_dir, "run.json")) else "never"
+            args = (pipekit.dumps(op, strict=False), trial_dir, resume, record)
+            futures[pool.submit(_worker_trial, *args)] = entry
+        for future in as_completed(futures):
+            entry = futures[future]
+            crashed = future.exception()  # the worker process died (its trial stays resumable)
+            error = f"{type(crashed).__name__}: {crashed}" if crashed is not None else future.result()
+            if error is None and store is not False:
+                with ArtifactStore(store if isinstance(store, str) else None) as db:
+                    for a in trial_artifacts(entry["run_dir"]):
+                        db.record(TrainingArtifact.from_dict(a))
+            if error is not None:
+                entry = {**entry, "state": "failed", "error": str(error).splitlines()[0][:500]}
+                entry["artifact_ids"] = [a["artifact_id"] for a in trial_artifacts(entry["run_dir"])]
+            else:
+                entry = {**entry, **_outcome(entry["run_dir"], sweep.metric)}
+            journal.set(entry)
+            if on_trial is not None:
+                on_trial(entry)
+
+
+def _worker_trial(yaml_text: str, trial_dir: str, resume: str, record: dict[str, Any]) -> str | None:
+    """In a worker process: train one trial (recording nothing in the store); ``None``, or its error in one line."""
+    import pipekit_train  # noqa: F401  (registers the training operators)
+
+    from ..stage.runner import run_settings
+
+    try:
+        op = pipekit.loads(yaml_text)
+        with run_settings(run_dir=trial_dir, store=False, resume=resume, pipeline=op, sweep=record):
+            op.run()  # type: ignore[attr-defined]
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _entry(number: int, key: str, params: dict[str, Any], trial_dir: str) -> dict[str, Any]:
+    return {
+        "number": number,
+        "key": key,
+        "params": params,
+        "state": "running",
+        "objective": None,
+        "artifact_ids": [],
+        "run_dir": trial_dir,
+    }
 
 
 def run_trial(
@@ -291,15 +368,7 @@ def run_trial(
     from ..stage.runner import TrainingInterrupted, run_settings
 
     trial_dir = os.path.join(run_dir, "trials", key)
-    entry: dict[str, Any] = {
-        "number": number,
-        "key": key,
-        "params": params,
-        "state": "running",
-        "objective": None,
-        "artifact_ids": [],
-        "run_dir": trial_dir,
-    }
+    entry = _entry(number, key, params, trial_dir)
     journal.set(entry)
     if report is not None:
         op = _with_pruning(op, sweep.metric)

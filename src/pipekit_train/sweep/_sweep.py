@@ -18,7 +18,22 @@ from ..callbacks._base import Callback, TrainContext
 #: The distributions of ``sampler: random`` and ``sampler: optuna``, each ``{kind: arguments}``.
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
 SAMPLERS = ("grid", "random", "optuna")
-EXECUTORS = ("local",)
+
+
+class LocalExecutor(Operator, name="local"):
+    """Where a sweep's trials run: on this machine (``executor: {type: local, workers: N}``).
+
+    Attributes:
+        workers: ``1``: one trial after another in the driver's process (compiled steps are reused across trials).
+            ``N > 1`` (grid and random sweeps): up to N trials at once, each in a spawned worker process; the
+            driver alone writes the journal and records the artifacts in the store.
+    """
+
+    workers: int = 1
+
+    def validate(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"local.workers must be >= 1, got {self.workers}")
 
 
 class Sweep(Operator):
@@ -42,7 +57,8 @@ class Sweep(Operator):
         prune: ``sampler: optuna``: stop a trial whose ``objective.metric`` at a validation is worse than Optuna's
             median pruner allows (``{warmup_steps: N, startup_trials: N}``); ``None``: no pruning.
         executor: ``{type: local, workers: 1}``: trials run one after another in this process (trials that differ
-            only in numbers the step traces reuse its compiled program).
+            only in numbers the step traces reuse its compiled program). ``workers: N`` (grid and random): up to N
+            trials at once, each in a worker process (spawned); the driver alone writes the journal and the store.
     """
 
     name: str = "sweep"
@@ -54,7 +70,7 @@ class Sweep(Operator):
     seed: int = 0
     objective: dict[str, str] = field(default_factory=lambda: {"metric": "validate/loss", "mode": "min"})
     prune: dict[str, int] | None = None
-    executor: dict[str, Any] = field(default_factory=lambda: {"type": "local", "workers": 1})
+    executor: LocalExecutor = field(default_factory=lambda: LocalExecutor())
 
     def validate(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
@@ -109,17 +125,15 @@ class Sweep(Operator):
                     f"Sweep.prune: trials are pruned at validations, so objective.metric must be a validate/ "
                     f"metric, got {metric!r}"
                 )
-        kind = self.executor.get("type", "local")
-        if kind not in EXECUTORS:
-            raise ConfigError(f"Sweep.executor.type must be one of {', '.join(EXECUTORS)}, got {kind!r}")
-        bad = sorted(set(self.executor) - {"type", "workers"})
-        if bad:
-            raise ConfigError(f"Sweep.executor: unknown key {bad[0]!r}; executor 'local' takes type and workers")
-        if self.executor.get("workers", 1) != 1:
+        if self.executor.workers > 1 and self.sampler == "optuna":
             raise ConfigError(
-                f"Sweep.executor.workers: only 1 (trials in this process) is supported, got "
-                f"{self.executor.get('workers')!r}"
+                "Sweep.executor.workers: sampler 'optuna' asks for one trial at a time here (workers: 1); "
+                f"got workers: {self.executor.workers}"
             )
+
+    @property
+    def workers(self) -> int:
+        return self.executor.workers
 
     @property
     def mode(self) -> str:
