@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from ._common import EXIT_OK, UsageError
@@ -42,7 +43,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         objective = "-" if entry["objective"] is None else f"{entry['objective']:.6g}"
         print(f"trial {entry['number']}: {entry['state']} ({sweep.metric} = {objective})", flush=True)
 
-    result = run_sweep(sweep, run_dir, store=store, on_trial=said)
+    from ..stage.runner import TrainingInterrupted
+
+    try:
+        result = run_sweep(sweep, run_dir, store=store, on_trial=said)
+    except TrainingInterrupted as stop:  # after the trial's committed checkpoint: it resumes from there
+        print(
+            f"pipekit-train: sweep stopped by {stop.reason} after a committed checkpoint; continue with:\n"
+            f"  pipekit-train sweep {args.sweep} --run-dir {run_dir}",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
     print(format_table(result, sweep.metric))
     print(f"\nsweep directory: {run_dir}")
     return EXIT_OK
