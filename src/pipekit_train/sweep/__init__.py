@@ -7,6 +7,15 @@
 from __future__ import annotations
 
 from ._driver import SweepResult, load_sweep, run_sweep, sweep_status
-from ._sweep import LocalExecutor, Sweep, SweepPruning
+from ._sweep import LocalExecutor, RayExecutor, Sweep, SweepPruning
 
-__all__ = ["LocalExecutor", "Sweep", "SweepPruning", "SweepResult", "load_sweep", "run_sweep", "sweep_status"]
+__all__ = [
+    "LocalExecutor",
+    "RayExecutor",
+    "Sweep",
+    "SweepPruning",
+    "SweepResult",
+    "load_sweep",
+    "run_sweep",
+    "sweep_status",
+]

@@ -26,7 +26,7 @@ import pipekit
 from pipekit import ConfigError, Operator, suggestion
 
 from .._jsonio import read_json, write_json
-from ._sweep import ACTIVE_PRUNER, Sweep, SweepPruning
+from ._sweep import ACTIVE_PRUNER, RayExecutor, Sweep, SweepPruning
 
 JOURNAL = "sweep.json"
 STATES = ("completed", "running", "pending", "failed", "pruned")
@@ -271,16 +271,16 @@ def run_sweep(
                 done = journal.trials.get(key)
                 if done is None or done["state"] not in ("completed", "pruned"):  # a failed trial runs again
                     todo.append((number, params, op, key))
-            if sweep.workers > 1:
-                _run_in_processes(sweep, todo, run_dir, journal, store, on_trial)
-            for number, params, op, key in todo if sweep.workers == 1 else ():
+            if sweep.parallel:
+                _run_in_workers(sweep, todo, run_dir, journal, store, on_trial)
+            for number, params, op, key in todo if not sweep.parallel else ():
                 entry = run_trial(sweep, op, key, number, params, run_dir, journal, store, None)
                 if on_trial is not None:
                     on_trial(entry)
     return sweep_status(sweep, run_dir)
 
 
-def _run_in_processes(
+def _run_in_workers(
     sweep: Sweep,
     todo: Sequence[tuple[int, dict[str, Any], Operator, str]],
     run_dir: str,
@@ -288,30 +288,25 @@ def _run_in_processes(
     store: str | bool | None,
     on_trial: Callable[[dict[str, Any]], None] | None,
 ) -> None:
-    """``workers: N``: the trials in up to N spawned worker processes. A worker trains its trial as `run_trial`
-    does but records nothing (``store=False``); it returns the artifacts its stages wrote, and the driver records
-    them in the store and the journal (one writer of each)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
+    """The trials in worker processes (``workers: N``, spawned) or Ray tasks. A worker trains its trial as
+    `run_trial` does but records nothing (``store=False``); the driver then records the artifacts its stages wrote
+    (``artifact.json`` in the shared run directory) in the store, and the trial's outcome in the journal: one writer
+    of each."""
     from ..provenance._artifact import TrainingArtifact
     from ..provenance._store import ArtifactStore
 
-    context = multiprocessing.get_context("spawn")  # JAX does not survive fork
-    with ProcessPoolExecutor(max_workers=sweep.workers, mp_context=context) as pool:
-        futures = {}
+    pool = _RayPool(sweep.executor) if isinstance(sweep.executor, RayExecutor) else _ProcessPool(sweep.executor.workers)
+    with pool:
+        handles = {}
         for number, params, op, key in todo:
             trial_dir = os.path.join(run_dir, "trials", key)
             entry = _entry(number, key, params, trial_dir)
             journal.set(entry)
             record = {"name": sweep.name, "trial": number, "params": params, "key": key}
             resume = "auto" if os.path.exists(os.path.join(trial_dir, "run.json")) else "never"
-            args = (pipekit.dumps(op, strict=False), trial_dir, resume, record)
-            futures[pool.submit(_worker_trial, *args)] = entry
-        for future in as_completed(futures):
-            entry = futures[future]
-            crashed = future.exception()  # the worker process died (its trial stays resumable)
-            error = f"{type(crashed).__name__}: {crashed}" if crashed is not None else future.result()
+            handles[pool.submit(pipekit.dumps(op, strict=False), os.path.abspath(trial_dir), resume, record)] = entry
+        for handle, error in pool.finished(list(handles)):
+            entry = handles[handle]
             if error is None and store is not False:
                 with ArtifactStore(store if isinstance(store, str) else None) as db:
                     for a in trial_artifacts(entry["run_dir"]):
@@ -324,6 +319,68 @@ def _run_in_processes(
             journal.set(entry)
             if on_trial is not None:
                 on_trial(entry)
+
+
+class _ProcessPool:
+    """``workers: N``: a `ProcessPoolExecutor` with the ``spawn`` start method (JAX does not survive ``fork``)."""
+
+    def __init__(self, workers: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def __enter__(self) -> _ProcessPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(self, *args: Any) -> Any:
+        return self.pool.submit(_worker_trial, *args)
+
+    def finished(self, handles: list[Any]) -> Any:
+        from concurrent.futures import as_completed
+
+        for future in as_completed(handles):
+            crashed = future.exception()  # the worker process died (its trial stays resumable)
+            yield future, (f"{type(crashed).__name__}: {crashed}" if crashed is not None else future.result())
+
+
+class _RayPool:
+    """``executor: {type: ray}``: each trial a Ray task asking for `RayExecutor.resources_per_trial`."""
+
+    def __init__(self, executor: RayExecutor) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("Sweep.executor 'ray' needs Ray: pip install 'pipekit-train[ray]'") from None
+        self.ray: Any = ray  # typed as Any: the `ray` extra may be missing where this is type-checked
+        if not ray.is_initialized():
+            ray.init(address=executor.address, log_to_driver=False)
+        resources = dict(executor.resources_per_trial)
+        options: dict[str, Any] = {"num_cpus": resources.pop("CPU", 1), "num_gpus": resources.pop("GPU", 0)}
+        if resources:
+            options["resources"] = resources
+        self.task = self.ray.remote(**options, max_retries=0)(_worker_trial)
+
+    def __enter__(self) -> _RayPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass  # the cluster outlives the sweep (a local one started by ray.init ends with this process)
+
+    def submit(self, *args: Any) -> Any:
+        return self.task.remote(*args)
+
+    def finished(self, handles: list[Any]) -> Any:
+        pending = list(handles)
+        while pending:
+            (done,), pending = self.ray.wait(pending, num_returns=1)
+            try:
+                yield done, self.ray.get(done)
+            except Exception as e:  # the task or its worker died
+                yield done, f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
 
 
 def _worker_trial(yaml_text: str, trial_dir: str, resume: str, record: dict[str, Any]) -> str | None:

@@ -36,6 +36,27 @@ class LocalExecutor(Operator, name="local"):
             raise ConfigError(f"local.workers must be >= 1, got {self.workers}")
 
 
+class RayExecutor(Operator, name="ray"):
+    """Where a sweep's trials run: as Ray tasks (``executor: {type: ray, address: auto, resources_per_trial: {CPU:
+    1}}``; the ``ray`` extra). Grid and random sweeps.
+
+    Attributes:
+        address: The Ray cluster: ``auto`` (the one this process is connected to, or the local one Ray finds or
+            starts) or ``HOST:PORT``.
+        resources_per_trial: What each trial's task asks of Ray (``{CPU: 1}``, ``{GPU: 1}``, custom resources).
+    """
+
+    address: str = "auto"
+    resources_per_trial: dict[str, float] = field(default_factory=lambda: {"CPU": 1})
+
+    def validate(self) -> None:
+        if not self.address:
+            raise ConfigError("ray.address must be 'auto' or HOST:PORT, got ''")
+        bad = [k for k, v in self.resources_per_trial.items() if not isinstance(v, (int, float)) or v < 0]
+        if bad:
+            raise ConfigError(f"ray.resources_per_trial.{bad[0]} must be a number >= 0")
+
+
 class Sweep(Operator):
     """Train `pipeline` once per trial, each trial with some of its fields set, and rank the trials by `objective`.
 
@@ -70,7 +91,7 @@ class Sweep(Operator):
     seed: int = 0
     objective: dict[str, str] = field(default_factory=lambda: {"metric": "validate/loss", "mode": "min"})
     prune: dict[str, int] | None = None
-    executor: LocalExecutor = field(default_factory=lambda: LocalExecutor())
+    executor: LocalExecutor | RayExecutor = field(default_factory=lambda: LocalExecutor())
 
     def validate(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
@@ -125,15 +146,16 @@ class Sweep(Operator):
                     f"Sweep.prune: trials are pruned at validations, so objective.metric must be a validate/ "
                     f"metric, got {metric!r}"
                 )
-        if self.executor.workers > 1 and self.sampler == "optuna":
+        if self.parallel and self.sampler == "optuna":
             raise ConfigError(
-                "Sweep.executor.workers: sampler 'optuna' asks for one trial at a time here (workers: 1); "
-                f"got workers: {self.executor.workers}"
+                "Sweep.executor: sampler 'optuna' asks for one trial at a time here (executor: {type: local, "
+                f"workers: 1}}); got {self.executor!r}"
             )
 
     @property
-    def workers(self) -> int:
-        return self.executor.workers
+    def parallel(self) -> bool:
+        """Whether trials run outside the driver's process (several workers, or Ray)."""
+        return isinstance(self.executor, RayExecutor) or self.executor.workers > 1
 
     @property
     def mode(self) -> str:
