@@ -37,6 +37,14 @@ def test_example_round_trips_and_validates(path: Path, monkeypatch: pytest.Monke
     if type(op).__name__ == "TrainingDataset":  # a data file for `evaluate --data` / `predict --data`
         assert op.num_records() > 0
         return
+    if type(op).__name__ == "Sweep":  # every trial pre-flighted, its pipeline file read relative to it
+        from pipekit_train.sweep import load_sweep
+        from pipekit_train.sweep._driver import preflight
+
+        sweep = load_sweep(str(path))
+        assert len(preflight(sweep, sweep.pipeline)) > 0
+        assert "training stage" in check_pipeline(sweep.pipeline)
+        return
     assert "training stage" in check_pipeline(op)
 
 

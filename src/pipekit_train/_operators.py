@@ -10,4 +10,5 @@ from __future__ import annotations
 from . import _models, callbacks, checkpoint, data  # noqa: F401
 from .losses import _losses  # noqa: F401
 from .stage import loop  # noqa: F401
+from .sweep import _sweep  # noqa: F401
 from .tracking import _writers  # noqa: F401

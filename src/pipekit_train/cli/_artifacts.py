@@ -326,6 +326,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         until=parse_time(args.until, "--until") if args.until else None,
         metrics=metrics,
         imported=args.imported,
+        sweep=args.sweep,
         limit=args.limit,
     )
     _matches(args, found)
@@ -466,6 +467,7 @@ def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
         "--metric", action="append", metavar="EXPR", help="final-metric filter, e.g. 'validate/accuracy>=0.9'"
     )
     p.add_argument("--imported", metavar="MODULE", help="runs that imported MODULE (--import, $PIPEKIT_IMPORT)")
+    p.add_argument("--sweep", metavar="NAME", help="the trials of sweep NAME (pipekit-train sweep)")
     p.add_argument("--limit", type=int, default=None, help="at most this many (newest first)")
     p.set_defaults(func=guarded("artifacts", cmd_query))
 

@@ -31,6 +31,7 @@ Train JAX models from YAML pipelines.
   pipekit-train lr-find PIPELINE.yaml --stage 1   sweep one stage's learning rate and suggest one
   pipekit-train launch --num-processes 2 P.yaml   train with 2 processes on this host (jax.distributed)
   pipekit-train check-resume PIPELINE.yaml     kill and resume it N times: does it resume bitwise?
+  pipekit-train sweep SWEEP.yaml [--status]    train over a grid or a search, resumably; the table of trials
   pipekit-train artifacts list                 what was trained, from which data and code
   pipekit-train artifacts lineage ID           where a model came from, and what came from it
   pipekit-train reproduce ID                   train the recorded pipeline again
@@ -488,6 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pipekit_train.cli._launch import add_launch_commands
     from pipekit_train.cli._lr_find import add_lr_find_commands
     from pipekit_train.cli._schema import add_schema_commands
+    from pipekit_train.cli._sweep import add_sweep_commands
 
     add_artifact_commands(sub)
     add_checkpoint_commands(sub)
@@ -498,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_launch_commands(sub)
     add_lr_find_commands(sub)
     add_check_resume_commands(sub)
+    add_sweep_commands(sub)
     return parser
 
 

@@ -114,6 +114,9 @@ class TrainingArtifact:
             "parent_artifact", "config_diff"}`` (the parent stage's artifact, also in `parent_ids` when it had one,
             and the unified diff of its recorded configuration against the fork's), or ``None``. Left out of
             `to_dict` when ``None``.
+        sweep: The sweep trial the stage ran in: ``{"name", "trial", "params", "key"}`` (the sweep's name, the
+            trial's number, its ``{field path: value}`` and its key), or ``None`` outside a sweep. Left out of
+            `to_dict` when ``None``. ``artifacts query --sweep NAME`` finds a sweep's artifacts.
     """
 
     artifact_id: str = dataclasses.field(default_factory=new_artifact_id)
@@ -144,6 +147,7 @@ class TrainingArtifact:
     data_statistics: dict[str, Any] | None = None
     code: dict[str, Any] | None = None
     fork: dict[str, Any] | None = None
+    sweep: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -169,6 +173,8 @@ class TrainingArtifact:
         object.__setattr__(self, "imports", _checked_imports(self.imports))
         if self.user is not None:
             _check_user(self.user)
+        if self.sweep is not None and not (isinstance(self.sweep, Mapping) and isinstance(self.sweep.get("name"), str)):
+            raise ConfigError(f"TrainingArtifact.sweep must be a dict with a 'name', got {self.sweep!r}"[:300])
         if self.data_statistics is not None:  # plain JSON data: lists, as a record read back from the store holds
             object.__setattr__(
                 self,
@@ -212,6 +218,8 @@ class TrainingArtifact:
             del out["code"]
         if self.fork is None:
             del out["fork"]
+        if self.sweep is None:
+            del out["sweep"]
         return out
 
     @classmethod

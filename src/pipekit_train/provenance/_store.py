@@ -421,6 +421,7 @@ class ArtifactStore:
         until: str | _dt.datetime | None = None,
         metrics: Sequence[tuple[str, str, float]] = (),
         imported: str | None = None,
+        sweep: str | None = None,
         limit: int | None = None,
     ) -> list[TrainingArtifact]:
         """The artifacts matching every filter given, newest first.
@@ -433,6 +434,7 @@ class ArtifactStore:
             metrics: ``(name, op, value)`` filters on final metrics, ``op`` one of ``< <= > >= == !=``:
                 ``[("validate/accuracy", ">=", 0.9)]``. An artifact without the metric does not match.
             imported: A module name: the artifacts whose run imported it (``--import``, ``$PIPEKIT_IMPORT``).
+            sweep: A sweep's name: the artifacts of its trials (`TrainingArtifact.sweep`).
             limit: At most this many (the newest).
         """
         where: list[str] = []
@@ -481,6 +483,9 @@ class ArtifactStore:
         if imported is not None:
             where.append("EXISTS (SELECT 1 FROM imports i WHERE i.artifact_id = a.artifact_id AND i.module = ?)")
             args.append(str(imported))
+        if sweep is not None:
+            where.append("json_extract(a.record, '$.sweep.name') = ?")
+            args.append(str(sweep))
         sql = "SELECT a.artifact_id, a.digest, a.record FROM artifacts a"
         if where:
             sql += " WHERE " + " AND ".join(where)

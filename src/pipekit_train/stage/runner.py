@@ -53,6 +53,8 @@ class RunSettings:
             store. ``None``: no code is stored.
         fork: A `checkpoint._fork.ForkPoint` (``--fork``): the run's first stage starts from that checkpoint of
             another run, and its artifact records the edge (`TrainingArtifact.fork`).
+        sweep: The sweep trial this run is, ``{"name", "trial", "params", "key"}`` (`pipekit_train.sweep`);
+            recorded in every stage's artifact (`TrainingArtifact.sweep`).
     """
 
     run_dir: str | None = None
@@ -64,6 +66,7 @@ class RunSettings:
     plans: tuple[Any, ...] = ()
     code: Any = None
     fork: Any = None
+    sweep: dict[str, Any] | None = None
 
 
 _DEFAULT_SETTINGS = RunSettings()
@@ -575,6 +578,7 @@ def _build_artifact(
         code=settings.code.record if settings.code is not None else None,
         fork=fork,
         user=fields or None,  # every other key a callback set: kept, never dropped
+        sweep=settings.sweep,
     )
     # The stage's own record first: a store that fails later loses nothing (`artifacts import` records it).
     if is_primary():
