@@ -48,6 +48,8 @@ class RunSettings:
             every stage's artifact (`TrainingArtifact.imports`).
         plans: `StagePlan`s of stages already pre-flighted (`plan_pipeline`): such a stage is not checked again
             and starts from the model its plan built.
+        extension: The finished stage the stage being run continues (`stage.extension.Extension`, set by
+            `stage.extension.extend`): it starts from that stage's final checkpoint and records it in its artifact.
     """
 
     run_dir: str | None = None
@@ -57,6 +59,7 @@ class RunSettings:
     pipeline: Any = None
     imports: tuple[dict[str, Any], ...] = ()
     plans: tuple[Any, ...] = ()
+    extension: Any = None
 
 
 _DEFAULT_SETTINGS = RunSettings()
@@ -370,6 +373,8 @@ def _run_locked(
     result = train(fitted, plan.backend, step_backend, info, hooks)
     if statistics:
         result.artifact_fields["data_statistics"] = statistics
+    if settings.extension is not None:
+        result.artifact_fields["extension"] = settings.extension.record()
     return finish(loop, result, info, settings, hooks)
 
 

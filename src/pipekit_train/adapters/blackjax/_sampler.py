@@ -58,14 +58,21 @@ def _strong(x: Any) -> Any:
     return jnp.array(x, dtype=x.dtype)
 
 
-def chain_keys(seed: int, chains: int, num_warmup: int, num_samples: int) -> tuple[Any, Any]:
-    """The keys of chain ``c``: ``k_init, k_warm, k_sample = split(split(PRNGKey(seed), chains)[c], 3)``; iteration
-    ``i`` of warm-up uses ``split(k_warm, num_warmup)[i]`` and sampling ``split(k_sample, num_samples)[i]``, as the
-    usual BlackJAX script does. Returns the init keys ``(chains, 2)`` and the iteration keys ``(chains, total, 2)``."""
+def chain_keys(seed: int, chains: int) -> tuple[Any, Any]:
+    """The keys of chain ``c``: ``k_init, k_warm, k_sample = split(split(PRNGKey(seed), chains)[c], 3)``; warm-up
+    iteration ``i`` uses ``fold_in(k_warm, i)`` and sampling iteration ``j`` (counted from the end of warm-up)
+    ``fold_in(k_sample, j)`` (`iteration_key`), so a draw's key does not depend on how many draws the stage takes
+    and a stage extended by N draws (`pipekit_train.stage.extend`) draws what one planned N longer draws. Returns
+    the init keys ``(chains, 2)`` and the phase keys ``(chains, 2, 2)`` (``[k_warm, k_sample]`` of every chain)."""
     per_chain = jax.vmap(lambda k: jax.random.split(k, 3))(jax.random.split(jax.random.PRNGKey(seed), chains))
-    warm = jax.vmap(lambda k: jax.random.split(k, num_warmup))(per_chain[:, 1])
-    sample = jax.vmap(lambda k: jax.random.split(k, num_samples))(per_chain[:, 2])
-    return per_chain[:, 0], jnp.concatenate([warm, sample], axis=1)
+    return per_chain[:, 0], per_chain[:, 1:]
+
+
+def iteration_key(phase_keys: Any, i: Any, num_warmup: int) -> Any:
+    """The key of iteration `i` of one chain (its ``[k_warm, k_sample]``): `chain_keys`'s rule, traced."""
+    warm = jax.random.fold_in(phase_keys[0], i)
+    sample = jax.random.fold_in(phase_keys[1], i - num_warmup)
+    return jnp.where(i < num_warmup, warm, sample)
 
 
 def initial_positions(model_op: Any, kernel: Any, model_kwargs: dict[str, Any], keys: Any, init_values: Any) -> Any:
@@ -217,7 +224,7 @@ class BlackjaxBackend(SamplerControls):
         self.total = k.num_warmup + setup.num_samples
         self.start_idx = k.num_warmup + setup.num_samples % k.thinning  # as numpyro-mcmc (NumPyro's fori_collect)
         model_kwargs = setup.model_op.model_kwargs(setup.data)
-        init_keys, self.keys = chain_keys(loop.seed, self.chains, k.num_warmup, setup.num_samples)
+        init_keys, self.keys = chain_keys(loop.seed, self.chains)
         built: list[_Program] = []
 
         def build() -> _Program:
@@ -279,7 +286,7 @@ class BlackjaxBackend(SamplerControls):
         def body(c: Any, j: Any) -> Any:
             carry, draws = c
             i = first + j
-            key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
+            key = jax.vmap(lambda k: iteration_key(k, i, self.num_warmup))(keys)
             entry = jax.lax.dynamic_index_in_dim(schedule, jnp.minimum(i, last), keepdims=False)
             carry, info = self._all_chains(key, carry, i, entry[0], entry[1].astype(bool))
             idx = (i - self.start_idx) // self.thinning
