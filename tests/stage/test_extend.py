@@ -4,7 +4,6 @@ training); a schedule whose horizon is max_steps is refused in one line, or cont
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,7 +82,9 @@ def test_extended_draws_are_bitwise_the_longer_stages(backend, tmp_path):
 def test_a_thinned_sampler_takes_multiples_of_thinning():
     pytest.importorskip("numpyro")
     loop = _sampler("numpyro-mcmc", 10, thinning=2)
-    with pytest.raises(ConfigError, match=r"^extend: steps must be a multiple of NUTS.thinning \(2\) for stage 'post', got 3;"):
+    with pytest.raises(
+        ConfigError, match=r"^extend: steps must be a multiple of NUTS.thinning \(2\) for stage 'post', got 3;"
+    ):
         extended_loop(loop, 3, name="post-extend1")
     assert extended_loop(loop, 4, name="post-extend1").task.num_samples == 14
 
@@ -135,14 +136,16 @@ def test_a_cosine_schedule_over_max_steps_is_refused_then_continued_as_a_new_seg
 
     assert main(["extend", str(run), "--stage", "fit", "--steps", "8", "--no-store"]) == 2
     assert capsys.readouterr().err == (
-        "pipekit-train: error: refusing to extend stage 'fit' exactly: its warmup_cosine schedule's decay_steps defaults to max_steps, so "
-        "it ended at step 12 (where the stage ended) and a stage planned for 20 steps would have had another "
-        "learning rate at every step; continue anyway as a new schedule segment with --new-segment "
-        "(extend(..., new_segment=True), recorded), or set optimizer_config.decay_steps in a new run\n"
+        "pipekit-train: error: refusing to extend stage 'fit' exactly: its warmup_cosine schedule's decay_steps "
+        "defaults to max_steps, so it ended at step 12 (where the stage ended) and a stage planned for 20 steps "
+        "would have had another learning rate at every step; continue anyway as a new schedule segment with "
+        "--new-segment (extend(..., new_segment=True), recorded), or set optimizer_config.decay_steps in a new run\n"
     )
     assert not (run / "fit-extend1").exists()  # refused before anything was written
     model, artifact = extend(str(run), "fit", 8, store=False, new_segment=True)
     assert artifact.user["extension"]["exact"] is False and artifact.user["extension"]["new_segment"] is True
+    ended = json.loads((run / "fit" / "artifact.json").read_text())["trained_model_hash"]
+    assert model.weights_hash() != ended  # the new segment trained (at lr 0 the weights would not move)
     records = [json.loads(line) for line in (run / "fit-extend1" / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in records if r.get("context") == "train" and "lr" in r]
     # The schedule runs again over the 8 new steps (it had ended at 0): halfway at step 16, at its end at 20.

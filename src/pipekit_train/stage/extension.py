@@ -94,7 +94,9 @@ def extended_loop(loop: TrainingLoop, steps: int, *, name: str, new_segment: boo
     """
     stage = loop.name or "stage"
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"extend: steps must be an int >= 1 (how many steps to add to stage {stage!r}), got {steps!r}")
+        raise ConfigError(
+            f"extend: steps must be an int >= 1 (how many steps to add to stage {stage!r}), got {steps!r}"
+        )
     # Its own checkpoints, in its own folder: a `checkpoint_dir` of the stage would mix the two stages' steps.
     changes: dict[str, Any] = {"max_steps": loop.max_steps + steps, "name": name, "checkpoint_dir": None}
     if _is_sampler(loop):
@@ -117,15 +119,19 @@ def extended_loop(loop: TrainingLoop, steps: int, *, name: str, new_segment: boo
 
 def _finished(run_dir: str, stage: str) -> tuple[dict[str, Any], Any]:
     """The finished stage's ``final.json`` fields and its artifact; one line naming what is missing otherwise."""
-    from ..provenance._artifact import TrainingArtifact
     from .._jsonio import read_json
+    from ..provenance._artifact import TrainingArtifact
     from .runner import FINAL_FILE, _read_final
 
     stage_dir = os.path.join(run_dir, stage)
     if not os.path.exists(os.path.join(stage_dir, FINAL_FILE)):
-        finished = sorted(
-            e.name for e in os.scandir(run_dir) if e.is_dir() and os.path.exists(os.path.join(e.path, FINAL_FILE))
-        ) if os.path.isdir(run_dir) else []
+        finished = (
+            sorted(
+                e.name for e in os.scandir(run_dir) if e.is_dir() and os.path.exists(os.path.join(e.path, FINAL_FILE))
+            )
+            if os.path.isdir(run_dir)
+            else []
+        )
         raise ConfigError(
             f"extend: {run_dir} has no finished stage {stage!r} (no {os.path.join(stage_dir, FINAL_FILE)})"
             f"{suggestion(stage, finished)}; finished stages: {', '.join(finished) or 'none'}"
@@ -203,14 +209,17 @@ def extend(
         )
     if loop is None:
         try:
-            loop = pipekit.loads(artifact.training_pipeline_yaml)
+            recorded = pipekit.loads(artifact.training_pipeline_yaml)
         except pipekit.PipekitError as e:
             raise ConfigError(
                 f"extend: stage {stage!r}'s recorded configuration cannot be read back ({e}); pass its TrainingLoop "
                 "as extend(..., loop=...)"
             ) from None
-    if not isinstance(loop, TrainingLoop):
-        raise ConfigError(f"extend: stage {stage!r} was not recorded as a TrainingLoop, got {type(loop).__name__}")
+        if not isinstance(recorded, TrainingLoop):
+            raise ConfigError(
+                f"extend: stage {stage!r} was not recorded as a TrainingLoop, got {type(recorded).__name__}"
+            )
+        loop = recorded
     step = int(final["step"])
     stage_dir = os.path.join(run_dir, stage)
     directory = loop.checkpoint_directory(stage_dir)

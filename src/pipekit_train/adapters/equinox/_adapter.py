@@ -20,8 +20,8 @@ from ...optim._optax import (
     get_lr_scale,
     learning_rate_at,
     refresh_hyperparams,
-    restart_schedule,
     reset_anchor,
+    restart_schedule,
     set_lr_scale,
 )
 from ...scale._mesh import mesh_plan
