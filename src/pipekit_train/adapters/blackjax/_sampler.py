@@ -232,22 +232,39 @@ class BlackjaxBackend(SamplerControls):
             return built[0]
 
         program = cached_program(program_key("blackjax", setup), build)
-        if built:
-            z = program.first_z
-        else:  # the program is shared; this run's seed has its own initial point
-            z = initial_positions(setup.model_op, k, model_kwargs, init_keys, setup.init_values)[0]
+        first = program.first_z if built else None
+
+        def initial() -> ChainState:  # the program may be shared: this run's seed has its own initial point
+            z = first if first is not None else initial_positions(setup.model_op, k, model_kwargs, init_keys,
+                                                                   setup.init_values)[0]  # fmt: skip
+            return jax.tree.map(_strong, program.init(z))  # type: ignore[no-any-return]
+
+        # Computed when first needed: a resumed or extended stage replaces it from a checkpoint, and NumPyro
+        # compiles its search for a valid initial point anew for every run.
+        self._initial = initial
+        self._carry: ChainState | None = None
         self._post, self._step, self.schedule = program.post, program.step, program.schedule
         self._adapt_update, self._adapt_final = program.adapt_update, program.adapt_final
-        self.carry = jax.tree.map(_strong, program.init(z))
-        sample = jax.eval_shape(jax.vmap(self._post), z)
+        sample = jax.eval_shape(jax.vmap(self._post), program.first_z)
         self.draws_buf = jax.tree.map(lambda s: jnp.zeros((setup.kept, *s.shape), s.dtype), sample)
-        self.treedef = jax.tree.structure(self.carry)
+        self.treedef = jax.tree.structure(jax.eval_shape(program.init, program.first_z))
         self.draws_def = jax.tree.structure(self.draws_buf)
         self.digest = config_digest(loop.task, setup.model_op)
         self.step = 0
         if program.chunk is None:
             program.chunk = jax.jit(self._chunk_impl, static_argnums=4)
         self._chunk = program.chunk
+
+    @property
+    def carry(self) -> ChainState:
+        """Every chain's state; the initial one is computed on first use."""
+        if self._carry is None:
+            self._carry = self._initial()
+        return self._carry
+
+    @carry.setter
+    def carry(self, value: ChainState) -> None:
+        self._carry = value
 
     # One iteration of one chain ----------------------------------------------------------------------------
     def _one(self, key: Any, c: ChainState, i: Any, stage: Any, is_end: Any) -> tuple[ChainState, Any]:
@@ -333,7 +350,7 @@ class BlackjaxBackend(SamplerControls):
     def state_tree(self) -> dict[str, Any]:
         return {
             "sampler": {f"{i:03d}": x for i, x in enumerate(jax.tree.leaves(self.carry))},
-            "draws": {f"{i:03d}": x for i, x in enumerate(jax.tree.leaves(self.draws_buf))},
+            "draws": self.draws_tree(),
             "step": np.asarray(self.step, np.int32),
             "config": self.digest,
         }
@@ -345,8 +362,11 @@ class BlackjaxBackend(SamplerControls):
         self.draws_buf = jax.tree.unflatten(self.draws_def, [jnp.asarray(d[k]) for k in sorted(d)])
         self.step = int(np.asarray(tree["step"]))
 
+    def draws_tree(self) -> dict[str, Any]:
+        return {f"{i:03d}": x for i, x in enumerate(jax.tree.leaves(self.draws_buf))}
+
     def weights_tree(self) -> dict[str, Any]:
-        return {"draws": self.state_tree()["draws"]}
+        return {"draws": self.draws_tree()}
 
     def load_weights_tree(self, tree: Any) -> None:
         raise NotImplementedError("init_from is refused before a sampler stage starts")

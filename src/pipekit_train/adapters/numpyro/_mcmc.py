@@ -159,12 +159,14 @@ class MCMCBackend(SamplerControls):
 
     def state_tree(self) -> dict[str, Any]:
         leaves = jax.tree.leaves(self.state)
-        coll = jax.tree.leaves(self.collection)
         return {
             "sampler": {f"{i:03d}": x for i, x in enumerate(leaves)},
-            "draws": {f"{i:03d}": x for i, x in enumerate(coll)},
+            "draws": self.draws_tree(),
             "config": self.digest,
         }
+
+    def draws_tree(self) -> dict[str, Any]:
+        return {f"{i:03d}": x for i, x in enumerate(jax.tree.leaves(self.collection))}
 
     def load_state_tree(self, tree: Any) -> None:
         check_digest(tree["config"], self.digest, self.loop.name or "stage")
@@ -176,7 +178,7 @@ class MCMCBackend(SamplerControls):
         self.step = int(i)
 
     def weights_tree(self) -> dict[str, Any]:
-        return {"draws": self.state_tree()["draws"]}
+        return {"draws": self.draws_tree()}
 
     def load_weights_tree(self, tree: Any) -> None:
         raise NotImplementedError("init_from is refused before a sampler stage starts")

@@ -145,9 +145,8 @@ class SamplerControls:
         the sampler state as it is, the draws so far at the front of this longer stage's buffer
         (`pipekit_train.stage.extend`). The kernel must be `previous`'s but for ``num_samples``."""
         check_digest(tree["config"], config_digest(previous.task, self.setup.model_op), self.loop.name or "stage")
-        template = self.state_tree()  # type: ignore[attr-defined]
         draws = {}
-        for name, leaf in template["draws"].items():
+        for name, leaf in self.draws_tree().items():  # type: ignore[attr-defined]
             saved = np.asarray(tree["draws"][name])
             grown = np.zeros(leaf.shape, saved.dtype)
             grown[: saved.shape[0]] = saved  # (draws, ...) first: the new draws go after them
