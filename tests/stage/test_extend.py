@@ -150,3 +150,24 @@ def test_a_cosine_schedule_over_max_steps_is_refused_then_continued_as_a_new_seg
     lrs = [r["lr"] for r in records if r.get("context") == "train" and "lr" in r]
     # The schedule runs again over the 8 new steps (it had ended at 0): halfway at step 16, at its end at 20.
     assert lrs == [pytest.approx(5e-3, rel=1e-5), 0.0]
+
+
+def test_an_svi_stage_extended_is_bitwise_the_longer_stage():
+    pytest.importorskip("numpyro")
+    from pipekit_train.adapters.numpyro import NumpyroGuide, Trace_ELBO
+
+    def svi(steps: int) -> TrainingLoop:
+        return _training(steps).replace(
+            model_op=NumpyroGuide(model="conjugate_normal", guide="AutoNormal"),
+            dataset=TrainingDataset(source=NpzSource(path="y.npz"), shuffle=True),
+            loss=Trace_ELBO(),
+            backend="numpyro-svi",
+            batch_size=5,
+        )
+
+    with run_settings(run_dir="run", store=False):
+        svi(12).run()
+    model, _ = extend("run", "fit", 8, store=False)
+    with run_settings(run_dir="long", store=False):
+        longer, _ = svi(20).run()
+    assert model.weights_hash() == longer.weights_hash()
