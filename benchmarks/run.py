@@ -615,6 +615,7 @@ TARGETS = {
     "8 bfloat16 compute vs float32": 0.0,  # informational: what mixed precision costs or gains here
     "9 time to first step (s)": 1.0,  # ratio (hand + 0.5 s) / pipekit
     "9b peak memory (MB)": 1.0,  # ratio 1.15 * hand / pipekit
+    "10 extend a finished stage vs one longer stage": 0.95,
 }
 
 
@@ -840,6 +841,69 @@ def bench_startup(rounds: int) -> list[Row]:
     return rows
 
 
+def bench_extend(rounds: int, quick: bool) -> list[Row]:
+    """Row 10: a sampler stage of W + S iterations, then `extend` by N, against one stage of W + S + N from the
+    start (bitwise the same draws): µs per iteration of the whole thing (both stages' fixed costs included: the
+    artifact, final.json, the posterior report, the end-of-stage checkpoint), per backend. The programs are
+    compiled in the untimed warm-up, as a second run in a process finds them."""
+    from pipekit_train import Checkpoint, Last, NpzSource
+    from pipekit_train.adapters.numpyro import NUTS, BlackjaxModel, NumpyroModel
+    from pipekit_train.stage import extend
+
+    warmup, samples, more, chains = (100, 400, 400, 4) if quick else (200, 2000, 2000, 4)
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(2000, 8)).astype(np.float32)
+    ys = (rng.random(2000) < 1 / (1 + np.exp(-(xs @ rng.normal(size=8))))).astype(np.float32)
+    root = tempfile.mkdtemp(prefix="pipekit-bench-extend-")
+    data = os.path.join(root, "data.npz")
+    np.savez(data, x=xs, y=ys)
+    total = warmup + samples + more
+    counter = iter(range(10**6))
+
+    def loop(backend: str, n: int) -> TrainingLoop:
+        model = BlackjaxModel if backend == "blackjax" else NumpyroModel
+        return TrainingLoop(
+            model_op=model(model="logistic_regression"),
+            dataset=TrainingDataset(source=NpzSource(path=data), shuffle=False),
+            task=NUTS(num_warmup=warmup, num_samples=n, num_chains=chains),
+            backend=backend,
+            batch_size=10,
+            max_steps=warmup + n,
+            steps_per_call=100,
+            log_every_n_steps=100,
+            callbacks=(Checkpoint(every_n_steps=total, keep=(Last(n=1),), async_save=False),),
+            progress=False,
+            name="post",
+        )
+
+    def whole(backend: str) -> float:
+        run_dir = os.path.join(root, f"r{next(counter)}")
+        t0 = time.perf_counter()
+        with run_settings(run_dir=run_dir, store=False):
+            loop(backend, samples + more).run()
+        return (time.perf_counter() - t0) / total * 1e6
+
+    def extended(backend: str) -> float:
+        run_dir = os.path.join(root, f"r{next(counter)}")
+        t0 = time.perf_counter()
+        with run_settings(run_dir=run_dir, store=False):
+            loop(backend, samples).run()
+        extend(run_dir, "post", more, store=False)
+        return (time.perf_counter() - t0) / total * 1e6
+
+    rows = []
+    try:
+        for backend in ("blackjax", "numpyro-mcmc"):
+            base = Contender(f"one {backend} stage of {total}", functools.partial(whole, backend))
+            cont = Contender(f"{warmup + samples}, then extend {more}", functools.partial(extended, backend))
+            run_interleaved([base, cont], rounds)
+            note = f"µs per iteration ({chains} chains, logistic regression 2000 x 8), both stages' fixed costs"
+            rows.append(row("10 extend a finished stage vs one longer stage", backend, base, cont, note))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
 def keras_available() -> str | None:
     try:
         import keras  # noqa: F401
@@ -910,6 +974,9 @@ def environment() -> dict[str, Any]:
     return info
 
 
+GROUPS = ("steps", "data", "startup", "extend")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: fewer steps and rounds (~1 minute)")
@@ -919,7 +986,15 @@ def main(argv: list[str] | None = None) -> int:
         "--startup-rounds", type=int, default=None, help="rounds of fresh processes for time to first step (default 3)"
     )
     parser.add_argument("--out", default=str(HERE), help="directory for results.json and results.md")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=GROUPS,
+        help="run only this group of rows (repeatable; default every group): steps (rows 0-8 by size), data, "
+        "startup, extend",
+    )
     args = parser.parse_args(argv)
+    groups = set(args.only or GROUPS)
     rounds = args.rounds or (2 if args.quick else 5)
     wanted = set(args.sizes.split(","))
     sizes = [quick_size(s) if args.quick else s for s in SIZES if s.name in wanted]
@@ -930,12 +1005,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     root = tempfile.mkdtemp(prefix="pipekit-bench-")
     try:
-        for size in sizes:
+        for size in sizes if "steps" in groups else ():
             rows += bench_size(size, x, y, rounds, root, keras_ok)
-        rows += bench_data(x, y, 3 * rounds, 2_000 if args.quick else 20_000)  # cheap: more rounds, less noise
+        if "data" in groups:  # cheap: more rounds, less noise
+            rows += bench_data(x, y, 3 * rounds, 2_000 if args.quick else 20_000)
         startup_rounds = args.startup_rounds if args.startup_rounds is not None else (1 if args.quick else 3)
-        if startup_rounds > 0:
+        if startup_rounds > 0 and "startup" in groups:
             rows += bench_startup(startup_rounds)
+        if "extend" in groups:
+            rows += bench_extend(rounds, args.quick)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - started

@@ -148,8 +148,11 @@ class _Signals:
 class CheckpointHooks:
     """Checkpointing, resume and graceful-stop hooks for one stage (see the module docstring)."""
 
-    def __init__(self, loop: Any, info: Any, resume: bool, config: Checkpoint | None, force: bool = False) -> None:
+    def __init__(
+        self, loop: Any, info: Any, resume: bool, config: Checkpoint | None, force: bool = False, extension: Any = None
+    ) -> None:
         self.loop = loop
+        self.extension = extension  # a `stage.extension.Extension`: this stage continues a finished one
         self.force = force
         self.forced: str | None = None
         self.info = info
@@ -198,6 +201,8 @@ class CheckpointHooks:
         if is_primary():  # several processes: process 0 moves what never committed, the others wait for it
             self._set_aside_uncommitted(step)
         barrier("set-aside")
+        if self.extension is not None and step is None:  # an extension's first start: the finished stage's end
+            return self._continue_finished(backend)
         if ckpt is None or step is None:
             where = self.directory if ckpt is not None else "this stage (it has no Checkpoint callback)"
             warnings.warn(
@@ -231,6 +236,8 @@ class CheckpointHooks:
                 "artifact)"
             )
         backend.load_state_tree(state)
+        if self.extension is not None and self.extension.new_segment:  # the segment's schedule, as saved
+            backend.schedule_segment(self.extension.step, restart=False)
         self.last_saved = step
         # A crash between a commit and its rotation leaves checkpoints `keep` no longer retains: apply it now that
         # the checkpoint is accepted (a refused resume deletes nothing).
@@ -263,6 +270,38 @@ class CheckpointHooks:
                 f"{topology_text(then)}: the same batches, weights within float rounding (docs/reliability.md)"
             )
         self.topology_changes = history
+    def _continue_finished(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[str, dict[str, Any]]]:
+        """Restore everything the finished stage's final checkpoint holds (the state, the data position, the
+        callbacks and the pending records), as a resume would: the extension continues where the stage ended."""
+        ext = self.extension
+        source = Checkpointer(ext.directory, async_save=False)
+        grow = getattr(backend, "extend_state_tree", None)  # a sampler: the draw buffer grows with the stage
+        try:
+            state, data_iter, meta = source.restore(ext.step, None if grow is not None else backend.state_tree())
+        finally:
+            source.close()
+        saved, expected = meta.get("fingerprint"), fingerprint(ext.loop)
+        if saved != expected:
+            raise CheckpointMismatchError(
+                f"refusing to extend stage {ext.stage!r}: its checkpoint of step {ext.step} in {ext.directory} was "
+                f"written under another configuration than the stage recorded:\n{_diff(saved or {}, expected)}"
+            )
+        if grow is not None:
+            grow(state, ext.loop)
+        else:
+            backend.load_state_tree(state)
+        if ext.new_segment:
+            restart = getattr(backend, "schedule_segment", None)
+            if restart is None:
+                raise CheckpointError(
+                    f"stage {self.info.stage!r}: backend {self.loop.backend!r} cannot start a new schedule segment "
+                    "(its step backend has no schedule_segment); extend without new_segment"
+                )
+            restart(ext.step, restart=True)
+        callbacks = dict(meta.get("callbacks", {}))
+        self.restored_meta = meta
+        where = f"extending stage {ext.stage!r} from step {ext.step} in {ext.directory}"
+        return int(meta["step"]), local_data_state(data_iter, where), callbacks
 
     def _set_aside_uncommitted(self, latest: int | None) -> None:
         """Step directories newer than the latest committed checkpoint never committed (a crash during the save):
@@ -455,7 +494,9 @@ def make_hooks(loop: Any, info: Any, settings: Any) -> CheckpointHooks:
     """The hooks for one stage: with its `Checkpoint` callback (if any) and the run's resume setting."""
     config = loop.checkpoint_settings
     resume = settings.resume == "auto" or loop.resume == "auto"
-    hooks = CheckpointHooks(loop, info, resume, config, force=bool(getattr(settings, "force_resume", False)))
+    extension = getattr(settings, "extension", None)
+    force = bool(getattr(settings, "force_resume", False))
+    hooks = CheckpointHooks(loop, info, resume or extension is not None, config, force=force, extension=extension)
     if info.stage_index == 0:  # a fork starts the run's first stage
         hooks.fork_point = getattr(settings, "fork", None)
     return hooks

@@ -37,6 +37,7 @@ Train JAX models from YAML pipelines.
   pipekit-train reproduce ID                   train the recorded pipeline again
   pipekit-train reproduce ID --restore-code    ... with the recorded code (commit + uncommitted patch)
   pipekit-train run P.yaml --fork RUN@STEP     a new run from another run's checkpoint (--set what changes)
+  pipekit-train extend RUN_DIR --stage S --steps N   continue a finished stage N more steps (or draws)
   pipekit-train runs RUN_DIR                   runs and their checkpoints
   pipekit-train average RUN_DIR --last 5 -o D  average checkpoints into a new one
   pipekit-train history RUN_DIR --png F.png    train/validate curves and a table of the logged metrics
@@ -485,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pipekit_train.cli._checkpoints import add_checkpoint_commands
     from pipekit_train.cli._evaluate import add_evaluate_commands
     from pipekit_train.cli._export import add_export_commands
+    from pipekit_train.cli._extend import add_extend_commands
     from pipekit_train.cli._history import add_history_commands
     from pipekit_train.cli._launch import add_launch_commands
     from pipekit_train.cli._lr_find import add_lr_find_commands
@@ -495,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoint_commands(sub)
     add_history_commands(sub)
     add_export_commands(sub)
+    add_extend_commands(sub)
     add_evaluate_commands(sub)
     add_schema_commands(sub)
     add_launch_commands(sub)

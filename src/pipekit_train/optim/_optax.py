@@ -54,6 +54,7 @@ __all__ = [
     "learning_rate_at",
     "refresh_hyperparams",
     "reset_anchor",
+    "restart_schedule",
     "scale_by_adam",
     "scale_by_lion",
     "scale_by_rms",
@@ -441,6 +442,15 @@ def set_lr_scale(opt_state: Any, value: float) -> Any:
     # A new array per node: with parameter groups there are several, and the step donates each buffer once.
     return jax.tree.map(
         lambda n: n._replace(scale=jnp.asarray(value, jnp.float32)) if _is_scale(n) else n, opt_state, is_leaf=_is_scale
+    )
+
+
+def restart_schedule(opt_state: Any) -> Any:
+    """A copy of `opt_state` whose learning-rate schedules count from 0 again (a new schedule segment: a stage
+    extended with ``new_segment``); the moments, the other counters and the run-time factor stay."""
+    get_lr_scale(opt_state)  # raises when there is none
+    return jax.tree.map(
+        lambda n: n._replace(count=jnp.zeros((), jnp.int32)) if _is_scale(n) else n, opt_state, is_leaf=_is_scale
     )
 
 

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
+    from .extension import Extension as Extension
+    from .extension import extend as extend
     from .loop import TrainerCarryState as TrainerCarryState
     from .loop import TrainingLoop as TrainingLoop
     from .loop import TrainingResult as TrainingResult

@@ -55,6 +55,8 @@ class RunSettings:
             another run, and its artifact records the edge (`TrainingArtifact.fork`).
         sweep: The sweep trial this run is, ``{"name", "trial", "params", "key"}`` (`pipekit_train.sweep`);
             recorded in every stage's artifact (`TrainingArtifact.sweep`).
+        extension: The finished stage the stage being run continues (`stage.extension.Extension`, set by
+            `stage.extension.extend`): it starts from that stage's final checkpoint and records it in its artifact.
     """
 
     run_dir: str | None = None
@@ -67,6 +69,7 @@ class RunSettings:
     code: Any = None
     fork: Any = None
     sweep: dict[str, Any] | None = None
+    extension: Any = None
 
 
 _DEFAULT_SETTINGS = RunSettings()
@@ -384,6 +387,8 @@ def _run_locked(
     result = train(fitted, plan.backend, step_backend, info, hooks)
     if statistics:
         result.artifact_fields["data_statistics"] = statistics
+    if settings.extension is not None:
+        result.artifact_fields["extension"] = settings.extension.record()
     return finish(loop, result, info, settings, hooks)
 
 

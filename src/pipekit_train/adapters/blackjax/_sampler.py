@@ -58,14 +58,21 @@ def _strong(x: Any) -> Any:
     return jnp.array(x, dtype=x.dtype)
 
 
-def chain_keys(seed: int, chains: int, num_warmup: int, num_samples: int) -> tuple[Any, Any]:
-    """The keys of chain ``c``: ``k_init, k_warm, k_sample = split(split(PRNGKey(seed), chains)[c], 3)``; iteration
-    ``i`` of warm-up uses ``split(k_warm, num_warmup)[i]`` and sampling ``split(k_sample, num_samples)[i]``, as the
-    usual BlackJAX script does. Returns the init keys ``(chains, 2)`` and the iteration keys ``(chains, total, 2)``."""
+def chain_keys(seed: int, chains: int) -> tuple[Any, Any]:
+    """The keys of chain ``c``: ``k_init, k_warm, k_sample = split(split(PRNGKey(seed), chains)[c], 3)``; warm-up
+    iteration ``i`` uses ``fold_in(k_warm, i)`` and sampling iteration ``j`` (counted from the end of warm-up)
+    ``fold_in(k_sample, j)`` (`iteration_key`), so a draw's key does not depend on how many draws the stage takes
+    and a stage extended by N draws (`pipekit_train.stage.extend`) draws what one planned N longer draws. Returns
+    the init keys ``(chains, 2)`` and the phase keys ``(chains, 2, 2)`` (``[k_warm, k_sample]`` of every chain)."""
     per_chain = jax.vmap(lambda k: jax.random.split(k, 3))(jax.random.split(jax.random.PRNGKey(seed), chains))
-    warm = jax.vmap(lambda k: jax.random.split(k, num_warmup))(per_chain[:, 1])
-    sample = jax.vmap(lambda k: jax.random.split(k, num_samples))(per_chain[:, 2])
-    return per_chain[:, 0], jnp.concatenate([warm, sample], axis=1)
+    return per_chain[:, 0], per_chain[:, 1:]
+
+
+def iteration_key(phase_keys: Any, i: Any, num_warmup: int) -> Any:
+    """The key of iteration `i` of one chain (its ``[k_warm, k_sample]``): `chain_keys`'s rule, traced."""
+    warm = jax.random.fold_in(phase_keys[0], i)
+    sample = jax.random.fold_in(phase_keys[1], i - num_warmup)
+    return jnp.where(i < num_warmup, warm, sample)
 
 
 def initial_positions(model_op: Any, kernel: Any, model_kwargs: dict[str, Any], keys: Any, init_values: Any) -> Any:
@@ -219,7 +226,7 @@ class BlackjaxBackend(SamplerControls):
         self.total = k.num_warmup + setup.num_samples
         self.start_idx = k.num_warmup + setup.num_samples % k.thinning  # as numpyro-mcmc (NumPyro's fori_collect)
         model_kwargs = setup.model_op.model_kwargs(setup.data)
-        init_keys, self.keys = chain_keys(loop.seed, self.chains, k.num_warmup, setup.num_samples)
+        init_keys, self.keys = chain_keys(loop.seed, self.chains)
         built: list[_Program] = []
 
         def build() -> _Program:
@@ -227,27 +234,45 @@ class BlackjaxBackend(SamplerControls):
             return built[0]
 
         program = cached_program(program_key("blackjax", setup), build)
-        if built:
-            z = program.first_z
-        else:  # the program is shared; this run's seed has its own initial point
-            z = initial_positions(setup.model_op, k, model_kwargs, init_keys, setup.init_values)[0]
+        first = program.first_z if built else None
+
+        def initial() -> ChainState:  # the program may be shared: this run's seed has its own initial point
+            z = first if first is not None else initial_positions(setup.model_op, k, model_kwargs, init_keys,
+                                                                   setup.init_values)[0]  # fmt: skip
+            return jax.tree.map(_strong, program.init(z))  # type: ignore[no-any-return]
+
+        # Computed when first needed: a resumed or extended stage replaces it from a checkpoint, and NumPyro
+        # compiles its search for a valid initial point anew for every run.
+        self._initial = initial
+        self._carry: ChainState | None = None
         self._post, self._step, self.schedule = program.post, program.step, program.schedule
         self._adapt_update, self._adapt_final = program.adapt_update, program.adapt_final
-        self.carry = jax.tree.map(_strong, program.init(z))
-        sample = jax.eval_shape(jax.vmap(self._post), z)
+        sample = jax.eval_shape(jax.vmap(self._post), program.first_z)
+        carry_shape = jax.eval_shape(program.init, program.first_z)
         stats = jax.eval_shape(
             lambda c: self._all_chains(jnp.zeros((self.chains, 2), jnp.uint32), c, jnp.int32(0), 0, False)[1][1],
-            self.carry,
+            carry_shape,
         )
         # The kept draws and their sampler statistics, each ``(kept, chains, ...)``.
         self.draws_buf = jax.tree.map(lambda s: jnp.zeros((setup.kept, *s.shape), s.dtype), (sample, stats))
-        self.treedef = jax.tree.structure(self.carry)
+        self.treedef = jax.tree.structure(carry_shape)
         self.draws_def = jax.tree.structure(self.draws_buf)
         self.digest = config_digest(loop.task, setup.model_op)
         self.step = 0
         if program.chunk is None:
             program.chunk = jax.jit(self._chunk_impl, static_argnums=4)
         self._chunk = program.chunk
+
+    @property
+    def carry(self) -> ChainState:
+        """Every chain's state; the initial one is computed on first use."""
+        if self._carry is None:
+            self._carry = self._initial()
+        return self._carry
+
+    @carry.setter
+    def carry(self, value: ChainState) -> None:
+        self._carry = value
 
     # One iteration of one chain ----------------------------------------------------------------------------
     def _one(self, key: Any, c: ChainState, i: Any, stage: Any, is_end: Any) -> tuple[ChainState, Any]:
@@ -294,7 +319,7 @@ class BlackjaxBackend(SamplerControls):
         def body(c: Any, j: Any) -> Any:
             carry, draws = c
             i = first + j
-            key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
+            key = jax.vmap(lambda k: iteration_key(k, i, self.num_warmup))(keys)
             entry = jax.lax.dynamic_index_in_dim(schedule, jnp.minimum(i, last), keepdims=False)
             carry, (info, stats) = self._all_chains(key, carry, i, entry[0], entry[1].astype(bool))
             idx = (i - self.start_idx) // self.thinning
@@ -352,7 +377,7 @@ class BlackjaxBackend(SamplerControls):
     def state_tree(self) -> dict[str, Any]:
         return {
             "sampler": {f"{i:03d}": x for i, x in enumerate(jax.tree.leaves(self.carry))},
-            "draws": {f"{i:03d}": x for i, x in enumerate(jax.tree.leaves(self.draws_buf))},
+            "draws": self.draws_tree(),
             "step": np.asarray(self.step, np.int32),
             "config": self.digest,
         }
@@ -364,8 +389,11 @@ class BlackjaxBackend(SamplerControls):
         self.draws_buf = jax.tree.unflatten(self.draws_def, [jnp.asarray(d[k]) for k in sorted(d)])
         self.step = int(np.asarray(tree["step"]))
 
+    def draws_tree(self) -> dict[str, Any]:
+        return {f"{i:03d}": x for i, x in enumerate(jax.tree.leaves(self.draws_buf))}
+
     def weights_tree(self) -> dict[str, Any]:
-        return {"draws": self.state_tree()["draws"]}
+        return {"draws": self.draws_tree()}
 
     def load_weights_tree(self, tree: Any) -> None:
         raise NotImplementedError("init_from is refused before a sampler stage starts")

@@ -21,6 +21,7 @@ from ...optim._optax import (
     learning_rate_at,
     refresh_hyperparams,
     reset_anchor,
+    restart_schedule,
     set_lr_scale,
 )
 from ...scale._mesh import mesh_plan
@@ -73,6 +74,8 @@ class EquinoxBackend:
     The state is kept as flat leaf lists (see `Layout`); `params`, `opt_state`, `ema` and `consts` are views that
     rebuild the trees when something outside the step needs them (evaluation, checkpoints, callbacks).
     """
+
+    _segment_start = 0  # the step a new schedule segment began at (`schedule_segment`)
 
     def __init__(self, loop: TrainingLoop, model_op: Any, module: Any, base_key: jax.Array) -> None:
 
@@ -261,7 +264,15 @@ class EquinoxBackend:
         self._set(opt_state=set_lr_scale(self.opt_state, value))
 
     def learning_rate(self, step: int) -> float:
+        step -= self._segment_start  # a new schedule segment (an extension) counts from its start
         return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
+
+    def schedule_segment(self, start: int, restart: bool) -> None:
+        """The learning-rate schedule counts from `start` (a stage extended with ``new_segment``); with `restart`
+        the optimizer state's schedule count goes back to 0 (the first start; a resumed one has it saved)."""
+        self._segment_start = start
+        if restart:
+            self._set(opt_state=restart_schedule(self.opt_state))
 
     # Checkpointing -----------------------------------------------------------------------------------------
     def state_tree(self) -> dict[str, Any]:

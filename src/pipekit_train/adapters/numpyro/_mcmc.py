@@ -58,6 +58,14 @@ def numpyro_kernel(model_fn: Any, kernel: Any, init_values: dict[str, Any] | Non
     return infer.HMC(model_fn, num_steps=kernel.num_steps, trajectory_length=kernel.trajectory_length, **common)
 
 
+class _Program:
+    """The jitted chunk shared by the runs of one sampler program, and the backend whose kernel it samples with."""
+
+    def __init__(self, first: MCMCBackend) -> None:
+        self.first = first
+        self.chunk = jax.jit(first._chunk_impl, static_argnums=3)
+
+
 class MCMCBackend(SamplerControls):
     """The `StepBackend` of ``numpyro-mcmc``: one engine step is one iteration of every chain."""
 
@@ -72,26 +80,47 @@ class MCMCBackend(SamplerControls):
         self.start_idx = k.num_warmup + setup.num_samples % k.thinning  # NumPyro's fori_collect
         self.model_kwargs = setup.model_op.model_kwargs(setup.data)
         self.kernel = numpyro_kernel(setup.model_op.fn, k, setup.init_values)
-        key = jax.random.PRNGKey(loop.seed)
+        self.digest = config_digest(loop.task, setup.model_op)
+        self.step = 0
+        self._state: Any = None
+        # Runs of the same program (a resumed run, a reference run) share one trace and compilation: the chunk of
+        # the first backend built for it, whose kernel it samples with (initialised here).
+        program = cached_program(program_key("numpyro-mcmc", setup), lambda: _Program(self))
+        self._chunk = program.chunk
+        if program.first is self:
+            self.state = self._initial()
+        # Another run's state has the same structure: this run's initial state is computed when first needed (a
+        # resumed or extended stage replaces it; NumPyro compiles its search for a valid initial point per run).
+        first = program.first
+        self.treedef = first.treedef
+        self.collection = jax.tree.map(jnp.zeros_like, first.collection)
+        self.coll_def = jax.tree.structure(self.collection)
+
+    def _initial(self) -> Any:
+        """The initial sampler state of this run's seed (``kernel.init``)."""
+        key = jax.random.PRNGKey(self.loop.seed)
         if self.chains > 1:
             key = jax.random.split(key, self.chains)
         state = self.kernel.init(key, self.num_warmup, None, (), self.model_kwargs)
         post = self.kernel.postprocess_fn((), self.model_kwargs)
-        if self.chains > 1:
-            post = jax.vmap(post)
-        self._post = post
-        self.state = state
-        self.collection = jax.tree.map(
-            lambda x: jnp.zeros((setup.kept, *jnp.shape(x)), jnp.result_type(x)), self._transform(state)
-        )
-        self.treedef = jax.tree.structure(state)
-        self.coll_def = jax.tree.structure(self.collection)
-        self.digest = config_digest(loop.task, setup.model_op)
-        self.step = 0
-        # Runs of the same program (a resumed run, a reference run) share one trace and compilation.
-        self._chunk = cached_program(
-            program_key("numpyro-mcmc", setup), lambda: jax.jit(self._chunk_impl, static_argnums=3)
-        )
+        self._post = jax.vmap(post) if self.chains > 1 else post
+        if not hasattr(self, "treedef"):  # the first backend of a program: its state and draws set the layout
+            self.treedef = jax.tree.structure(state)
+            self.collection = jax.tree.map(
+                lambda x: jnp.zeros((self.setup.kept, *jnp.shape(x)), jnp.result_type(x)), self._transform(state)
+            )
+        return state
+
+    @property
+    def state(self) -> Any:
+        """Every chain's NumPyro sampler state; the initial one is computed on first use."""
+        if self._state is None:
+            self._state = self._initial()
+        return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._state = value
 
     def _transform(self, state: Any) -> list[Any]:
         """What every kept draw records: the constrained sites, divergence, and the sampler's statistics (ArviZ's
@@ -187,12 +216,14 @@ class MCMCBackend(SamplerControls):
 
     def state_tree(self) -> dict[str, Any]:
         leaves = jax.tree.leaves(self.state)
-        coll = jax.tree.leaves(self.collection)
         return {
             "sampler": {f"{i:03d}": x for i, x in enumerate(leaves)},
-            "draws": {f"{i:03d}": x for i, x in enumerate(coll)},
+            "draws": self.draws_tree(),
             "config": self.digest,
         }
+
+    def draws_tree(self) -> dict[str, Any]:
+        return {f"{i:03d}": x for i, x in enumerate(jax.tree.leaves(self.collection))}
 
     def load_state_tree(self, tree: Any) -> None:
         check_digest(tree["config"], self.digest, self.loop.name or "stage")
@@ -204,7 +235,7 @@ class MCMCBackend(SamplerControls):
         self.step = int(i)
 
     def weights_tree(self) -> dict[str, Any]:
-        return {"draws": self.state_tree()["draws"]}
+        return {"draws": self.draws_tree()}
 
     def load_weights_tree(self, tree: Any) -> None:
         raise NotImplementedError("init_from is refused before a sampler stage starts")

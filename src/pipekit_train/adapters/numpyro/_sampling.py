@@ -266,6 +266,19 @@ class SamplerControls:
             write_groups(stage_dir, self.sample_stats(), data)  # type: ignore[attr-defined]
         return report(self.draws(), self.divergences(), stage, stage_dir)  # type: ignore[attr-defined]
 
+    def extend_state_tree(self, tree: Any, previous: Any) -> None:
+        """Continue a finished stage of `previous` (its `TrainingLoop`) from its final checkpoint `tree` (as saved):
+        the sampler state as it is, the draws so far at the front of this longer stage's buffer
+        (`pipekit_train.stage.extend`). The kernel must be `previous`'s but for ``num_samples``."""
+        check_digest(tree["config"], config_digest(previous.task, self.setup.model_op), self.loop.name or "stage")
+        draws = {}
+        for name, leaf in self.draws_tree().items():  # type: ignore[attr-defined]
+            saved = np.asarray(tree["draws"][name])
+            grown = np.zeros(leaf.shape, saved.dtype)
+            grown[: saved.shape[0]] = saved  # (draws, ...) first: the new draws go after them
+            draws[name] = grown
+        self.load_state_tree({**tree, "draws": draws, "config": self.digest})  # type: ignore[attr-defined]
+
     def get_lr_scale(self) -> float:
         return 1.0
 
