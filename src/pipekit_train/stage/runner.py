@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import json
 import os
@@ -413,7 +414,7 @@ def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, ho
         result.metrics.update(final_metrics(info.stage, info.stage_dir))
     optimizer_state = getattr(step_backend, "optimizer_state", None)
     result.opt_state = optimizer_state() if optimizer_state is not None else None
-    result.rng = np.asarray(jax.random.key_data(jax.random.key(loop.seed))).tolist()
+    result.rng = np.asarray(_seed_key_data(loop.seed)).tolist()
     summary = getattr(step_backend, "summary", None)
     result.backend_info = {
         **backend.info(),
@@ -422,6 +423,23 @@ def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, ho
         **(summary() if summary is not None else {}),
     }
     return result
+
+
+@functools.cache
+def _seed_key_data_jit() -> Any:
+    import jax
+
+    return jax.jit(lambda seed: jax.random.key_data(jax.random.key(seed)))
+
+
+def _seed_key_data(seed: int) -> Any:
+    """``key_data(key(seed))`` as one compiled program (eagerly, the seeding and the unwrapping compile two);
+    a seed outside int32 takes the eager path, where `jax.random.key` folds its 64 bits."""
+    import jax
+
+    if -(2**31) <= seed < 2**31:
+        return _seed_key_data_jit()(seed)
+    return jax.random.key_data(jax.random.key(seed))
 
 
 def finish(
