@@ -400,7 +400,6 @@ def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, ho
     records of the backend: `Backend.info`, the topology, the run's steps and what the step backend adds."""
     from contextlib import nullcontext
 
-    import jax
     import numpy as np
 
     from .engine import run_steps
