@@ -280,6 +280,14 @@ def test_the_model_is_built_once_per_stage(tmp_path: Path) -> None:
     with run_settings(store=False, run_dir=str(tmp_path / "run")):
         model, _ = loop.run()
     assert calls == {"built": 1, "traced": 1}
+    # The artifact's dependency lock was collected on a background thread while the stage ran, and joined.
+    from pipekit_train.provenance._artifact import collect_deps_lock
+    from pipekit_train.stage import runner
+
+    (artifact,) = (tmp_path / "run").rglob("artifact.json")
+    deps = json.loads(artifact.read_text())["deps_lock"]
+    assert deps["distributions"] == collect_deps_lock()["distributions"] and "jax" in deps["distributions"]
+    assert runner._DEPS_LOCKS == {}
     # Another loop object of the same configuration shares nothing with the first (one build of its own) and trains
     # to the same weights bitwise. (tests/test_loop.py checks those runs bitwise against hand-written optax loops.)
     again_loop = _loop("startup_cost_counted", tmp_path / "data.npz")
