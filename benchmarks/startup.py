@@ -37,8 +37,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 IN_SIZE, WIDTH, DEPTH, BATCH, LR = 32, 64, 2, 32, 1e-3
 
-#: The hand-written script (also the reference of tests/test_startup_cost.py, at its own sizes).
-HAND_TEMPLATE = textwrap.dedent(
+#: What every hand-written script does before it trains: load the arrays, build the model and the optimizer, jit a
+#: step (a template: `str.format` fills the sizes).
+_HAND_SETUP = textwrap.dedent(
     """
     import time
 
@@ -63,7 +64,12 @@ HAND_TEMPLATE = textwrap.dedent(
         loss, grads = jax.value_and_grad(loss_fn)(params, xb, yb)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
+    """
+)
 
+#: The hand-written script (also the reference of tests/test_startup_cost.py, at its own sizes).
+HAND_TEMPLATE = _HAND_SETUP + textwrap.dedent(
+    """
     idx = np.random.default_rng(0).permutation(len(x))[:{batch}]
     params, opt_state, loss = step(params, opt_state, x[idx], y[idx])
     jax.block_until_ready((params, loss))
@@ -75,39 +81,21 @@ HAND = HAND_TEMPLATE.format(in_size=IN_SIZE, width=WIDTH, depth=DEPTH, lr=LR, ba
 #: A 300-step job (`JOB_STEPS`), whole process: the hand script's loop over one shuffled epoch's batches, reading
 #: the loss back at the end; against the Python API with its defaults (artifact store, metrics file).
 JOB_STEPS = 300
-HAND_JOB = textwrap.dedent(
-    """
-    import equinox as eqx
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-
-    with np.load("data.npz") as npz:
-        x, y = npz["x"], npz["y"]
-    model = eqx.nn.MLP({in_size}, 1, {width}, {depth}, key=jax.random.key(0))
-    params, static = eqx.partition(model, eqx.is_inexact_array)
-    optimizer = optax.adamw({lr}, weight_decay=1e-4, mask=lambda p: jax.tree.map(lambda a: a.ndim > 1, p))
-    opt_state = optimizer.init(params)
-
-    def loss_fn(params, xb, yb):
-        return jnp.mean((jax.vmap(eqx.combine(params, static))(xb) - yb) ** 2)
-
-    @jax.jit
-    def step(params, opt_state, xb, yb):
-        loss, grads = jax.value_and_grad(loss_fn)(params, xb, yb)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
+HAND_JOB = (
+    _HAND_SETUP
+    + textwrap.dedent(
+        """
     perm = np.random.default_rng(0).permutation(len(x))
     for i in range({steps}):
         idx = perm[i * {batch} : (i + 1) * {batch}]
         params, opt_state, loss = step(params, opt_state, x[idx], y[idx])
     print("LOSS", float(loss), flush=True)
     """
+    )
 ).format(in_size=IN_SIZE, width=WIDTH, depth=DEPTH, lr=LR, batch=BATCH, steps=JOB_STEPS)
 
-API_JOB = textwrap.dedent(
+#: The Python API's script: `steps` steps, a log line every `log` steps, under `run_settings(store=...)`.
+_API_TEMPLATE = textwrap.dedent(
     """
     from pipekit_train import MSE, EquinoxModel, NpzSource, TrainingDataset, TrainingLoop, run_settings
 
@@ -120,33 +108,18 @@ API_JOB = textwrap.dedent(
         optimizer_config={{"name": "adamw", "lr": {lr}}},
         max_steps={steps},
         batch_size={batch},
+        log_every_n_steps={log},
         progress=False,
     )
-    with run_settings(store="store.db", run_dir="run"):
+    with run_settings(store={store}, run_dir="run"):
         loop.run()
     """
-).format(in_size=IN_SIZE, width=WIDTH, depth=DEPTH, lr=LR, batch=BATCH, steps=JOB_STEPS)
-
-API = textwrap.dedent(
-    """
-    from pipekit_train import MSE, EquinoxModel, NpzSource, TrainingDataset, TrainingLoop, run_settings
-
-    loop = TrainingLoop(
-        model_op=EquinoxModel(
-            factory="mlp", kwargs={{"in_size": {in_size}, "out_size": 1, "width_size": {width}, "depth": {depth}}}
-        ),
-        dataset=TrainingDataset(source=NpzSource(path="data.npz")),
-        loss=MSE(),
-        optimizer_config={{"name": "adamw", "lr": {lr}}},
-        max_steps=1,
-        batch_size={batch},
-        log_every_n_steps=1,
-        progress=False,
-    )
-    with run_settings(store=False, run_dir="run"):
-        loop.run()
-    """
-).format(in_size=IN_SIZE, width=WIDTH, depth=DEPTH, lr=LR, batch=BATCH)
+)
+_FIELDS = dict(in_size=IN_SIZE, width=WIDTH, depth=DEPTH, lr=LR, batch=BATCH)
+#: One step, logged, no artifact store (time to first step).
+API = _API_TEMPLATE.format(**_FIELDS, steps=1, log=1, store=False)
+#: The `JOB_STEPS` job with the defaults: the artifact store (a file in the work folder), a log line every 100 steps.
+API_JOB = _API_TEMPLATE.format(**_FIELDS, steps=JOB_STEPS, log=100, store='"store.db"')
 
 YAML = textwrap.dedent(
     """\
