@@ -37,8 +37,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 IN_SIZE, WIDTH, DEPTH, BATCH, LR = 32, 64, 2, 32, 1e-3
 
-#: The hand-written script (also the reference of tests/test_startup_cost.py, at its own sizes).
-HAND_TEMPLATE = textwrap.dedent(
+#: What every hand-written script does before it trains: load the arrays, build the model and the optimizer, jit a
+#: step (a template: `str.format` fills the sizes).
+_HAND_SETUP = textwrap.dedent(
     """
     import time
 
@@ -63,7 +64,12 @@ HAND_TEMPLATE = textwrap.dedent(
         loss, grads = jax.value_and_grad(loss_fn)(params, xb, yb)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
+    """
+)
 
+#: The hand-written script (also the reference of tests/test_startup_cost.py, at its own sizes).
+HAND_TEMPLATE = _HAND_SETUP + textwrap.dedent(
+    """
     idx = np.random.default_rng(0).permutation(len(x))[:{batch}]
     params, opt_state, loss = step(params, opt_state, x[idx], y[idx])
     jax.block_until_ready((params, loss))
@@ -72,7 +78,24 @@ HAND_TEMPLATE = textwrap.dedent(
 )
 HAND = HAND_TEMPLATE.format(in_size=IN_SIZE, width=WIDTH, depth=DEPTH, lr=LR, batch=BATCH)
 
-API = textwrap.dedent(
+#: A 300-step job (`JOB_STEPS`), whole process: the hand script's loop over one shuffled epoch's batches, reading
+#: the loss back at the end; against the Python API with its defaults (artifact store, metrics file).
+JOB_STEPS = 300
+HAND_JOB = (
+    _HAND_SETUP
+    + textwrap.dedent(
+        """
+    perm = np.random.default_rng(0).permutation(len(x))
+    for i in range({steps}):
+        idx = perm[i * {batch} : (i + 1) * {batch}]
+        params, opt_state, loss = step(params, opt_state, x[idx], y[idx])
+    print("LOSS", float(loss), flush=True)
+    """
+    )
+).format(in_size=IN_SIZE, width=WIDTH, depth=DEPTH, lr=LR, batch=BATCH, steps=JOB_STEPS)
+
+#: The Python API's script: `steps` steps, a log line every `log` steps, under `run_settings(store=...)`.
+_API_TEMPLATE = textwrap.dedent(
     """
     from pipekit_train import MSE, EquinoxModel, NpzSource, TrainingDataset, TrainingLoop, run_settings
 
@@ -83,15 +106,20 @@ API = textwrap.dedent(
         dataset=TrainingDataset(source=NpzSource(path="data.npz")),
         loss=MSE(),
         optimizer_config={{"name": "adamw", "lr": {lr}}},
-        max_steps=1,
+        max_steps={steps},
         batch_size={batch},
-        log_every_n_steps=1,
+        log_every_n_steps={log},
         progress=False,
     )
-    with run_settings(store=False, run_dir="run"):
+    with run_settings(store={store}, run_dir="run"):
         loop.run()
     """
-).format(in_size=IN_SIZE, width=WIDTH, depth=DEPTH, lr=LR, batch=BATCH)
+)
+_FIELDS = dict(in_size=IN_SIZE, width=WIDTH, depth=DEPTH, lr=LR, batch=BATCH)
+#: One step, logged, no artifact store (time to first step).
+API = _API_TEMPLATE.format(**_FIELDS, steps=1, log=1, store=False)
+#: The `JOB_STEPS` job with the defaults: the artifact store (a file in the work folder), a log line every 100 steps.
+API_JOB = _API_TEMPLATE.format(**_FIELDS, steps=JOB_STEPS, log=100, store='"store.db"')
 
 YAML = textwrap.dedent(
     """\
@@ -171,13 +199,12 @@ def run_one(name: str, work: Path) -> Sample:
         import shutil
 
         shutil.rmtree(run_dir)
+    (work / "store.db").unlink(missing_ok=True)
     hwm = work / f"peak-{name}.txt"
     hwm.unlink(missing_ok=True)
     argv = [sys.executable, "runner.py", str(hwm)]
-    if name == "hand":
-        argv += ["hand.py"]
-    elif name == "api":
-        argv += ["api.py"]
+    if name in ("hand", "api", "hand_job", "api_job"):
+        argv += [f"{name}.py"]
     else:
         argv += ["-m", "pipekit_train.cli", "run", "pipe.yaml", "--run-dir", "run", "--no-store"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
@@ -194,6 +221,8 @@ def run_one(name: str, work: Path) -> Sample:
     if name == "hand":
         line = next(ln for ln in out.splitlines() if ln.startswith("FIRST_STEP"))
         first = float(line.split()[1])
+    elif name.endswith("_job"):  # whole processes only
+        first = ended
     else:
         first = _first_train_time(next(run_dir.rglob("metrics.jsonl")))
     return Sample(
@@ -214,13 +243,16 @@ def prepare(work: Path) -> None:
     np.savez(work / "data.npz", x=x, y=y)
     (work / "hand.py").write_text(HAND)
     (work / "api.py").write_text(API)
+    (work / "hand_job.py").write_text(HAND_JOB)
+    (work / "api_job.py").write_text(API_JOB)
     (work / "pipe.yaml").write_text(YAML)
     (work / "runner.py").write_text(RUNNER)
 
 
-def measure(rounds: int) -> dict[str, Contender]:
-    """`rounds` interleaved rounds of the three contenders, after one untimed warm-up process each."""
-    contenders = {n: Contender(n) for n in ("hand", "api", "cli")}
+def measure(rounds: int, names: tuple[str, ...] = ("hand", "api", "cli")) -> dict[str, Contender]:
+    """`rounds` interleaved rounds of the contenders `names` (``hand``, ``api``, ``cli``: one step; ``hand_job``,
+    ``api_job``: the `JOB_STEPS` job), after one untimed warm-up process each."""
+    contenders = {n: Contender(n) for n in names}
     with tempfile.TemporaryDirectory(prefix="pipekit-first-step-") as tmp:
         work = Path(tmp)
         prepare(work)
@@ -245,7 +277,7 @@ def paired_minus_hand(contenders: dict[str, Contender], name: str) -> float | No
 
     What the target is about (hand + 0.5 s); pairing by round takes out most of a loaded machine's drift.
     """
-    hand, c = contenders["hand"], contenders[name]
+    hand, c = contenders["hand_job" if name.endswith("_job") else "hand"], contenders[name]
     if hand.error or c.error or not c.samples:
         return None
     diffs = [s.first_step_s - h.first_step_s for s, h in zip(c.samples, hand.samples, strict=False)]
@@ -262,7 +294,7 @@ def report(contenders: dict[str, Contender]) -> str:
             lines.append(f"| {c.name} | error: {c.error} | | | | |")
             continue
         cells = [f"{c.median(a):.2f}" for a in ("first_step_s", "process_s", "cpu_s")]
-        diff = paired_minus_hand(contenders, c.name) if c.name != "hand" else None
+        diff = paired_minus_hand(contenders, c.name) if c.name not in ("hand", "hand_job") else None
         cells.insert(1, "" if diff is None else f"{diff:+.2f}")
         lines.append(f"| {c.name} | " + " | ".join(cells) + f" | {c.median('peak_rss_mb'):.0f} |")
     return "\n".join(lines)
@@ -271,8 +303,9 @@ def report(contenders: dict[str, Contender]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--job", action="store_true", help=f"the {JOB_STEPS}-step job, whole processes, instead")
     args = parser.parse_args(argv)
-    contenders = measure(args.rounds)
+    contenders = measure(args.rounds, ("hand_job", "api_job") if args.job else ("hand", "api", "cli"))
     print(report(contenders))
     result: dict[str, Any] = {
         c.name: {"error": c.error, "samples": [s.__dict__ for s in c.samples]} for c in contenders.values()

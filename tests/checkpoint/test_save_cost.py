@@ -267,7 +267,10 @@ def test_leaves_written_from_the_host_restore_as_jax_arrays_whatever_the_templat
             assert jax.random.key_impl(restored["key"]) == jax.random.key_impl(state["key"])
 
 
-def test_the_save_plan_is_made_once_per_structure_and_leaves_the_buffers_donatable(tmp_path, monkeypatch):
+def test_the_save_plan_is_made_once_per_structure_and_the_snapshot_is_copy_free(tmp_path, monkeypatch):
+    """A save holds the CPU buffers as views (no copy on the training thread): the next step cannot donate those
+    buffers (XLA gives its outputs fresh ones, and the saved bytes stay as they were until written); the step
+    after it donates as before. The checkpoint holds the saved step's values."""
     from pipekit_train.checkpoint import _layout
 
     plans = []
@@ -279,11 +282,20 @@ def test_the_save_plan_is_made_once_per_structure_and_leaves_the_buffers_donatab
     with Checkpointer(tmp_path, keep=(Last(n=2),)) as ckpt:
         for i in range(1, 4):
             ckpt.save(i, state=state, data_iter={"i": i}, meta={})
-            old = state
-            state = step(state)  # the training step donates the buffers save() just copied
-            assert all(x.is_deleted() for x in jax.tree.leaves(old))  # no view kept by the save blocked donation
+            tree, _ = _layout._prepare_state(state)
+            assert all(
+                np.shares_memory(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(state))
+            )
+            saved = state
+            state = step(state)  # the training step asks to donate the buffers save() holds: they are kept
+            assert not any(x.is_deleted() for x in jax.tree.leaves(saved))
+            del tree, saved
+            ckpt.wait()
+            older = state
+            state = step(state)  # buffers no save holds are donated as before
+            assert all(x.is_deleted() for x in jax.tree.leaves(older))
         ckpt.save(4, state={**state, "extra": jnp.zeros(2)}, data_iter={}, meta={})  # another structure
         ckpt.wait()
         restored, _, _ = ckpt.restore(3, small_state())
     assert len(plans) == 2  # one plan per tree structure, not one per save
-    np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(12.0).reshape(3, 4) + 2)
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(12.0).reshape(3, 4) + 4)

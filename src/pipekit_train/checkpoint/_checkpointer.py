@@ -90,7 +90,7 @@ class Checkpointer:
         monitor: The metric the ``score`` of a save measures. ``None`` follows the directory's manifest
             (``"validate/loss"`` for a new directory).
         mode: ``"min"`` or ``"max"``; ``None`` follows the manifest (``"min"`` for a new directory).
-        async_save: Write in the background. `save` then returns once it holds its own copy of the arrays; the next
+        async_save: Write in the background. `save` then returns once it holds a snapshot of the arrays; the next
             `save`, `wait`, `restore` and `close` wait for it and raise `CheckpointSaveError` if it failed.
         layout: ``"flat"`` (pipekit's own four files; one process only), ``"orbax"`` (an Orbax composite
             checkpoint) or ``"auto"``: flat for one process, Orbax for several.
@@ -223,7 +223,7 @@ class Checkpointer:
             stop_reason=_optional(meta, "stop_reason", str),
             time=time.time(),
         )
-        tree, leaves = _prepare_state(state)  # checks the leaves and copies them to the host
+        tree, leaves = _prepare_state(state)  # checks the leaves and snapshots them (views of CPU buffers)
         self.wait()
         committed = self.manifest()
         if committed and step <= committed[-1].step:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import json
 import os
@@ -378,6 +379,8 @@ def _run_locked(
     from .start import starting_model
 
     hooks = make_hooks(loop, info, settings)
+    if is_primary():
+        _prefetch_deps_lock(info)
     # The backend and the engine get the data with `Standardize` fitted on the training split; what the stage
     # records (its YAML, the dataset hash, the resume fingerprint) is the configuration as written.
     fitted, statistics = fit_data(loop)
@@ -390,6 +393,39 @@ def _run_locked(
     if settings.extension is not None:
         result.artifact_fields["extension"] = settings.extension.record()
     return finish(loop, result, info, settings, hooks)
+
+
+#: Stage directory -> the future of its `collect_deps_lock()`, started when the stage starts (`_prefetch_deps_lock`).
+_DEPS_LOCKS: dict[str, Any] = {}
+
+
+def _prefetch_deps_lock(info: RunInfo) -> None:
+    """Start the artifact's dependency lock (a scan of every installed distribution's metadata when no lock file is
+    found: about a second) on a background thread, so that it overlaps with compiling and training instead of
+    adding to the end of the stage. `_deps_lock` joins it when the artifact is built."""
+    import threading
+    from concurrent.futures import Future
+    from pathlib import Path
+
+    from ..provenance._artifact import collect_deps_lock
+
+    future: Future[dict[str, Any]] = Future()
+    cwd = Path.cwd()  # what a call at the end would have looked under: the working directory now
+
+    def collect() -> None:
+        try:
+            future.set_result(collect_deps_lock(cwd))
+        except BaseException as e:  # raised again where the artifact is built, as without the thread
+            future.set_exception(e)
+
+    _DEPS_LOCKS[info.stage_dir] = future
+    threading.Thread(target=collect, name="pipekit-deps-lock", daemon=True).start()
+
+
+def _deps_lock(info: RunInfo, collect: Any) -> dict[str, Any]:
+    """The stage's prefetched dependency lock, or `collect()` now when none was started."""
+    future = _DEPS_LOCKS.pop(info.stage_dir, None)
+    return dict(future.result()) if future is not None else dict(collect())
 
 
 def fit_data(loop: TrainingLoop) -> tuple[TrainingLoop, dict[str, Any]]:
@@ -418,7 +454,6 @@ def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, ho
     records of the backend: `Backend.info`, the topology, the run's steps and what the step backend adds."""
     from contextlib import nullcontext
 
-    import jax
     import numpy as np
 
     from .engine import run_steps
@@ -432,7 +467,7 @@ def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, ho
         result.metrics.update(final_metrics(info.stage, info.stage_dir))
     optimizer_state = getattr(step_backend, "optimizer_state", None)
     result.opt_state = optimizer_state() if optimizer_state is not None else None
-    result.rng = np.asarray(jax.random.key_data(jax.random.key(loop.seed))).tolist()
+    result.rng = np.asarray(_seed_key_data(loop.seed)).tolist()
     summary = getattr(step_backend, "summary", None)
     result.backend_info = {
         **backend.info(),
@@ -443,6 +478,23 @@ def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, ho
     if getattr(hooks, "topology_changes", None):  # elastic resumes (`checkpoint._elastic`)
         result.backend_info["topology_changes"] = hooks.topology_changes
     return result
+
+
+@functools.cache
+def _seed_key_data_jit() -> Any:
+    import jax
+
+    return jax.jit(lambda seed: jax.random.key_data(jax.random.key(seed)))
+
+
+def _seed_key_data(seed: int) -> Any:
+    """``key_data(key(seed))`` as one compiled program (eagerly, the seeding and the unwrapping compile two);
+    a seed outside int32 takes the eager path, where `jax.random.key` folds its 64 bits."""
+    import jax
+
+    if -(2**31) <= seed < 2**31:
+        return _seed_key_data_jit()(seed)
+    return jax.random.key_data(jax.random.key(seed))
 
 
 def finish(
@@ -564,7 +616,7 @@ def _build_artifact(
         dataset_hash=loop.dataset.content_hash(),
         backend=str(loop.backend),
         backend_info=_with_topology(loop, result.backend_info),
-        deps_lock=collect_deps_lock(),
+        deps_lock=_deps_lock(info, collect_deps_lock),
         tracker_run_id=fields.pop("tracker_run_id", None),
         model_registry_uri=fields.pop("model_registry_uri", None) or model_uri,
         trained_model_hash=model_hash,

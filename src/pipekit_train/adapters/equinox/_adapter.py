@@ -89,7 +89,8 @@ class EquinoxBackend:
         params, consts, static = partition(module)
         # Donation deletes the arrays passed in: never hand the caller's own arrays to the step.
         params = host_copy(params)
-        opt_state = self.optimizer.init(params)
+        # One traced program: eagerly, every zeros leaf (and each cast) of the optimizer's state compiles its own.
+        opt_state = eqx.filter_jit(self.optimizer.init)(params)
         ema = loop.ema_settings
         self.ema_callback = ema
         self.ema_config = (ema.decay, ema.warmup) if ema is not None else None
@@ -373,11 +374,25 @@ def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) ->
     check_task(loop.task, model, abstract_batch)
 
 
+def _split_seed(seed: Any) -> tuple[Any, Any]:
+    init_key, step_key = jax.random.split(jax.random.key(seed))
+    return init_key, step_key
+
+
+_split_seed_jit = jax.jit(_split_seed)
+
+
+def stage_keys(seed: int) -> tuple[Any, Any]:
+    """``split(key(seed))`` unpacked: (the model's init key, the steps' key), as one small compiled program
+    (eagerly, the seeding, the split and the unpacking compile three; this compiles once per process). A seed
+    outside int32 takes the eager path, where `jax.random.key` folds its 64 bits (same keys either way)."""
+    return _split_seed_jit(seed) if -(2**31) <= seed < 2**31 else _split_seed(seed)
+
+
 def build(loop: TrainingLoop) -> Any:
     """`loop.model_op` bound to fresh weights: ``build`` with the first half of ``split(key(seed))`` (the second
     half is the steps' key), exactly as a hand-written Equinox loop does."""
-    # Unpacked, not indexed: indexing (`[0]`) would compile a slice of the key array that nothing else needs.
-    init_key, _ = jax.random.split(jax.random.key(loop.seed))
+    init_key, _ = stage_keys(loop.seed)
     return loop.model_op.bind(loop.model_op.build(init_key))
 
 
@@ -388,7 +403,7 @@ def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
 
 def start(loop: TrainingLoop, model: Any, incoming: TrainerCarryState | None) -> EquinoxBackend:
     """The stage's `EquinoxBackend` holding `model`'s weights; `TrainingLoop.carry` applied from `incoming`."""
-    _, step_key = jax.random.split(jax.random.key(loop.seed))
+    _, step_key = stage_keys(loop.seed)
     stage = stage_name(loop, incoming)
     module, carried_opt_state = carry_in(loop, incoming, model.module, stage)  # `TrainingLoop.carry`
     backend = EquinoxBackend(loop, loop.model_op, module, step_key)

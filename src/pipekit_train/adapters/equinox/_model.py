@@ -50,6 +50,28 @@ def registered_models() -> list[str]:
     return FACTORIES.names()
 
 
+def _traced_build(factory: Callable[..., Any], kwargs: Mapping[str, Any], key: Any) -> Any:
+    """``factory(key, **kwargs)`` traced and compiled as ONE program (`eqx.filter_jit`), not run eagerly.
+
+    Run eagerly, every ``jax.random`` call of a factory (a split, one ``uniform`` per weight and per bias) compiles
+    a small program of its own: a dozen compiles (over a second on a small CPU) for an ``eqx.nn.MLP``. Traced,
+    the same operations run as one program and give the same bits (threefry is integer arithmetic; the float
+    conversion and scaling of `jax.random.uniform` are the same XLA operations either way: the tests compare the
+    weights with an eager build bit for bit). A factory that needs concrete values (Python control flow on an
+    array, ``np.asarray`` of a weight) cannot be traced: it runs eagerly, as before.
+    """
+    import equinox as eqx
+    import jax
+
+    def make(k: Any) -> Any:
+        return factory(k, **kwargs)
+
+    try:
+        return eqx.filter_jit(make)(key)
+    except jax.errors.JAXTypeError:  # concretization / tracer conversion: the factory needs concrete values
+        return make(key)
+
+
 class EquinoxModel(ModelOp):
     """An Equinox model built by a registered factory: ``factory(key, **kwargs)``.
 
@@ -83,8 +105,9 @@ class EquinoxModel(ModelOp):
         import equinox as eqx
         import jax
 
+        factory, kwargs = FACTORIES.get(self.factory), self.kwargs
         try:
-            module = FACTORIES.get(self.factory)(jax.random.key(key) if isinstance(key, int) else key, **self.kwargs)
+            module = _traced_build(factory, kwargs, jax.random.key(key) if isinstance(key, int) else key)
         except ConfigError:
             raise
         except (TypeError, ValueError) as e:  # a kwarg of the wrong kind: `in_size: 4.5`

@@ -66,7 +66,8 @@ def abstract(op: ModelOp) -> Any:
     """
     if _ABSTRACT and _ABSTRACT[0][0] is op:
         return _ABSTRACT[0][1]
-    module = eqx.filter_eval_shape(op.build, jax.random.key(0))
+    # The key is made inside the trace too: an eager `jax.random.key(0)` would compile the seeding on its own.
+    module = eqx.filter_eval_shape(lambda: op.build(jax.random.key(0)))
     _ABSTRACT[:] = [(op, module)]
     return module
 
