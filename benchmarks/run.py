@@ -904,6 +904,8 @@ def bench_extend(rounds: int, quick: bool) -> list[Row]:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
+
+
 def bench_job(rounds: int) -> Row:
     """A `startup.JOB_STEPS`-step job of the small MLP, whole fresh processes: the hand script against the Python
     API with its defaults (artifact store, metrics file); ratio = 1.10 x hand / pipekit, paired per round."""

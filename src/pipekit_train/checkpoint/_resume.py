@@ -270,6 +270,7 @@ class CheckpointHooks:
                 f"{topology_text(then)}: the same batches, weights within float rounding (docs/reliability.md)"
             )
         self.topology_changes = history
+
     def _continue_finished(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[str, dict[str, Any]]]:
         """Restore everything the finished stage's final checkpoint holds (the state, the data position, the
         callbacks and the pending records), as a resume would: the extension continues where the stage ended."""
