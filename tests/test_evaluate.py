@@ -135,11 +135,12 @@ def test_a_version_3_store_gains_the_evaluation_tables_and_keeps_its_records(tmp
     with sqlite3.connect(path) as conn:  # take it back to what a version 3 store was
         conn.execute("DROP TABLE evaluation_metrics")
         conn.execute("DROP TABLE evaluations")
+        conn.execute("DROP TABLE blobs")  # version 5's stored code
         conn.execute("UPDATE schema_version SET version = 3")
         before = conn.execute("SELECT record, digest FROM artifacts").fetchall()
-    assert SCHEMA_VERSION == len(MIGRATIONS) == 4
+    assert SCHEMA_VERSION == len(MIGRATIONS) == 5  # 4: the evaluation tables; 5: stored code (blobs)
     store = ArtifactStore(str(path))
-    assert store.schema_version() == 4 and store.evaluations() == []
+    assert store.schema_version() == 5 and store.evaluations() == []
     assert store.get("0ld0") == old
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT record, digest FROM artifacts").fetchall() == before

@@ -24,13 +24,12 @@ BUILDS: Counter[str] = Counter()
 
 @register_model("test_stage_counting")
 def _counting_mlp(key: Any, in_size: int, out_size: int, tag: str = "") -> Any:
-    """An MLP whose every concrete build is counted by `tag`: the stage flow must build each stage's model once.
-    (Shape checks trace it abstractly, with `jax.eval_shape`: those initialise nothing and are not counted.)"""
+    """An MLP whose every concrete `EquinoxModel.build` is counted by `tag` (the `checks` fixture): the stage flow
+    must build each stage's model once. The factory itself runs traced (the build is one jitted program, compiled
+    once per architecture), so the count is taken at `build`, whose key is concrete; shape checks trace `build`
+    abstractly (`jax.eval_shape`, a traced key): those initialise nothing and are not counted."""
     import equinox as eqx
-    import jax
 
-    if not isinstance(key, jax.core.Tracer):
-        BUILDS[tag] += 1
     return eqx.nn.MLP(in_size, out_size, width_size=4, depth=1, key=key)
 
 
@@ -65,6 +64,16 @@ def checks(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         original(self, loop, incoming, stage)
 
     monkeypatch.setattr(type(backend), "check", counted)
+    build = EquinoxModel.build
+
+    def counted_build(self: Any, key: Any) -> Any:
+        import jax
+
+        if self.factory == "test_stage_counting" and not isinstance(key, jax.core.Tracer):
+            BUILDS[self.kwargs.get("tag", "")] += 1
+        return build(self, key)
+
+    monkeypatch.setattr(EquinoxModel, "build", counted_build)
     return seen
 
 

@@ -93,6 +93,15 @@ class Sweep(Operator):
     prune: dict[str, int] | None = None
     executor: LocalExecutor | RayExecutor = field(default_factory=lambda: LocalExecutor())
 
+    @classmethod
+    def example(cls) -> Sweep:
+        return cls(
+            name="grid4",
+            pipeline="pipeline.yaml",
+            grid={"optimizer_config.lr": [0.003, 0.03], "seed": [0, 1]},
+            objective={"metric": "validate/loss", "mode": "min"},
+        )
+
     def validate(self) -> None:
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ConfigError(f"Sweep.name must be letters, digits, '-', '_' or '.', got {self.name!r}")

@@ -89,8 +89,10 @@ class EquinoxBackend:
         params, consts, static = partition(module)
         # Donation deletes the arrays passed in: never hand the caller's own arrays to the step.
         params = host_copy(params)
-        # One traced program: eagerly, every zeros leaf (and each cast) of the optimizer's state compiles its own.
-        opt_state = eqx.filter_jit(self.optimizer.init)(params)
+        # Eagerly: each zeros leaf compiles once per shape for the process, so a second stage, a resumed run or a
+        # sweep's next trial (another learning rate, which `inject_hyperparams` holds in the state) compiles
+        # nothing; a jitted `init` would close over the new optimizer and compile again for every one.
+        opt_state = self.optimizer.init(params)
         ema = loop.ema_settings
         self.ema_callback = ema
         self.ema_config = (ema.decay, ema.warmup) if ema is not None else None

@@ -7,6 +7,8 @@ loaded whenever a pipeline file is read, to make the ``EquinoxModel`` type known
 
 from __future__ import annotations
 
+import json
+
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -66,10 +68,28 @@ def _traced_build(factory: Callable[..., Any], kwargs: Mapping[str, Any], key: A
     def make(k: Any) -> Any:
         return factory(k, **kwargs)
 
+    # One jitted builder per factory and kwargs, kept for the process: a second build of the same architecture
+    # (another seed, another stage, a sweep's next trial) reuses its compiled program instead of compiling anew.
     try:
-        return eqx.filter_jit(make)(key)
+        cache_key: Any = (id(factory), json.dumps(kwargs, sort_keys=True, default=repr))
+    except (TypeError, ValueError):
+        cache_key = None
+    entry = _BUILDERS.get(cache_key) if cache_key is not None else None
+    builder = entry[1] if entry is not None else eqx.filter_jit(make)
+    if entry is None and cache_key is not None:
+        if len(_BUILDERS) >= _MAX_BUILDERS:
+            _BUILDERS.pop(next(iter(_BUILDERS)))  # the oldest
+        _BUILDERS[cache_key] = (factory, builder)  # holds the factory, so its id is not reused
+    try:
+        return builder(key)
     except jax.errors.JAXTypeError:  # concretization / tracer conversion: the factory needs concrete values
+        if cache_key is not None:
+            _BUILDERS.pop(cache_key, None)
         return make(key)
+
+
+_BUILDERS: dict[Any, tuple[Any, Any]] = {}
+_MAX_BUILDERS = 64
 
 
 class EquinoxModel(ModelOp):
