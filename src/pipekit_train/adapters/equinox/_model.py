@@ -7,9 +7,8 @@ loaded whenever a pipeline file is read, to make the ``EquinoxModel`` type known
 
 from __future__ import annotations
 
-import json
-
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
