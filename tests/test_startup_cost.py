@@ -302,7 +302,7 @@ def test_the_model_is_built_once_per_stage(tmp_path: Path, monkeypatch: pytest.M
     (artifact,) = (tmp_path / "run").rglob("artifact.json")
     deps = json.loads(artifact.read_text())["deps_lock"]
     assert deps["distributions"] == collect_deps_lock()["distributions"] and "jax" in deps["distributions"]
-    assert runner._DEPS_LOCKS == {}
+    assert not [d for d in runner._DEPS_LOCKS if d.startswith(str(tmp_path))]  # joined and dropped
     # Another loop object of the same configuration shares nothing with the first (one build of its own) and trains
     # to the same weights bitwise. (tests/test_loop.py checks those runs bitwise against hand-written optax loops.)
     again_loop = _loop("startup_cost_counted", tmp_path / "data.npz")

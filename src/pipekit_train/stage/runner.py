@@ -381,18 +381,21 @@ def _run_locked(
     hooks = make_hooks(loop, info, settings)
     if is_primary():
         _prefetch_deps_lock(info)
-    # The backend and the engine get the data with `Standardize` fitted on the training split; what the stage
-    # records (its YAML, the dataset hash, the resume fingerprint) is the configuration as written.
-    fitted, statistics = fit_data(loop)
-    model = starting_model(fitted, state, info.stage, plan.backend, fresh=plan.fresh)
-    step_backend = plan.backend.start(fitted, model, state)
-    phase("started")
-    result = train(fitted, plan.backend, step_backend, info, hooks)
-    if statistics:
-        result.artifact_fields["data_statistics"] = statistics
-    if settings.extension is not None:
-        result.artifact_fields["extension"] = settings.extension.record()
-    return finish(loop, result, info, settings, hooks)
+    try:
+        # The backend and the engine get the data with `Standardize` fitted on the training split; what the stage
+        # records (its YAML, the dataset hash, the resume fingerprint) is the configuration as written.
+        fitted, statistics = fit_data(loop)
+        model = starting_model(fitted, state, info.stage, plan.backend, fresh=plan.fresh)
+        step_backend = plan.backend.start(fitted, model, state)
+        phase("started")
+        result = train(fitted, plan.backend, step_backend, info, hooks)
+        if statistics:
+            result.artifact_fields["data_statistics"] = statistics
+        if settings.extension is not None:
+            result.artifact_fields["extension"] = settings.extension.record()
+        return finish(loop, result, info, settings, hooks)
+    finally:  # a stage that fails or is refused before its artifact leaves no pending lock behind
+        _DEPS_LOCKS.pop(info.stage_dir, None)
 
 
 #: Stage directory -> the future of its `collect_deps_lock()`, started when the stage starts (`_prefetch_deps_lock`).
