@@ -39,19 +39,23 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _last(store: ArtifactStore):
-    return store.query(limit=1)[0]
+def _last(store: ArtifactStore, run_dir: Path):
+    """The one artifact the run in `run_dir` recorded (found by its run directory, not by the store's time order:
+    two records made within the same instant tie)."""
+    mine = [a for a in store.query() if a.run_dir and Path(a.run_dir).resolve().is_relative_to(run_dir.resolve())]
+    assert len(mine) == 1, f"expected one artifact recorded for {run_dir}, got {len(mine)}"
+    return mine[0]
 
 
 def test_fork_changes_lr_records_the_edge_and_reproduces_bitwise(project: Path, capsys):
     store = ArtifactStore(project / "s.sqlite")
     common = ["--store", str(store.path)]
     assert main(["run", "pipe.yaml", "--run-dir", "P", *common]) == 0
-    parent = _last(store)
+    parent = _last(store, project / "P")
 
     # A fork that changes nothing continues the parent exactly: the same weights, bitwise.
     assert main(["run", "pipe.yaml", "--fork", "P@4", "--run-dir", "same", *common]) == 0
-    same = _last(store)
+    same = _last(store, project / "same")
     assert same.trained_model_hash == parent.trained_model_hash
     assert same.fork["config_diff"] == "" and same.parent_ids == (parent.artifact_id,)
 
@@ -74,7 +78,7 @@ def test_fork_changes_lr_records_the_edge_and_reproduces_bitwise(project: Path, 
     # The fork with another learning rate: its own weights, the edge (parent, step, config diff) recorded.
     args = ["--set", "optimizer_config.lr=0.05", "--run-dir", "F"]
     assert main(["run", "pipe.yaml", "--fork", str(project / "P" / "fit") + "@4", *args, *common]) == 0
-    fork = _last(store)
+    fork = _last(store, project / "F")
     assert fork.trained_model_hash != parent.trained_model_hash
     assert fork.parent_ids == (parent.artifact_id,)
     edge = fork.fork
@@ -98,6 +102,6 @@ def test_fork_changes_lr_records_the_edge_and_reproduces_bitwise(project: Path, 
     out = capsys.readouterr().out
     assert f"reproducing the parent {parent.artifact_id[:12]} of fork {fork.artifact_id[:12]} first" in out
     assert f"trained weights match the recorded ones ({fork.trained_model_hash})" in out, out
-    again = _last(store)
+    again = _last(store, project / "again")
     assert again.fork["step"] == 4 and again.fork["run_dir"] == str(project / "again.parent")
     assert again.fork["config_diff"] == edge["config_diff"]
