@@ -70,7 +70,7 @@ def _traced_build(factory: Callable[..., Any], kwargs: Mapping[str, Any], key: A
     # One jitted builder per factory and kwargs, kept for the process: a second build of the same architecture
     # (another seed, another stage, a sweep's next trial) reuses its compiled program instead of compiling anew.
     try:
-        cache_key: Any = (id(factory), json.dumps(kwargs, sort_keys=True, default=repr))
+        cache_key: Any = (id(factory), json.dumps(kwargs, sort_keys=True))  # plain values only; else not kept
     except (TypeError, ValueError):
         cache_key = None
     entry = _BUILDERS.get(cache_key) if cache_key is not None else None
