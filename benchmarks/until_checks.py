@@ -1,12 +1,15 @@
 """What `until` checks cost next to sampling: eight schools, NUTS, 4 vectorized chains, a check every 250 draws.
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/until_checks.py [--max-draws 5000] [--check-every 250]
+        [--check-growth 0.25]
 
 The criterion is unreachable (``ess_bulk_min`` above the draws), so the stage runs its whole budget and checks at
-every ``check_every`` (the checks' cost grows with the draws so far: the worst case of a run that converges late).
-The checks run on the host between chunks (`SamplerControls.until_reached`); their seconds are the artifact's
-``backend_info["until"]["check_s"]``, the sampling seconds are the stage's stepping time (``time/elapsed_s`` less
-compile, checkpoint and check time). Prints one JSON line; the acceptance bar is checks <= 5% of sampling.
+every check point (`_sampling.check_after`: every ``check_every``, then spaced by ``check_growth`` times the draws
+so far; each check costs more as the draws accumulate: the worst case, a run that converges late). The checks run
+on the host between chunks (`SamplerControls.until_reached`); their seconds are the artifact's
+``backend_info["until"]["check_s"]`` (the diagnostics only: the wait for the chunk's draws is sampling), the
+sampling seconds are the stage's stepping time (``time/elapsed_s`` less compile, checkpoint and check time). Prints
+one JSON line; the acceptance bar is checks <= 5% of sampling.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-draws", type=int, default=5000)
     parser.add_argument("--check-every", type=int, default=250)
+    parser.add_argument("--check-growth", type=float, default=0.25)
     parser.add_argument("--warmup", type=int, default=500)
     args = parser.parse_args()
 
@@ -30,7 +34,12 @@ def main() -> None:
 
     sigma = np.array([15, 10, 16, 11, 9, 11, 10, 18], np.float32)
     y = np.array([28, 8, -3, 7, -1, 1, 18, 12], np.float32)
-    until = {"ess_bulk_min": 10 * 4 * args.max_draws, "check_every": args.check_every, "max_draws": args.max_draws}
+    until = {
+        "ess_bulk_min": 10 * 4 * args.max_draws,
+        "check_every": args.check_every,
+        "check_growth": args.check_growth,
+        "max_draws": args.max_draws,
+    }
     loop = TrainingLoop(
         model_op=NumpyroModel(model="eight_schools"),
         dataset=TrainingDataset(source=ArraySource(arrays={"y": y, "sigma": sigma})),

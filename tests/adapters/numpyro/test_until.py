@@ -16,6 +16,7 @@ from pipekit import ConfigError
 from pipekit_train import ArraySource, TrainingDataset, TrainingLoop, load_model, run_settings
 from pipekit_train.adapters.numpyro import NUTS, NumpyroModel
 from pipekit_train.adapters.numpyro._diagnostics import diagnostics, ess_bulk, ess_tail, r_hat
+from pipekit_train.adapters.numpyro._sampling import check_after
 from pipekit_train.stage.preflight import check
 
 from .conftest import Y, cli_run_killed_after, committed_steps, subprocess_env
@@ -82,6 +83,8 @@ def _loop(**kernel):
         ({"r_hat_max": 0.99}, r"NUTS.until.r_hat_max must be > 1"),
         ({"check_every": 100}, r"NUTS.until names no criterion"),
         ({"ess_bulk_min": 400, "max_draws": 2.5}, r"NUTS.until.max_draws must be an int, got 2.5"),
+        ({"ess_bulk_min": 400, "check_growth": -0.5}, r"NUTS.until.check_growth must be >= 0 .*got -0.5"),
+        ({"ess_bulk_min": 400, "check_grow": 0.5}, r"unknown key 'check_grow' \(did you mean 'check_growth'"),
     ],
 )
 def test_bad_until_keys_and_values_are_refused_in_one_line(until, message):
@@ -137,20 +140,37 @@ def converged(tmp_path_factory):
     return model, artifact, work, data, err.getvalue()
 
 
+def _check_points(budget: int, every: int = EVERY, growth: float = 0.25) -> list[int]:
+    """The sampling iterations `until` checks at: `check_after` from the warm-up's end, and the budget's end."""
+    points = [check_after(0, every, growth)]
+    while points[-1] < budget:
+        points.append(min(budget, check_after(points[-1], every, growth)))
+    return points
+
+
+def test_checks_are_spaced_by_check_every_then_in_proportion_to_the_draws():
+    assert _check_points(2000)[:10] == [50, 100, 150, 200, 250, 350, 450, 600, 750, 950]
+    assert _check_points(2000)[-3:] == [1500, 1900, 2000]  # the last check: the budget's end
+    assert _check_points(500, growth=0) == list(range(50, 501, 50))  # growth 0: every check_every
+    # The total of the draws read by the checks grows in proportion to the budget, not with its square.
+    assert sum(_check_points(20_000, 250)) < 6 * 20_000 < sum(_check_points(20_000, 250, growth=0)) / 6
+
+
 def test_until_stops_at_the_first_check_that_meets_every_criterion(converged):
     model, artifact, _, _, _ = converged
     until = artifact.backend_info["until"]
     assert until["stopped"] == "converged"
     draws = model.posterior.draws["mu"]
     n = draws.shape[1]
-    assert until["draws"] == until["iterations"] == n and n % EVERY == 0 and n < MAX_DRAWS
+    points = _check_points(MAX_DRAWS)
+    assert until["draws"] == until["iterations"] == n and n in points and n < MAX_DRAWS
     assert artifact.backend_info["steps"] == WARMUP + n == until["step"]
     # The values at the stop are the draws' diagnostics; they meet the criteria, the previous check's did not.
     values = diagnostics(model.posterior.draws)
     assert until["r_hat_max"] == values["r_hat_max"] <= 1.01 and until["ess_bulk_min"] == values["ess_bulk_min"] >= 400
-    before = diagnostics({"mu": draws[:, : n - EVERY]})
+    before = diagnostics({"mu": draws[:, : points[points.index(n) - 1]]})
     assert before["r_hat_max"] > 1.01 or before["ess_bulk_min"] < 400
-    assert until["checks"] == n // EVERY and until["config"] == UNTIL
+    assert until["checks"] == points.index(n) + 1 and until["config"] == UNTIL
     assert artifact.status == "completed" and artifact.final_metrics["posterior/ess_bulk_min"] >= 400
 
 

@@ -8,7 +8,7 @@ Every function takes draws ``(chains, draws)`` of one scalar, or ``(chains, draw
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,32 +38,47 @@ def _split(x: np.ndarray) -> np.ndarray:
     return np.concatenate([x[:, :half], x[:, x.shape[1] - half :]], axis=0)
 
 
-def _average_ranks(flat: np.ndarray) -> np.ndarray:
-    """``scipy.stats.rankdata(method="average")`` of every column of ``(n, k)`` (the same algorithm: ties get the
-    mean of their ranks, which are exact in float64, so the ranks are the same numbers). Each column is sorted as
-    a contiguous row: an ``axis=0`` sort of the strided columns took 25x longer."""
+def _column_ranks(flat: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """For every column of ``(n, k)``: its average ranks, as ``scipy.stats.rankdata(method="average")`` computes
+    them (the same algorithm: ties get the mean of their ranks, exact in float64, so the same numbers), and, when
+    the column has no ties, the permutation that sorts it (its ranks are then the positions ``1..n``). Each
+    column is sorted as a contiguous row: an ``axis=0`` sort of the strided columns took 25x longer."""
     n, k = flat.shape
-    ranks = np.empty((k, n), np.float64)
     rows = np.ascontiguousarray(flat.T)
+    first = np.empty(n, bool)
+    first[0] = True
     for j in range(k):
         order = np.argsort(rows[j])
         xs = rows[j][order]
-        first = np.empty(n, bool)
-        first[0] = True
         np.not_equal(xs[1:], xs[:-1], out=first[1:])
+        ranks = np.empty(n, np.float64)
+        if first.all():  # no ties (continuous draws)
+            ranks[order] = np.arange(1.0, n + 1.0)
+            yield ranks, order
+            continue
         dense = np.cumsum(first)
         bounds = np.r_[np.flatnonzero(first), n]
-        ranks[j, order] = 0.5 * (bounds[dense] + bounds[dense - 1] + 1)
-    return ranks.T
+        ranks[order] = 0.5 * (bounds[dense] + bounds[dense - 1] + 1)
+        yield ranks, None
 
 
 def _z_scale(x: np.ndarray) -> np.ndarray:
-    """Rank-normalised values: average ranks over all chains and draws (per column), Blom's back-transform."""
+    """Rank-normalised values: average ranks over all chains and draws (per column), Blom's back-transform. A
+    column without ties has the ranks ``1..n`` in some order, so its values are one table's, computed once."""
     from scipy.special import ndtri
 
     flat = x.reshape(-1, x.shape[-1])
-    out: np.ndarray = ndtri((_average_ranks(flat) - 0.375) / (flat.shape[0] + 0.25))
-    return out.reshape(x.shape)
+    n = flat.shape[0]
+    out = np.empty(flat.shape[::-1], np.float64)
+    table = None
+    for j, (ranks, order) in enumerate(_column_ranks(flat)):
+        if order is None:
+            out[j] = ndtri((ranks - 0.375) / (n + 0.25))
+            continue
+        if table is None:
+            table = ndtri((np.arange(1.0, n + 1.0) - 0.375) / (n + 0.25))
+        out[j, order] = table
+    return out.T.reshape(x.shape)
 
 
 def _rhat_plain(x: np.ndarray) -> np.ndarray:
@@ -96,49 +111,55 @@ def _r_hat_split(split: np.ndarray, z: np.ndarray) -> np.ndarray:
 
 def _autocov(x: np.ndarray) -> np.ndarray:
     """Autocovariance of every chain at every lag (ArviZ's FFT estimate), ``(chains, draws, k)``."""
-    from scipy.fft import next_fast_len
+    from scipy.fft import irfft, next_fast_len, rfft
 
     n = x.shape[1]
     m = next_fast_len(2 * n)
     rows = np.ascontiguousarray(np.moveaxis(x, 1, -1))  # (chains, k, draws): each FFT over contiguous memory
     centred = rows - rows.mean(axis=-1, keepdims=True)
-    f = np.fft.rfft(centred, n=m, axis=-1)
+    f = rfft(centred, n=m, axis=-1)  # SciPy's: the same numbers as NumPy's, in less time
     f *= np.conjugate(f)
-    out: np.ndarray = np.moveaxis(np.fft.irfft(f, n=m, axis=-1)[..., :n] / n, -1, 1)
+    out: np.ndarray = np.moveaxis(irfft(f, n=m, axis=-1)[..., :n] / n, -1, 1)
     return out
 
 
-def _ess_one(acov_mean: list[float], chain_var: float, n_chain: int, n_draw: int) -> float:
+def _ess_one(acov_mean: np.ndarray, chain_var: float, n_chain: int, n_draw: int) -> float:
     """ArviZ's ``_ess`` of one column from the chains' mean autocovariance at every lag: Geyer's initial positive
-    and initial monotone sequences."""
+    and initial monotone sequences. ArviZ walks the lags in Python; this is the same arithmetic on arrays (every
+    autocorrelation, pair sum and comparison the same numbers in the same order), so the same result, bit for bit.
+    """
     mean_var = acov_mean[0] * n_draw / (n_draw - 1.0)
     var_plus = mean_var * (n_draw - 1.0) / n_draw
     if n_chain > 1:
         var_plus += chain_var
-    rho = [0.0] * n_draw
+    r = 1.0 - (mean_var - acov_mean) / var_plus  # the autocorrelation at every lag
+    rho = np.zeros(n_draw)
+    rho[0], rho[1] = 1.0, r[1]
+    # Initial positive sequence: the pairs (t + 1, t + 2), t = 1, 3, ... below n_draw - 3, while the previous pair's
+    # sum (the first: 1 + rho[1]) is positive; a pair is kept when its sum is >= 0.
+    ts = np.arange(1, n_draw - 3, 2)
+    sums = r[ts + 1] + r[ts + 2]
+    going = np.concatenate([[1.0 + r[1]], sums[:-1]]) > 0 if ts.size else np.zeros(0, bool)
+    taken = int(np.argmin(going)) if ts.size and not going.all() else ts.size
     rho_even = 1.0
-    rho[0] = rho_even
-    rho_odd = 1.0 - (mean_var - acov_mean[1]) / var_plus
-    rho[1] = rho_odd
-    t = 1
-    while t < (n_draw - 3) and (rho_even + rho_odd) > 0.0:
-        rho_even = 1.0 - (mean_var - acov_mean[t + 1]) / var_plus
-        rho_odd = 1.0 - (mean_var - acov_mean[t + 2]) / var_plus
-        if (rho_even + rho_odd) >= 0:
-            rho[t + 1] = rho_even
-            rho[t + 2] = rho_odd
-        t += 2
-    max_t = t - 2
+    max_t = -1
+    if taken:
+        pairs = ts[:taken]
+        keep = pairs[sums[:taken] >= 0]
+        rho[keep + 1], rho[keep + 2] = r[keep + 1], r[keep + 2]
+        max_t = int(pairs[-1])
+        rho_even = r[max_t + 1]
     if rho_even > 0:
         rho[max_t + 1] = rho_even
-    t = 1
-    while t <= max_t - 2:
-        if (rho[t + 1] + rho[t + 2]) > (rho[t - 1] + rho[t]):
-            rho[t + 1] = (rho[t - 1] + rho[t]) / 2.0
-            rho[t + 2] = rho[t + 1]
-        t += 2
+    # Initial monotone sequence: a pair whose sum exceeds the previous pair's becomes that sum's halves, so the pair
+    # sums are their running minimum (x / 2 + x / 2 == x: the halves sum to it exactly).
+    if max_t >= 3:
+        q = rho[0 : max_t + 1 : 2] + rho[1 : max_t + 1 : 2]
+        floor = np.minimum.accumulate(q)
+        up = np.flatnonzero(q[1:] > floor[:-1]) + 1
+        rho[2 * up] = rho[2 * up + 1] = floor[up - 1] / 2.0
     ess = n_chain * n_draw
-    head = np.asarray(rho[: max_t + 2], dtype=np.float64)
+    head = rho[: max_t + 2]
     tau = -1.0 + 2.0 * np.sum(head[: max_t + 1]) + np.sum(head[max_t + 1 : max_t + 2])
     tau = max(tau, 1 / np.log10(ess))
     return float("nan") if np.isnan(head).any() else float(ess / tau)
@@ -160,7 +181,7 @@ def _ess(x: np.ndarray) -> np.ndarray:
         elif hi[j] - lo[j] < np.finfo(float).resolution:
             out[j] = n_chain * n_draw
         else:
-            out[j] = _ess_one(acov_mean[:, j].tolist(), float(chain_var[j]), n_chain, n_draw)
+            out[j] = _ess_one(acov_mean[:, j], float(chain_var[j]), n_chain, n_draw)
     return out
 
 
@@ -217,39 +238,48 @@ def _worst(values: Any, pick: Any) -> float:
 def diagnostics(draws: Mapping[str, np.ndarray]) -> dict[str, float]:
     """The worst of every scalar over every site of `draws` (``(chains, draws, ...)`` by site): the largest R-hat,
     the smallest bulk and tail ESS. NaNs are left out; a statistic with no finite value is NaN."""
-    cols = [_columns(v) for v in draws.values() if np.ndim(v) >= 2]
-    if not cols:
-        return {"r_hat_max": float("nan"), "ess_bulk_min": float("nan"), "ess_tail_min": float("nan")}
-    x = np.concatenate(cols, axis=-1)
-
-    if x.shape[1] < 4:
-        return {"r_hat_max": float("nan"), "ess_bulk_min": float("nan"), "ess_tail_min": float("nan")}
-    split = _split(x)
-    z = _z_scale(split)  # shared by R-hat and bulk ESS
-    rhat = _r_hat_split(split, z) if x.shape[0] >= 2 else np.full(x.shape[-1], np.nan)
-    return {
-        "r_hat_max": _worst(rhat, np.max),
-        "ess_bulk_min": _worst(_ess(z), np.min),
-        "ess_tail_min": _worst(ess_tail(x), np.min),
-    }
+    return evaluate(draws, {}, every=True)[1]
 
 
 def meets(draws: Mapping[str, np.ndarray], until: Mapping[str, Any]) -> bool:
-    """Whether `draws` meet every criterion of a kernel's ``until`` (the same values as `diagnostics`), computing
-    only the criteria given and stopping at the first one that fails: bulk ESS (which shares its rank-normalised
-    split chains with R-hat), then R-hat, then tail ESS (the dearest: two autocovariances)."""
+    """Whether `draws` meet every criterion of a kernel's ``until`` (the same values as `diagnostics`)."""
+    return evaluate(draws, until)[0]
+
+
+#: The order `evaluate` checks the criteria in: bulk ESS (its rank-normalised split chains are R-hat's too), R-hat,
+#: then tail ESS (the dearest: two autocovariances).
+_ORDER = ("ess_bulk_min", "r_hat_max", "ess_tail_min")
+
+
+def evaluate(
+    draws: Mapping[str, np.ndarray], until: Mapping[str, Any], *, every: bool = False
+) -> tuple[bool, dict[str, float]]:
+    """Whether `draws` meet every criterion of a kernel's ``until``, and the values computed: the criteria given,
+    in `_ORDER`, up to the first that fails; all three (`diagnostics`) when every criterion is met or with
+    `every`. One ranking of the draws serves all of them."""
+    nan = float("nan")
     cols = [_columns(v) for v in draws.values() if np.ndim(v) >= 2]
     if not cols or cols[0].shape[1] < 4:
-        return False
+        return False, dict.fromkeys(("r_hat_max", "ess_bulk_min", "ess_tail_min"), nan)
     x = np.concatenate(cols, axis=-1)
     split = _split(x)
     z = _z_scale(split)
 
-    if "ess_bulk_min" in until and not _worst(_ess(z), np.min) >= until["ess_bulk_min"]:
-        return False
-    rhat_fails = "r_hat_max" in until and (
-        x.shape[0] < 2 or not _worst(_r_hat_split(split, z), np.max) <= until["r_hat_max"]
-    )
-    if rhat_fails:
-        return False
-    return not ("ess_tail_min" in until and not _worst(ess_tail(x), np.min) >= until["ess_tail_min"])
+    def value(name: str) -> float:
+        if name == "ess_bulk_min":
+            return _worst(_ess(z), np.min)
+        if name == "r_hat_max":
+            return _worst(_r_hat_split(split, z), np.max) if x.shape[0] >= 2 else nan
+        return _worst(ess_tail(x), np.min)
+
+    values: dict[str, float] = {}
+    met = True
+    for name in (n for n in _ORDER if n in until):
+        values[name] = value(name)
+        bound = until[name]
+        if not (values[name] <= bound if name == "r_hat_max" else values[name] >= bound):  # NaN fails
+            met = False
+            break
+    if met or every:
+        values.update({name: value(name) for name in _ORDER if name not in values})
+    return met, {name: values[name] for name in ("r_hat_max", "ess_bulk_min", "ess_tail_min") if name in values}

@@ -39,9 +39,12 @@ InitStrategy = Literal["uniform", "median", "sample", "feasible", "mean"]
 
 # Kernels -------------------------------------------------------------------------------------------------
 #: The keys of a kernel's ``until``: the criteria (at least one), how often they are checked, the budget.
-UNTIL_KEYS = ("r_hat_max", "ess_bulk_min", "ess_tail_min", "check_every", "max_draws")
+UNTIL_KEYS = ("r_hat_max", "ess_bulk_min", "ess_tail_min", "check_every", "check_growth", "max_draws")
 UNTIL_CRITERIA = ("r_hat_max", "ess_bulk_min", "ess_tail_min")
 UNTIL_DEFAULT_CHECK_EVERY = 250
+#: The spacing of later checks as a fraction of the draws so far (`_sampling.check_after`): checks then cost a
+#: bounded share of sampling, and a run samples at most this fraction past the first draw that would have met.
+UNTIL_DEFAULT_CHECK_GROWTH = 0.25
 
 
 def check_until(until: Any, num_samples: int | None, kernel: str) -> None:
@@ -58,7 +61,10 @@ def check_until(until: Any, num_samples: int | None, kernel: str) -> None:
         if isinstance(value, bool) or not ok_type:
             kind = "an int" if key in ("check_every", "max_draws") else "a number"
             raise ConfigError(f"{where}.{key} must be {kind}, got {value!r}")
-        if not (math.isfinite(value) and value > 0):
+        if key == "check_growth":
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{where}.check_growth must be >= 0 (0: check every check_every), got {value!r}")
+        elif not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{where}.{key} must be > 0, got {value!r}")
         if key == "r_hat_max" and value <= 1.0:
             raise ConfigError(f"{where}.r_hat_max must be > 1 (R-hat is 1 at best), got {value!r}")

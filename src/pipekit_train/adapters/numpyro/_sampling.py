@@ -4,6 +4,7 @@ handed over by a previous stage, the `StepBackend` plumbing and the end-of-stage
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -15,7 +16,15 @@ import numpy as np
 from pipekit import ConfigError, PipekitError
 
 from ._data import check_data, check_sites, full_data
-from ._ops import UNTIL_DEFAULT_CHECK_EVERY, NumpyroGuide, NumpyroModel, _Kernel
+from ._ops import UNTIL_DEFAULT_CHECK_EVERY, UNTIL_DEFAULT_CHECK_GROWTH, NumpyroGuide, NumpyroModel, _Kernel
+
+
+def check_after(n: int, every: int, growth: float) -> int:
+    """The `until` check after the one at sampling iteration `n` (0: the warm-up's end): `every` iterations later,
+    or, once the draws so far are many, `growth` times them rounded up to a multiple of `every`. A check reads
+    every draw so far, so checks spaced in proportion to the draws cost a bounded fraction of sampling; a fixed
+    spacing would make their total grow with the square of the draws. `growth` 0 checks every `every`."""
+    return n + every * max(1, math.ceil(growth * n / every))
 
 
 @dataclass
@@ -208,23 +217,33 @@ class SamplerControls:
         until = self.setup.kernel.until or {}
         return int(until.get("check_every", UNTIL_DEFAULT_CHECK_EVERY))
 
+    @property
+    def check_growth(self) -> float:
+        until = self.setup.kernel.until or {}
+        return float(until.get("check_growth", UNTIL_DEFAULT_CHECK_GROWTH))
+
     def chunk_periods(self) -> list[int]:
-        """Periods the engine's chunks must not cross: with `until`, the warm-up's end and `check_every`."""
+        """Periods the engine's chunks must not cross: with `until`, the warm-up's end (the checks come from
+        `next_boundary`)."""
         k = self.setup.kernel
-        return [] if k.until is None else [p for p in (k.num_warmup, self.check_every) if p]
+        return [k.num_warmup] if k.until is not None and k.num_warmup else []
 
     def next_boundary(self, step: int) -> int:
-        """The next check after `step` (``num_warmup + j * check_every``), or the stage's end."""
+        """The next check after `step` (`check_after`, counted from the warm-up's end), or the stage's end."""
         k = self.setup.kernel
         total = k.num_warmup + self.setup.num_samples
         if k.until is None or step < k.num_warmup:
             return total if k.until is None else k.num_warmup
-        return min(total, step + self.check_every - (step - k.num_warmup) % self.check_every)
+        n = step - k.num_warmup
+        check = 0
+        while check <= n:
+            check = check_after(check, self.check_every, self.check_growth)
+        return min(total, k.num_warmup + check)
 
     def until_reached(self, step: int) -> bool:
-        """Whether the stage has converged at `step`, a check point (``num_warmup + j * check_every``, and the last
-        step): the diagnostics of the draws so far (`_diagnostics.diagnostics`, as ArviZ computes them) meet every
-        criterion. A pure function of the draws, so a resumed run decides as the uninterrupted one did."""
+        """Whether the stage has converged at `step`, a check point (`next_boundary`, and the last step): the
+        diagnostics of the draws so far (`_diagnostics.diagnostics`, as ArviZ computes them) meet every criterion.
+        A pure function of the draws, so a resumed run decides as the uninterrupted one did."""
         k = self.setup.kernel
         until = k.until
         if until is None:
@@ -232,20 +251,19 @@ class SamplerControls:
         if step == self._until_at:
             return self._until_done
         n = step - k.num_warmup
-        if n <= 0 or (n % self.check_every and step < k.num_warmup + self.setup.num_samples):
+        last = step >= k.num_warmup + self.setup.num_samples
+        if n <= 0 or not (last or self.next_boundary(step - 1) == step):
             return False
-        from ._diagnostics import diagnostics, load_scipy, meets
+        from ._diagnostics import evaluate, load_scipy
 
         load_scipy()  # its first import is not a check's cost
-        last = step >= k.num_warmup + self.setup.num_samples
+        draws = self.draws()  # type: ignore[attr-defined]  # waits for the chunk: sampling time, not the check's
         t0 = time.perf_counter()
-        draws = self.draws()  # type: ignore[attr-defined]
-        met = meets(draws, until)
-        values = diagnostics(draws) if met or last else None  # the values at the stop, all of them
+        met, values = evaluate(draws, until, every=last)  # all the values when it stops here
         self._until_check_s += time.perf_counter() - t0
         self._until_checks += 1
         self._until_at, self._until_done = step, met
-        if values is not None:
+        if met or last:
             self._until_record = {
                 "stopped": "converged" if met else "max_draws",
                 "iterations": n,
