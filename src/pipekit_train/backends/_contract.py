@@ -44,6 +44,7 @@ CAPABILITIES: dict[str, str] = {
     "processes": "several jax.distributed processes",
     "lr_find": "the learning-rate finder (pipekit-train lr-find)",
     "export": "jax.export of the trained model (pipekit-train export)",
+    "schedule_segment": "restarts its learning-rate schedule for an extension (extend --new-segment)",
 }
 
 #: The names a backend object has: what `register_backend` checks and ``adapters/README.md`` documents

@@ -220,6 +220,14 @@ def extend(
                 f"extend: stage {stage!r} was not recorded as a TrainingLoop, got {type(recorded).__name__}"
             )
         loop = recorded
+    if new_segment and "schedule_segment" not in loop.adapter().capabilities:
+        from ..backends import backends_with
+
+        raise ConfigError(
+            f"extend: backend {loop.adapter().name!r} of stage {stage!r} cannot restart its learning-rate schedule "
+            "(it does not list the schedule_segment capability), so new_segment is refused; backends that can: "
+            f"{', '.join(backends_with('schedule_segment')) or 'none installed'}"
+        )
     step = int(final["step"])
     stage_dir = os.path.join(run_dir, stage)
     directory = loop.checkpoint_directory(stage_dir)

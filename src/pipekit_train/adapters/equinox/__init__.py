@@ -57,6 +57,7 @@ class EquinoxBackendSpec(LazyBackend):
             "processes",
             "lr_find",
             "export",
+            "schedule_segment",
         }
     )
     impl = "pipekit_train.adapters.equinox._adapter"
