@@ -43,15 +43,55 @@ class ForkPoint:
         return f"{self.run_dir}/{self.stage}@{self.step}"
 
 
+def _is_stage_dir(path: Path) -> bool:
+    return any((path / name).exists() for name in ("checkpoints", "final.json", "metrics.jsonl"))
+
+
+def _checkpoint_dir(run_dir: Path, stage: str) -> Path:
+    """Where the stage's checkpoints are: ``checkpoints/`` in its folder, else the ``checkpoint_dir`` its recorded
+    configuration set (`TrainingLoop.checkpoint_directory`; a relative one is relative to the current folder, as
+    it was to the run's)."""
+    default = run_dir / stage / "checkpoints"
+    if default.is_dir():
+        return default
+    import yaml
+
+    try:
+        doc = yaml.safe_load(_parent_record(run_dir, stage)[1] or "null")
+    except yaml.YAMLError:
+        return default
+    loops: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "TrainingLoop":
+                loops.append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    named = [loop for loop in loops if loop.get("name") == stage] or (loops if len(loops) == 1 else [])
+    found = named[0].get("checkpoint_dir") if named else None
+    return Path(found).absolute() if isinstance(found, str) and found else default
+
+
 def _stages(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in run_dir.iterdir() if (p / "checkpoints").is_dir()) if run_dir.is_dir() else []
+    """The run's stages that have checkpoints (in their folder or their own `checkpoint_dir`)."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p.name for p in run_dir.iterdir() if _is_stage_dir(p) and _checkpoint_dir(run_dir, p.name).is_dir())
 
 
-def resolve_fork(spec: str, first_stage: str | None) -> ForkPoint:
+def resolve_fork(spec: str, first_stage: str | None, own_checkpoint_dir: str | None = None) -> ForkPoint:
     """`spec` (``RUN_DIR@STEP`` or ``RUN_DIR/STAGE@STEP``) as a `ForkPoint`, or one clear `CheckpointError`.
 
     Without ``/STAGE`` the parent stage is the one named like `first_stage` (the forking pipeline's first stage),
-    else the run's only stage with checkpoints.
+    else the run's only stage with checkpoints. The parent's checkpoints are in its stage folder, or in the
+    ``checkpoint_dir`` its recorded configuration set. `own_checkpoint_dir` (the forking first stage's
+    ``checkpoint_dir``) must not be that folder: the fork would write its steps among the parent's.
     """
     from ._checkpointer import Checkpointer
 
@@ -62,12 +102,15 @@ def resolve_fork(spec: str, first_stage: str | None) -> ForkPoint:
             "e.g. runs/20260501T120000Z-1f2e3d4c@200)"
         )
     path, step = Path(match["path"]).absolute(), int(match["step"])
-    if (path / "checkpoints").is_dir():
+    if _is_stage_dir(path):
         run_dir, stage = path.parent, path.name
     elif path.is_dir():
         run_dir, found = path, _stages(path)
         if not found:
-            raise CheckpointError(f"--fork {spec!r}: {path} holds no stage with checkpoints (no STAGE/checkpoints)")
+            raise CheckpointError(
+                f"--fork {spec!r}: {path} holds no stage with checkpoints (no STAGE/checkpoints, nor a stage whose "
+                "recorded checkpoint_dir exists)"
+            )
         if first_stage in found:
             stage = first_stage
         elif len(found) == 1:
@@ -79,7 +122,11 @@ def resolve_fork(spec: str, first_stage: str | None) -> ForkPoint:
             )
     else:
         raise CheckpointError(f"--fork {spec!r}: {path} is not a run directory nor a stage directory of one")
-    directory = run_dir / stage / "checkpoints"
+    directory = _checkpoint_dir(run_dir, stage)
+    if not directory.is_dir():
+        raise CheckpointError(
+            f"--fork {spec!r}: stage {stage!r} of {run_dir} has no checkpoints ({directory} is missing)"
+        )
     ckpt = Checkpointer(directory, async_save=False)
     try:
         steps = ckpt.steps()
@@ -92,19 +139,25 @@ def resolve_fork(spec: str, first_stage: str | None) -> ForkPoint:
             f"--fork {spec!r}: stage {stage!r} of {run_dir} has no committed checkpoint at step {step}; the nearest "
             f"committed steps: {listed} (all: {len(steps)})"
         )
+    if own_checkpoint_dir and Path(own_checkpoint_dir).absolute() == directory.absolute():
+        raise CheckpointError(
+            f"--fork {spec!r}: the fork's first stage would write its checkpoints into the parent's folder "
+            f"{directory} (its checkpoint_dir), among the parent's steps; give the fork its own, e.g. "
+            "--set checkpoint_dir=PATH (a stage in a Sequential: --set stages.0.checkpoint_dir=PATH), or leave it unset"
+        )
     return ForkPoint(run_dir=str(run_dir), stage=stage, step=step, checkpoint_dir=str(directory))
 
 
-def _parent_record(point: ForkPoint) -> tuple[str | None, str]:
+def _parent_record(run_dir: str | Path, stage: str) -> tuple[str | None, str]:
     """(the parent stage's artifact id or ``None``, its recorded configuration YAML or ``""``)."""
-    stage_dir = Path(point.run_dir) / point.stage
+    stage_dir = Path(run_dir) / stage
     try:
         art = json.loads((stage_dir / "artifact.json").read_text())
         return str(art["artifact_id"]), str(art.get("training_pipeline_yaml") or "")
     except (OSError, ValueError, KeyError):
         pass
     try:  # not finished (stopped, still running): the run's pipeline, as `run` wrote it when it began
-        return None, str(json.loads((Path(point.run_dir) / "run.json").read_text()).get("pipeline_yaml") or "")
+        return None, str(json.loads((Path(run_dir) / "run.json").read_text()).get("pipeline_yaml") or "")
     except (OSError, ValueError):
         return None, ""
 
@@ -142,7 +195,7 @@ def restore_fork(
     finally:
         source.close()
     backend.load_state_tree(state)
-    parent, parent_yaml = _parent_record(point)
+    parent, parent_yaml = _parent_record(point.run_dir, point.stage)
     if parent:
         hooks.parent_ids = (parent,)
     hooks.fork = {

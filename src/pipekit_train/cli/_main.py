@@ -284,7 +284,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from pipekit_train.stage.preflight import training_stages
 
         first = training_stages(op)[:1]
-        fork = resolve_fork(args.fork, (first[0].name or "stage0") if first else None)
+        own = first[0].checkpoint_dir if first else None
+        fork = resolve_fork(args.fork, (first[0].name or "stage0") if first else None, own)
     # Every stage is checked (and its fresh model built) before any trains; each stage's run takes its plan.
     plans = _preflight(plan_pipeline, op, args.pipeline)
     store: Any = False if args.no_store else args.store
