@@ -205,6 +205,11 @@ class TorchBackend:
     def learning_rate(self, step: int) -> float:
         return self.optimizer.lr_at(step) * self.get_lr_scale()
 
+    def schedule_segment(self, start: int, restart: bool) -> None:
+        """The learning-rate schedule counts from `start` (a stage extended with ``new_segment``). The rate is
+        looked up by loop step, so there is no count in the optimizer's state to set back (`restart`)."""
+        self.optimizer.segment_start = start
+
     # Checkpointing -----------------------------------------------------------------------------------------
     def state_tree(self) -> dict[str, Any]:
         """The arrays a checkpoint holds: the ``state_dict``, the optimizer's state and scale, the EMA, and the

@@ -144,8 +144,13 @@ class TorchOptimizer:
         self.keys = [sorted(k for k, v in self.optimizer.state[p].items() if isinstance(v, torch.Tensor))
                      for p in self.params]  # fmt: skip
 
+    #: The loop step a new schedule segment began at (an extension with ``new_segment``: the schedule counts from
+    #: there; torch's own step counts, Adam's bias correction, go on).
+    segment_start = 0
+
     def lr_at(self, step: int) -> float:
         """The scheduled rate (without the scale) at loop step `step`."""
+        step -= self.segment_start
         if 0 <= step < len(self.table):
             return float(self.table[step])
         from ...optim._optax import learning_rate_at
