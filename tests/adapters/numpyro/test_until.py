@@ -16,6 +16,7 @@ from pipekit import ConfigError
 from pipekit_train import ArraySource, TrainingDataset, TrainingLoop, load_model, run_settings
 from pipekit_train.adapters.numpyro import NUTS, NumpyroModel
 from pipekit_train.adapters.numpyro._diagnostics import diagnostics, ess_bulk, ess_tail, r_hat
+from pipekit_train.adapters.numpyro._ops import UNTIL_DEFAULT_CHECK_GROWTH
 from pipekit_train.adapters.numpyro._sampling import check_after
 from pipekit_train.stage.preflight import check
 
@@ -140,7 +141,7 @@ def converged(tmp_path_factory):
     return model, artifact, work, data, err.getvalue()
 
 
-def _check_points(budget: int, every: int = EVERY, growth: float = 0.25) -> list[int]:
+def _check_points(budget: int, every: int = EVERY, growth: float = UNTIL_DEFAULT_CHECK_GROWTH) -> list[int]:
     """The sampling iterations `until` checks at: `check_after` from the warm-up's end, and the budget's end."""
     points = [check_after(0, every, growth)]
     while points[-1] < budget:
@@ -149,8 +150,8 @@ def _check_points(budget: int, every: int = EVERY, growth: float = 0.25) -> list
 
 
 def test_checks_are_spaced_by_check_every_then_in_proportion_to_the_draws():
-    assert _check_points(2000)[:10] == [50, 100, 150, 200, 250, 350, 450, 600, 750, 950]
-    assert _check_points(2000)[-3:] == [1500, 1900, 2000]  # the last check: the budget's end
+    assert _check_points(2000, growth=0.25)[:10] == [50, 100, 150, 200, 250, 350, 450, 600, 750, 950]
+    assert _check_points(2000, growth=0.25)[-3:] == [1500, 1900, 2000]  # the last check: the budget's end
     assert _check_points(500, growth=0) == list(range(50, 501, 50))  # growth 0: every check_every
     # The total of the draws read by the checks grows in proportion to the budget, not with its square.
     assert sum(_check_points(20_000, 250)) < 6 * 20_000 < sum(_check_points(20_000, 250, growth=0)) / 6
