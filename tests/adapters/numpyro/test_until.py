@@ -169,6 +169,7 @@ def test_until_stops_at_the_first_check_that_meets_every_criterion(converged):
     # The values at the stop are the draws' diagnostics; they meet the criteria, the previous check's did not.
     values = diagnostics(model.posterior.draws)
     assert until["r_hat_max"] == values["r_hat_max"] <= 1.01 and until["ess_bulk_min"] == values["ess_bulk_min"] >= 400
+    assert until["ess_tail_min"] == values["ess_tail_min"]  # not a criterion: the posterior report's value
     before = diagnostics({"mu": draws[:, : points[points.index(n) - 1]]})
     assert before["r_hat_max"] > 1.01 or before["ess_bulk_min"] < 400
     assert until["checks"] == points.index(n) + 1 and until["config"] == UNTIL

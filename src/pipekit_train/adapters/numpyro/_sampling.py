@@ -174,6 +174,7 @@ class SamplerControls:
         }
         if k.until is not None:
             self.until_reached(self.step)  # type: ignore[attr-defined]  # the last step's values, if not checked
+            self._complete_until_record()
             out["until"] = {
                 "config": dict(k.until),
                 **self._until_record,
@@ -259,7 +260,7 @@ class SamplerControls:
         load_scipy()  # its first import is not a check's cost
         draws = self.draws()  # type: ignore[attr-defined]  # waits for the chunk: sampling time, not the check's
         t0 = time.perf_counter()
-        met, values = evaluate(draws, until, every=last)  # all the values when it stops here
+        met, values = evaluate(draws, until)  # the criteria, up to the first that fails
         self._until_check_s += time.perf_counter() - t0
         self._until_checks += 1
         self._until_at, self._until_done = step, met
@@ -273,6 +274,25 @@ class SamplerControls:
             }
         return self._until_done
 
+    def _complete_until_record(self) -> None:
+        """The values at the stop that its check did not compute (those of criteria not given, or after the first
+        that failed): the posterior report's, computed on the same draws when the stage completed (the same
+        numbers: every column's diagnostics are its own), else computed here."""
+        record = self._until_record
+        missing = [name for name in ("r_hat_max", "ess_bulk_min", "ess_tail_min") if record and name not in record]
+        if not missing:
+            return
+        reported = self._posterior_metrics or {}
+        if all(f"posterior/{name}" in reported for name in missing):
+            record.update({name: reported[f"posterior/{name}"] for name in missing})
+        else:
+            from ._diagnostics import diagnostics
+
+            values = diagnostics(self.draws())  # type: ignore[attr-defined]
+            record.update({name: values[name] for name in missing})
+
+    _posterior_metrics: dict[str, float] | None = None
+
     def final_metrics(self, stage: str, stage_dir: str) -> dict[str, float]:
         """The posterior's diagnostics (printed and written beside the stage's metrics) when sampling completed."""
         from ._posterior import report, write_groups
@@ -282,7 +302,8 @@ class SamplerControls:
             observed = get_numpyro_model(self.setup.model_op.model).observed
             data = {k: v for k, v in self.setup.data.items() if k in observed}
             write_groups(stage_dir, self.sample_stats(), data)  # type: ignore[attr-defined]
-        return report(self.draws(), self.divergences(), stage, stage_dir)  # type: ignore[attr-defined]
+        self._posterior_metrics = report(self.draws(), self.divergences(), stage, stage_dir)  # type: ignore[attr-defined]
+        return self._posterior_metrics
 
     def extend_state_tree(self, tree: Any, previous: Any) -> None:
         """Continue a finished stage of `previous` (its `TrainingLoop`) from its final checkpoint `tree` (as saved):
