@@ -20,6 +20,8 @@ Method (see docs/performance.md):
   also reports the ms the training thread blocks in each periodic save, next to one synchronous save by Keras'
   ``ModelCheckpoint``, ``torch.save`` of a ``state_dict`` and ``np.savez``.
 - Time to the first step and peak memory (rows 9, 9b) are whole fresh processes: ``benchmarks/startup.py``.
+- Row 12 (``--only nuts``) times whole sampler runs, pipekit's chunked and checkpointed ``TrainingLoop.run`` against
+  NumPyro's own ``MCMC.run``, each one traced afresh as the first run of a process is (see `bench_nuts`).
 
 Results are printed as a Markdown table and written to ``benchmarks/results.json`` and ``benchmarks/results.md``.
 """
@@ -27,6 +29,7 @@ Results are printed as a Markdown table and written to ``benchmarks/results.json
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -38,7 +41,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -617,6 +620,7 @@ TARGETS = {
     "9b peak memory (MB)": 1.0,  # ratio 1.15 * hand / pipekit
     "10 extend a finished stage vs one longer stage": 0.95,
     "11 a 300-step job, whole process (s)": 1.0,  # ratio 1.10 * hand / pipekit
+    "12 chunked, checkpointed NUTS vs MCMC.run (s)": 1.0,  # ratio 1.10 * MCMC.run / pipekit
 }
 
 
@@ -906,6 +910,162 @@ def bench_extend(rounds: int, quick: bool) -> list[Row]:
     return rows
 
 
+NUTS_WARMUP, NUTS_SAMPLES, NUTS_CHAINS, NUTS_CHUNK = 500, 1000, 4, 250
+
+
+@contextlib.contextmanager
+def persistent_compilation_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache in a temporary directory, every program cached (then as it was)."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    names = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    before = {n: getattr(jax.config, n) for n in names}
+    root = tempfile.mkdtemp(prefix="pipekit-bench-xla-cache-")
+    for name, value in zip(names, (root, 0.0, -1), strict=True):
+        jax.config.update(name, value)
+    cc.reset_cache()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        cc.reset_cache()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def bench_nuts(rounds: int) -> list[Row]:
+    """Row 12 (issue 29): eight schools, NUTS, 4 vectorized chains, 500 + 1,000 iterations. Pipekit's
+    `numpyro-mcmc` stage in chunks of 250 with a `Checkpoint` every 250 steps, the whole `TrainingLoop.run`
+    (pre-flight, NumPyro's search for the initial point, the chunks, the checkpoints, the posterior report and its
+    diagnostics, the artifact), against NumPyro's own ``MCMC(NUTS(model), ..., chain_method="vectorized").run(key,
+    ...)`` and ``get_samples`` (the same draws bitwise: checked in the warm-up). Seconds per whole run.
+
+    The same compiled state for both: before every timed run, jitted programs are dropped (`jax.clear_caches()` and
+    pipekit's sampler program cache), so both trace and lower their programs as the first run of a process does;
+    XLA's compile is served from JAX's persistent compilation cache (filled in the warm-up) for both. ``MCMC.run``
+    traces and compiles again on every call (a second call on the same object compiles as long as the first), so
+    keeping programs in memory would time NumPyro's compile against none of pipekit's; with both compiling, the
+    compile (about 10 s of a 13 s run here) would hide what differs. Imports are done before the first round.
+    """
+    import io
+
+    from numpyro.infer import MCMC
+    from numpyro.infer import NUTS as NumpyroNUTS
+
+    from pipekit_train import Checkpoint
+    from pipekit_train.adapters.numpyro import NUTS, NumpyroModel, _sampling
+    from pipekit_train.adapters.numpyro._models import eight_schools
+
+    sigma = np.array([15, 10, 16, 11, 9, 11, 10, 18], np.float32)
+    y = np.array([28, 8, -3, 7, -1, 1, 18, 12], np.float32)
+    total = NUTS_WARMUP + NUTS_SAMPLES
+    root = tempfile.mkdtemp(prefix="pipekit-bench-nuts-")
+    counter = iter(range(10**6))
+    draws: dict[str, dict[str, np.ndarray]] = {}
+    cpu: dict[str, list[float]] = {"bare": [], "chunked": [], "whole": []}  # CPU seconds of each run, all threads
+
+    def cold() -> None:
+        jax.clear_caches()
+        _sampling._PROGRAMS.clear()
+
+    def bare() -> float:
+        cold()
+        c0, t0 = time.process_time(), time.perf_counter()
+        mcmc = MCMC(
+            NumpyroNUTS(eight_schools),
+            num_warmup=NUTS_WARMUP,
+            num_samples=NUTS_SAMPLES,
+            num_chains=NUTS_CHAINS,
+            chain_method="vectorized",
+            progress_bar=False,
+        )
+        mcmc.run(jax.random.PRNGKey(0), sigma=sigma, y=y)
+        samples = jax.block_until_ready(mcmc.get_samples(group_by_chain=True))
+        seconds = time.perf_counter() - t0
+        cpu["bare"].append(time.process_time() - c0)
+        draws.setdefault("bare", {k: np.asarray(v) for k, v in samples.items()})
+        return seconds
+
+    def ours(key: str, chunk: int, checkpoint: bool) -> float:
+        cold()
+        run_dir = os.path.join(root, f"r{next(counter)}")
+        loop = TrainingLoop(
+            model_op=NumpyroModel(model="eight_schools"),
+            dataset=TrainingDataset(source=ArraySource(arrays={"sigma": sigma, "y": y}), shuffle=False),
+            task=NUTS(num_warmup=NUTS_WARMUP, num_samples=NUTS_SAMPLES, num_chains=NUTS_CHAINS),
+            backend="numpyro-mcmc",
+            batch_size=8,
+            max_steps=total,
+            steps_per_call=chunk,
+            log_every_n_steps=chunk,
+            callbacks=(Checkpoint(every_n_steps=chunk),) if checkpoint else (),
+            progress=False,
+            seed=0,
+            name="nuts",
+        )
+        c0, t0 = time.process_time(), time.perf_counter()
+        with run_settings(run_dir=run_dir, store=False), contextlib.redirect_stdout(io.StringIO()):
+            model, _ = loop.run()  # the posterior report is printed (and formatted) all the same
+        seconds = time.perf_counter() - t0
+        cpu[key].append(time.process_time() - c0)
+        draws.setdefault(key, dict(model.posterior.draws))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return seconds
+
+    print(
+        f"\n## chunked NUTS: eight schools, {NUTS_CHAINS} chains, {NUTS_WARMUP} + {NUTS_SAMPLES}, {rounds} rounds",
+        flush=True,
+    )
+    base = Contender("NumPyro MCMC.run (vectorized)", bare)
+    chunked = Contender(
+        f"TrainingLoop.run, chunks of {NUTS_CHUNK}, Checkpoint({NUTS_CHUNK})",
+        functools.partial(ours, "chunked", NUTS_CHUNK, True),
+    )
+    whole = Contender("TrainingLoop.run, one chunk, no checkpoint", functools.partial(ours, "whole", total, False))
+    try:
+        with persistent_compilation_cache():
+            run_interleaved([base, chunked, whole], rounds)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    ref = draws.get("bare")
+    for key, c in (("chunked", chunked), ("whole", whole)):
+        got = draws.get(key)
+        if c.error is None and (ref is None or got is None or any(not np.array_equal(ref[k], got[k]) for k in ref)):
+            c.error = "the draws differ from MCMC.run's"
+    rows = []
+    for key, c in (("chunked", chunked), ("whole", whole)):
+        err = base.error or c.error
+        pairs = [1.10 * b / o for b, o in zip(base.samples, c.samples, strict=False) if o > 0]
+        spread = [round(o / b, 3) for b, o in zip(base.samples, c.samples, strict=False) if b > 0]
+        # The warm-up's run is the first entry of each CPU list: paired from the second on, like the samples.
+        cpu_ratios = sorted(round(o / b, 3) for b, o in zip(cpu["bare"][1:], cpu[key][1:], strict=False) if b > 0)
+        note = (
+            f"seconds per whole run; ratio = 1.10 x MCMC.run / pipekit, paired per round; pipekit / MCMC.run per "
+            f"round: wall {sorted(spread)}, CPU seconds {cpu_ratios}; both trace and lower afresh, XLA's compile "
+            "from the persistent cache for both"
+        )
+        rows.append(
+            Row(
+                section="12 chunked, checkpointed NUTS vs MCMC.run (s)",
+                size="eight schools",
+                baseline=base.name,
+                contender=c.name,
+                baseline_us=median(base.samples),
+                contender_us=median(c.samples),
+                ratio=None if err or not pairs else statistics.median(pairs),
+                target=1.0,
+                note=f"error: {err}" if err else note,
+                baseline_samples=[round(v, 3) for v in base.samples],
+                contender_samples=[round(v, 3) for v in c.samples],
+            )
+        )
+    return rows
+
+
 def bench_job(rounds: int) -> Row:
     """A `startup.JOB_STEPS`-step job of the small MLP, whole fresh processes: the hand script against the Python
     API with its defaults (artifact store, metrics file); ratio = 1.10 x hand / pipekit, paired per round."""
@@ -1005,7 +1165,7 @@ def environment() -> dict[str, Any]:
     return info
 
 
-GROUPS = ("steps", "data", "startup", "extend")
+GROUPS = ("steps", "data", "startup", "extend", "nuts")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1022,7 +1182,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=GROUPS,
         help="run only this group of rows (repeatable; default every group): steps (rows 0-8 by size), data, "
-        "startup, extend",
+        "startup, extend, nuts",
     )
     args = parser.parse_args(argv)
     groups = set(args.only or GROUPS)
@@ -1045,6 +1205,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_startup(startup_rounds)
         if "extend" in groups:
             rows += bench_extend(rounds, args.quick)
+        if "nuts" in groups:
+            rows += bench_nuts(rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - started

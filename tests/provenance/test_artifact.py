@@ -141,6 +141,27 @@ def test_deps_lock_without_a_lock_file_lists_installed_distributions(tmp_path: P
     assert "equinox" in deps["distributions"] and "pipekit-train" in deps["distributions"]
 
 
+def test_the_installed_distributions_are_read_once_until_an_install_changes_them(tmp_path, monkeypatch):
+    """Reading every distribution's metadata is the artifact's slowest fixed work without a lock file: a process
+    reads it once, and again when a ``*.dist-info`` folder appears on `sys.path` (an install)."""
+    import importlib.metadata
+
+    from pipekit_train.provenance import _artifact
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    scans = []
+    real = importlib.metadata.distributions
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: scans.append(1) or real())
+    first = _artifact._installed()
+    assert _artifact._installed() == first and len(scans) == 1
+    info = site / "pipekit_probe_dist-1.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pipekit_probe_dist\nVersion: 1.2\n")
+    assert _artifact._installed() == {**first, "pipekit-probe-dist": "1.2"} and len(scans) == 2
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 def test_git_state_commit_dirty_and_diff_hash(tmp_path: Path):
     assert git_state(tmp_path) is None  # not a repository

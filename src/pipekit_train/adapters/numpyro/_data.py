@@ -58,18 +58,13 @@ def check_data(model_op: Any, data: Mapping[str, Any], stage: str) -> None:
                 )
 
 
-def check_sites(model_op: Any, data: Mapping[str, Any], stage: str) -> dict[str, Any]:
-    """Trace the model once on `data`: every observed parameter feeds an observed site. Returns the trace."""
-    import jax
-    from numpyro import handlers
-
+def check_sites(model_op: Any, data: Mapping[str, Any], stage: str) -> dict[str, dict[str, Any]]:
+    """Trace the model once on `data`: every observed parameter feeds an observed site. Returns each site's
+    ``type``, ``is_observed`` and whether it is ``discrete``, by name."""
     spec = get_numpyro_model(model_op.model)
     where = f"stage {stage!r} ({model_op!r})"
     try:
-        with handlers.block():
-            trace: dict[str, Any] = handlers.trace(handlers.seed(spec.fn, jax.random.PRNGKey(0))).get_trace(
-                **model_op.model_kwargs(data)
-            )
+        trace = _site_kinds(spec.fn, model_op.model_kwargs(data))
     except Exception as e:  # the model itself failed on this data
         raise ConfigError(f"{where}: the model failed on the stage's data: {type(e).__name__}: {e}") from None
     observed = [n for n, s in trace.items() if s["type"] == "sample" and s.get("is_observed")]
@@ -82,14 +77,44 @@ def check_sites(model_op: Any, data: Mapping[str, Any], stage: str) -> dict[str,
         site = trace.get(name)
         if site is not None and site["type"] == "sample" and not site.get("is_observed"):
             raise ConfigError(f"{where}: the site {name!r} has no data (it was sampled, not observed)")
-    discrete = [
-        n
-        for n, s in trace.items()
-        if s["type"] == "sample" and not s.get("is_observed") and s["fn"].support.is_discrete
-    ]
+    discrete = [n for n, s in trace.items() if s["type"] == "sample" and not s.get("is_observed") and s["discrete"]]
     if discrete:
         raise ConfigError(
             f"{where}: the latent site(s) {discrete} are discrete; enumerate them out in the model "
             "(gradient-based samplers and guides need continuous latents)"
         )
     return trace
+
+
+def _site_kinds(fn: Any, kwargs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """What the checks read of the model's trace (each site's type, whether observed, whether discrete).
+
+    The model is traced abstractly (`jax.eval_shape`: nothing is computed or compiled; run eagerly, every
+    distribution's sampling and log-density is a small program XLA compiles on the stage's first run, about half a
+    second for eight schools). A model that needs concrete values (Python control flow on an array) cannot be traced
+    so and is run eagerly, as before; a model that fails eagerly too raises that error.
+    """
+    import jax
+    from numpyro import handlers
+
+    arrays = {k: v for k, v in kwargs.items() if isinstance(v, (np.ndarray, jax.Array))}
+    rest = {k: v for k, v in kwargs.items() if k not in arrays}
+    kinds: dict[str, dict[str, Any]] = {}
+
+    def trace(arrays: Mapping[str, Any]) -> None:
+        kinds.clear()
+        with handlers.block():
+            sites = handlers.trace(handlers.seed(fn, jax.random.PRNGKey(0))).get_trace(**arrays, **rest)
+        for name, site in sites.items():
+            sample = site["type"] == "sample"
+            kinds[name] = {
+                "type": site["type"],
+                "is_observed": bool(site.get("is_observed")),
+                "discrete": bool(sample and site["fn"].support.is_discrete),
+            }
+
+    try:
+        jax.eval_shape(trace, arrays)
+    except Exception:
+        trace(arrays)
+    return kinds

@@ -93,7 +93,7 @@ class MCMCBackend(SamplerControls):
         # resumed or extended stage replaces it; NumPyro compiles its search for a valid initial point per run).
         first = program.first
         self.treedef = first.treedef
-        self.collection = jax.tree.map(jnp.zeros_like, first.collection)
+        self.collection = jax.tree.map(np.zeros_like, first.collection)
         self.coll_def = jax.tree.structure(self.collection)
 
     def _initial(self) -> Any:
@@ -106,9 +106,11 @@ class MCMCBackend(SamplerControls):
         self._post = jax.vmap(post) if self.chains > 1 else post
         if not hasattr(self, "treedef"):  # the first backend of a program: its state and draws set the layout
             self.treedef = jax.tree.structure(state)
-            self.collection = jax.tree.map(
-                lambda x: jnp.zeros((self.setup.kept, *jnp.shape(x)), jnp.result_type(x)), self._transform(state)
-            )
+            # Host zeros of the shapes `_transform` gives (traced abstractly: no eager program to compile); the
+            # first chunk takes them as its input like device zeros (same shapes and dtypes: the same program).
+            kept = self.setup.kept
+            layout = jax.eval_shape(self._transform, state)
+            self.collection = jax.tree.map(lambda x: np.zeros((kept, *x.shape), x.dtype), layout)
         return state
 
     @property
