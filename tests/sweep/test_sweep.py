@@ -237,7 +237,9 @@ def test_ray_executor_on_a_local_ray_instance(tmp_path, xla_cache_env, monkeypat
 
     CompileWatch.install()
     before = CompileWatch.count
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # One CPU: one worker process runs both trials, one after the other (a second would import JAX again for
+    # nothing this test looks at; the trials still run outside the driver, as Ray tasks).
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         result = run_sweep(load_sweep(str(path)), str(tmp_path / "R"))
     finally:
