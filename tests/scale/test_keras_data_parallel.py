@@ -19,7 +19,7 @@ from pipekit import ConfigError
 
 if importlib.util.find_spec("keras") is None:  # not importorskip: Keras must not be imported before the adapter
     pytest.skip("the keras extra is not installed", allow_module_level=True)
-pytestmark = pytest.mark.xdist_group("scale")
+pytestmark = pytest.mark.xdist_group("scale-devices")  # one worker; the launches are in group "scale"
 
 PIPELINE = """\
 pipekit: 1

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.xdist_group("scale"), pytest.mark.slow]
+pytestmark = [pytest.mark.xdist_group("scale-devices"), pytest.mark.slow]
 
 PIPELINE = """\
 pipekit: 1
