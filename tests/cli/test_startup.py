@@ -1,8 +1,10 @@
 """What start-up imports: ``import pipekit_train`` and the inspection commands never load JAX or its libraries.
 
-Each command runs in a fresh process against a real artifact store and a real run directory with checkpoints
-(made once, by training a tiny two-stage pipeline in an earlier process), and the process then lists the modules
-it imported. Counted, never timed: the start-up times are measured and reported in ``docs/performance.md``.
+The commands run in fresh processes against a real artifact store and a real run directory with checkpoints
+(made once, by training a tiny two-stage pipeline in an earlier process), and each process then lists the modules
+it imported. The inspection commands share one process, the pipelines with a mistake another (`CHECK_MANY`): what
+a process imported stays imported, so a command that loaded JAX is seen in its own report and every later one.
+Counted, never timed: the start-up times are measured and reported in ``docs/performance.md``.
 """
 
 from __future__ import annotations
