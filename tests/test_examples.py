@@ -4,10 +4,7 @@ house-price example runs end to end with a few steps."""
 from __future__ import annotations
 
 import importlib
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,30 +62,28 @@ def test_houses_csv_is_what_make_data_writes(tmp_path: Path, monkeypatch: pytest
     assert (tmp_path / "houses.csv").read_bytes() == (HOUSES / "houses.csv").read_bytes()
 
 
-def test_houses_example_runs_evaluates_and_predicts(tmp_path: Path, xla_cache_env: dict[str, str]):
+def test_houses_example_runs_evaluates_and_predicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
     """The README's commands, with a few steps per stage: the custom loss comes from ``--import``, and evaluate,
-    predict and the stage's own test metrics agree, in thousands (the data's units), not standard units."""
+    predict and the stage's own test metrics agree, in thousands (the data's units), not standard units. The
+    commands run in this process (``cli.main``): `house_loss` is found on the path as the README's PYTHONPATH finds
+    it (tests/cli/test_imports.py runs ``--import`` in real processes)."""
     from pipekit_train import ArtifactStore
     from pipekit_train.cli import main
 
     store = tmp_path / "houses.sqlite"
-    env = {**os.environ, **xla_cache_env, "PYTHONPATH": os.pathsep.join([str(HOUSES), str(ROOT / "src")])}
+    monkeypatch.syspath_prepend(str(HOUSES))
+    monkeypatch.chdir(ROOT)
     steps = ["--set", "stages.0.max_steps=60", "--set", "stages.1.max_steps=30"]
     steps += [f"--set=stages.{i}.{f}=10" for i in (0, 1) for f in ("eval_every_n_steps", "log_every_n_steps")]
-    command = [sys.executable, "-m", "pipekit_train.cli", "run", "examples/houses/houses.yaml"]
-    proc = subprocess.run(
-        [*command, "--import", "house_loss", "--run-dir", str(tmp_path / "run"), "--store", str(store), *steps],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    command = ["run", "examples/houses/houses.yaml", "--import", "house_loss"]
+    code = main([*command, "--run-dir", str(tmp_path / "run"), "--store", str(store), *steps])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-3000:]
     finetune = next(a for a in ArtifactStore(store).query() if a.stage == "finetune")
     stats = finetune.data_statistics
     assert set(stats) == {"x", "y"} and 400 < stats["y"]["mean"][0] < 900  # city B's training prices, thousands
-    os.chdir(ROOT)
     out = tmp_path / "pred.npz"
     data = "examples/houses/test_b.yaml"
     prefix = finetune.artifact_id[:12]
@@ -102,4 +97,4 @@ def test_houses_example_runs_evaluates_and_predicts(tmp_path: Path, xla_cache_en
     evaluation = ArtifactStore(store).evaluations(artifact_id=finetune.artifact_id)[0]
     assert evaluation["metrics"]["mae"] == pytest.approx(mae, rel=1e-4)
     assert mae < 0.5 * float(np.std(prices))  # learned something, in thousands
-    assert re.search(r"test/mae", proc.stdout + proc.stderr)
+    assert re.search(r"test/mae", printed.out + printed.err)

@@ -3,18 +3,22 @@
 Each case copies one tiny trained run (two committed checkpoints, a registered model, an artifact store), damages
 one file (truncated, one bit flipped, deleted, garbage, valid JSON of the wrong shape) and asserts that the command
 reading it either fails with one line that names the file (exit code 1, no traceback) or recovers bitwise (the same
-final weights as the undamaged run) -- never silently succeeds with something else.
+final weights as the undamaged run) -- never silently succeeds with something else. The commands that train run
+in this process (`_cli_here`), ``artifacts show`` in a real one.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -41,23 +45,39 @@ stages:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``pipekit-train ARGS`` run by a real process (for the commands that need no JAX: cheap to start)."""
     return subprocess.run(
         [sys.executable, "-m", "pipekit_train.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", **_XLA_CACHE},
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
 
 
-_XLA_CACHE: dict[str, str] = {}
+def _cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``pipekit-train ARGS`` run in this process (``cli.main``: the command's whole path but the interpreter's start),
+    reported as a finished process would be: its exit code, stdout, and stderr with the warnings it printed.
 
+    The commands that train (run, resume) run here: a fresh process would import JAX and load or compile the step
+    programs again for each case, most of this module's time, and the process boundary is not what these cases test
+    (``python -m pipekit_train.cli`` is ``sys.exit(main())``; the installed command's one-line errors are tested in
+    tests/cli/test_main.py). Warnings are shown as the command line shows them, not raised as the test settings do:
+    ``error::PipekitTrainWarning`` would turn a repair that warns into a failure of the command.
+    """
+    from pipekit_train.cli._main import main
 
-@pytest.fixture(autouse=True, scope="module")
-def _xla_cache(xla_cache_env: dict[str, str]) -> None:
-    """The processes share the run's persistent compilation cache (tests/conftest.py): one compiles, the rest load."""
-    _XLA_CACHE.update(xla_cache_env)
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with warnings.catch_warnings(record=True) as shown, redirect_stdout(out), redirect_stderr(err):
+            warnings.simplefilter("default")
+            code = main(list(args))
+    finally:
+        os.chdir(here)
+    printed = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in shown)
+    return subprocess.CompletedProcess(["pipekit-train", *args], code, out.getvalue(), printed + err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +86,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     x = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
     np.savez(root / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
     (root / "pipe.yaml").write_text(PIPELINE)
-    out = _cli("run", "pipe.yaml", "--run-dir", "run", "--store", "store.sqlite", cwd=root)
+    out = _cli_here("run", "pipe.yaml", "--run-dir", "run", "--store", "store.sqlite", cwd=root)
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in (root / "run/fit/checkpoints").iterdir() if p.is_dir()) == ["3", "6"]
     return root
@@ -156,7 +176,7 @@ def test_resume_of_a_finished_run(work: Path, name: str, where: Callable[[Path],
     expected = _final_hash(work)
     path = where(work)
     DAMAGE[damage](path)
-    out = _cli("run", "pipe.yaml", "--run-dir", "run", "--resume", "auto", "--no-store", cwd=work)
+    out = _cli_here("run", "pipe.yaml", "--run-dir", "run", "--resume", "auto", "--no-store", cwd=work)
     _assert_detected_or_recovered(out, (name, str(path.relative_to(work))), expected, work)
 
 
@@ -180,7 +200,7 @@ def test_resume_from_a_damaged_checkpoint(work: Path, name: str, where: Callable
         (work / "run/fit" / end).unlink()
     path = where(work)
     DAMAGE[damage](path)
-    out = _cli("run", "pipe.yaml", "--run-dir", "run", "--resume", "auto", "--no-store", cwd=work)
+    out = _cli_here("run", "pipe.yaml", "--run-dir", "run", "--resume", "auto", "--no-store", cwd=work)
     names = (name, str(path.relative_to(work)), "checkpoints/6")
     _assert_detected_or_recovered(out, names, expected, work)
 

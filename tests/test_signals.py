@@ -37,12 +37,21 @@ def _workspace(tmp_path: Path, *stages: str) -> Path:
     return tmp_path
 
 
+_XLA_CACHE: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _xla_cache(xla_cache_env: dict[str, str]) -> None:
+    """The processes share the run's persistent compilation cache (tests/conftest.py): one compiles, the rest load."""
+    _XLA_CACHE.update(xla_cache_env)
+
+
 def _run(work: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "pipekit_train.cli", "run", "pipe.yaml", "--run-dir", "runs/exp", "--no-store"]
     return subprocess.run(
         [*command, *extra],
         cwd=work,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", **env},
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **_XLA_CACHE, **env},
         capture_output=True,
         text=True,
         timeout=300,

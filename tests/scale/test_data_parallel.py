@@ -27,7 +27,7 @@ import jax
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.xdist_group("scale")
+pytestmark = pytest.mark.xdist_group("scale-devices")  # one worker; the launches are in group "scale"
 
 PIPELINE = """\
 pipekit: 1

@@ -19,7 +19,7 @@ from pipekit import ConfigError
 
 if importlib.util.find_spec("keras") is None:  # not importorskip: Keras must not be imported before the adapter
     pytest.skip("the keras extra is not installed", allow_module_level=True)
-pytestmark = pytest.mark.xdist_group("scale")
+pytestmark = pytest.mark.xdist_group("scale-devices")  # one worker; the launches are in group "scale"
 
 PIPELINE = """\
 pipekit: 1
@@ -46,12 +46,12 @@ def _weights(run_dir: Path) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(model.weights())]
 
 
-def test_keras_on_four_devices_matches_one_device(tmp_path: Path) -> None:
+def test_keras_on_four_devices_matches_one_device(tmp_path: Path, xla_cache_env: dict[str, str]) -> None:
     x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
     np.savez(tmp_path / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
     (tmp_path / "pipe.yaml").write_text(PIPELINE)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4", **xla_cache_env)
     out = subprocess.run(
         [sys.executable, "-m", "pipekit_train.cli", "run", "pipe.yaml", "--run-dir", "four", "--no-store"],
         cwd=tmp_path,

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.xdist_group("scale"), pytest.mark.slow]
+pytestmark = [pytest.mark.xdist_group("scale"), pytest.mark.slow]  # the gloo launches: one module at a time
 
 PIPELINE = """\
 pipekit: 1

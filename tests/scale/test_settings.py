@@ -106,7 +106,7 @@ def test_backends_without_a_mesh_refuse_one_and_mixed_precision() -> None:
             check_precision(stage(backend, mesh=None, precision={"compute": "bfloat16"}))
 
 
-def test_a_batch_the_devices_cannot_split_is_a_preflight_error(tmp_path: Path) -> None:
+def test_a_batch_the_devices_cannot_split_is_a_preflight_error(tmp_path: Path, xla_cache_env: dict[str, str]) -> None:
     """On 4 virtual devices (a subprocess): `pipekit-train validate` names the batch, the device count, a fix."""
     x = np.zeros((40, 4), np.float32)
     np.savez(tmp_path / "data.npz", x=x, y=x[:, :1])
@@ -117,6 +117,7 @@ def test_a_batch_the_devices_cannot_split_is_a_preflight_error(tmp_path: Path) -
         "loss: {type: MSE}\nbatch_size: 10\n"
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env.update(xla_cache_env)  # the run's persistent compilation cache (tests/conftest.py)
     out = subprocess.run(
         [sys.executable, "-m", "pipekit_train.cli", "validate", "pipe.yaml"],
         cwd=tmp_path,
@@ -191,7 +192,7 @@ def test_bfloat16_compute_trains_and_keeps_float32_weights_everywhere(tmp_path: 
     assert any(not np.array_equal(a, b) for a, b in zip(_leaves(model), _leaves(full), strict=True))
 
 
-def test_backend_info_lists_the_devices_that_trained(tmp_path: Path) -> None:
+def test_backend_info_lists_the_devices_that_trained(tmp_path: Path, xla_cache_env: dict[str, str]) -> None:
     """On 4 virtual devices a stage with ``mesh: {devices: 1}`` listed all 4 as its devices."""
     script = (
         "import json, numpy as np\n"
@@ -208,7 +209,7 @@ def test_backend_info_lists_the_devices_that_trained(tmp_path: Path) -> None:
     )
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    env["PYTHONPATH"] = src
+    env.update(xla_cache_env, PYTHONPATH=src)
     out = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.xdist_group("scale"), pytest.mark.slow]
+pytestmark = [pytest.mark.xdist_group("scale-devices"), pytest.mark.slow]
 
 PIPELINE = """\
 pipekit: 1
@@ -45,7 +45,9 @@ def _guide_params(run: Path) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in guide.params.items()}
 
 
-def test_svi_on_four_devices_fits_the_one_device_guide_within_float_tolerance(tmp_path: Path) -> None:
+def test_svi_on_four_devices_fits_the_one_device_guide_within_float_tolerance(
+    tmp_path: Path, xla_cache_env: dict[str, str]
+) -> None:
     pytest.importorskip("numpyro")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(128, 3)).astype(np.float32)
@@ -55,7 +57,7 @@ def test_svi_on_four_devices_fits_the_one_device_guide_within_float_tolerance(tm
     args = ["run", "pipe.yaml", "--no-store", "--run-dir"]
     runs = {1: tmp_path / "d1", 4: tmp_path / "d4"}
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4", **xla_cache_env)
     command = [sys.executable, "-m", "pipekit_train.cli", *args, str(runs[4])]
     out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
