@@ -16,6 +16,8 @@ if importlib.util.find_spec("keras") is None or importlib.util.find_spec("torch"
 from pipekit_train.adapters._zoo import ZOO, Conv, Dense, Flatten, describe
 from pipekit_train.backends._convert import convert_model, registered_converters
 
+pytestmark = pytest.mark.xdist_group("zoo")  # one worker (--dist loadgroup): the twelve models are built once
+
 BACKENDS = ("equinox", "keras", "lightning")
 
 #: Small kwargs of each kind; the cnn's 2x2x3 feature map makes the flatten order matter.

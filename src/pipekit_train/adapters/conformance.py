@@ -437,9 +437,14 @@ for argv in spec["commands"]:
 """
 
 
-def check_runs_a_yaml_pipeline_from_the_cli(backend: str, tmp: Path) -> None:
+def check_runs_a_yaml_pipeline_from_the_cli(backend: str, tmp: Path, *, fresh_process: bool = True) -> None:
     """``pipekit-train validate`` and ``run`` of a YAML pipeline in a fresh process: both stages recorded, with
-    bitwise the weights of the same pipeline run in this process."""
+    bitwise the weights of the same pipeline run in this process.
+
+    ``fresh_process=False`` runs the same CLI commands through ``pipekit_train.cli.main`` in this process instead:
+    for a test suite that proves the fresh process (the backend found by its entry point or ``--import``) on other
+    backends and needs not pay a new interpreter, its imports and its compiles once more per backend.
+    """
     import pipekit
     from pipekit_train import TrainingDataset
     from pipekit_train.data import NpzSource
@@ -458,22 +463,29 @@ def check_runs_a_yaml_pipeline_from_the_cli(backend: str, tmp: Path) -> None:
         ["validate", str(yaml_path), *flags],
         ["run", str(yaml_path), "--run-dir", str(tmp / "cli-run"), "--store", str(store), *flags],
     ]
-    spec = {"imports": [module] if module and not flags else [], "commands": commands}
-    env = dict(os.environ)
-    if folder:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(
-        [sys.executable, "-c", _CLI_SCRIPT, json.dumps(spec)],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
     shown = " && ".join("pipekit-train " + " ".join(c) for c in commands)
-    assert proc.returncode == 0, (
-        f"{backend}: `{shown}` exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
-    )
+    if fresh_process:
+        spec = {"imports": [module] if module and not flags else [], "commands": commands}
+        env = dict(os.environ)
+        if folder:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CLI_SCRIPT, json.dumps(spec)],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, (
+            f"{backend}: `{shown}` exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
+        )
+    else:
+        from pipekit_train.cli import main as cli_main
+
+        for argv in commands:
+            code = cli_main(argv)
+            assert code == 0, f"{backend}: `pipekit-train {' '.join(argv)}` (of `{shown}`) exited with {code}"
     with ArtifactStore(store) as s:
         stored = {a.stage: a for a in s.query()}
     assert sorted(stored) == ["first", "second"], f"{backend}: the CLI run recorded stages {sorted(stored)}"
