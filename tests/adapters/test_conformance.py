@@ -31,7 +31,11 @@ CLI_IN_PROCESS = {"blackjax", "numpyro-mcmc", "numpyro-svi"}
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "backend",
+    # One xdist worker per backend (--dist loadgroup): its framework imported and its programs compiled once.
+    [pytest.param(b, marks=pytest.mark.xdist_group(f"kit-{b}")) for b in BACKENDS],
+)
 def test_adapter_contract(backend, check, tmp_path):
     """Every backend passes the kit: samplers and variational fits its sampler variant (no skips)."""
     if check == "runs_a_yaml_pipeline_from_the_cli" and backend in CLI_IN_PROCESS:
