@@ -12,10 +12,11 @@ does not; it writes only under ``tmp_dir`` (a fresh directory per check)::
     def test_conformance(check, tmp_path):
         CHECKS[check]("my-backend", tmp_path)
 
-Every check trains a tiny regression problem (96 examples of 4 features, a linear target, 30 steps of 16) the way
-users do, through `TrainingLoop`, `pipekit.Sequential` and the CLI. The model is the backend's own
-``example_model(4, 1)`` (see ``adapters/README.md``), the loss `MSE` and the optimizer SGD with momentum, which every
-backend with the ``weights`` capability is expected to honour. A backend that trains otherwise (a sampler, a
+Every check trains a tiny regression problem (96 examples of 4 features, a linear target, 30 steps of 16; every stage
+of every check as long, so that a sampler compiles one program for all of them) the way users do, through
+`TrainingLoop`, `pipekit.Sequential` and the CLI. The model is the backend's own ``example_model(4, 1)`` (see
+``adapters/README.md``), the loss `MSE` and the optimizer SGD with momentum, which every backend with the ``weights``
+capability is expected to honour. A backend that trains otherwise (a sampler, a
 variational fit) gives the loop fields of its own problem on the same data with ``example_fields()`` (a kernel as
 `task`, an ELBO as `loss`), and every check gives it the **sampler variant**: the same checks where they mean
 something (determinism, SIGTERM and a bitwise resume, retention, artifacts and lineage, the registry round trip,
@@ -260,7 +261,7 @@ def check_records_artifacts(backend: str, tmp: Path) -> None:
     import pipekit
     from pipekit_train.provenance import ArtifactStore
 
-    first = _problem(backend, max_steps=10, name="first")
+    first = _problem(backend, name="first")
     store = tmp / "artifacts.sqlite"
     _, last = _run(pipekit.Sequential([first, first.replace(name="second")]), tmp / "run", store=str(store))
     with ArtifactStore(store) as s:
@@ -274,7 +275,7 @@ def check_records_artifacts(backend: str, tmp: Path) -> None:
         assert recorded and not missing, (
             f"{backend}: the {stage} artifact's backend_info {recorded} lacks backend_info() items {missing}"
         )
-        assert recorded.get("steps") == 10, f"{backend}: the {stage} artifact records steps={recorded.get('steps')!r}"
+        assert recorded.get("steps") == 30, f"{backend}: the {stage} artifact records steps={recorded.get('steps')!r}"
         assert artifact.status == "completed", f"{backend}: the {stage} artifact has status {artifact.status!r}"
     parents = stored["second"].parent_ids
     assert parents == (stored["first"].artifact_id,), (
@@ -343,7 +344,7 @@ def check_hands_off_in_a_sequential(backend: str, tmp: Path) -> None:
             starts[ctx.stage] = (ctx.step, ctx.model.weights_hash())
             start_weights[ctx.stage] = ctx.model.weights()
 
-    first = _problem(backend, max_steps=10, name="first", callbacks=(RecordStart(),))
+    first = _problem(backend, name="first", callbacks=(RecordStart(),))
     second = first.replace(name="second")
     model, last = _run(pipekit.Sequential([first, second]), tmp / "seq")
     handed = _read_json(tmp / "seq" / "first" / "artifact.json")
@@ -452,7 +453,7 @@ def check_runs_a_yaml_pipeline_from_the_cli(backend: str, tmp: Path, *, fresh_pr
 
     np.savez(tmp / "data.npz", x=_X, y=_Y)
     data = TrainingDataset(source=NpzSource(path=str(tmp / "data.npz")))
-    first = _problem(backend, dataset=data, val_dataset=None, max_steps=10, name="first")
+    first = _problem(backend, dataset=data, val_dataset=None, name="first")
     pipeline = pipekit.Sequential([first, first.replace(name="second")])
     yaml_path, store = tmp / "pipeline.yaml", tmp / "cli.sqlite"
     yaml_path.write_text(pipekit.dumps(pipeline), encoding="utf-8")
