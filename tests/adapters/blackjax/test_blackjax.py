@@ -86,14 +86,16 @@ def conjugate(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_sigkill_in_warmup_and_in_sampling_then_resume_auto_gives_bitwise_the_same_draws(conjugate, tmp_path):
+def test_sigkill_in_warmup_and_in_sampling_then_resume_auto_gives_bitwise_the_same_draws(
+    conjugate, tmp_path, xla_cache_env
+):
     """A CLI run SIGKILLed after its warm-up checkpoint at 50, resumed with ``--resume auto`` and SIGKILLed again after
     its sampling checkpoint at 250, then resumed to the end: every draw is the uninterrupted run's, byte for byte."""
     straight = conjugate[0]
     np.savez(tmp_path / "data.npz", y=Y)
     text = PIPELINE.format(data=tmp_path / "data.npz")
     resumed = kill_in_warmup_and_in_sampling_then_resume(
-        tmp_path, text, "bj", CHUNK, WARMUP + CHUNK, WARMUP, WARMUP + SAMPLES
+        tmp_path, text, "bj", CHUNK, WARMUP + CHUNK, WARMUP, WARMUP + SAMPLES, xla_cache_env
     )
     assert resumed.posterior.draws.keys() == straight.posterior.draws.keys() == {"mu"}
     for site, value in straight.posterior.draws.items():

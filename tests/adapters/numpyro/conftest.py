@@ -86,17 +86,27 @@ def subprocess_env(cache_dir: Path) -> dict[str, str]:
 
 
 def kill_in_warmup_and_in_sampling_then_resume(
-    work: Path, yaml_text: str, stage: str, warm_kill: int, sample_kill: int, num_warmup: int, total: int
+    work: Path,
+    yaml_text: str,
+    stage: str,
+    warm_kill: int,
+    sample_kill: int,
+    num_warmup: int,
+    total: int,
+    xla_cache_env: dict[str, str] | None = None,
 ) -> Any:
     """SIGKILL a CLI run after its warm-up checkpoint `warm_kill`, resume it with ``--resume auto`` and SIGKILL it
     again after its sampling checkpoint `sample_kill`, then resume it in this process to the end (the same code
-    path as ``--resume auto``). Returns the resumed run's trained model (its posterior)."""
+    path as ``--resume auto``). Returns the resumed run's trained model (its posterior). The two processes share
+    the run's persistent XLA cache when `xla_cache_env` (the ``xla_cache_env`` fixture) is given, else one of their
+    own."""
     import pipekit
     from pipekit_train import run_settings
 
     (work / "p.yaml").write_text(yaml_text)
     run_dir = work / "killed"
     env = subprocess_env(work / "xla-cache")
+    env.update(xla_cache_env or {})
     ckpt_dir = run_dir / stage / "checkpoints"
     cli_run_killed_after(work, run_dir, stage, warm_kill, False, env)
     kept = committed_steps(ckpt_dir)  # what --resume auto restores: the latest (the kill can precede its manifest)
