@@ -27,13 +27,25 @@ def main() -> None:
     parser.add_argument("--check-every", type=int, default=250)
     parser.add_argument("--check-growth", type=float, default=0.25)
     parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument(
+        "--model",
+        choices=("eight_schools", "logistic_regression"),
+        default="eight_schools",
+        help="eight schools (10 scalars, 8 data points: about the cheapest iteration there is) or a logistic "
+        "regression of 2,000 x 8 (9 scalars)",
+    )
     args = parser.parse_args()
 
     from pipekit_train import ArraySource, TrainingDataset, TrainingLoop, run_settings
     from pipekit_train.adapters.numpyro import NUTS, NumpyroModel
 
-    sigma = np.array([15, 10, 16, 11, 9, 11, 10, 18], np.float32)
-    y = np.array([28, 8, -3, 7, -1, 1, 18, 12], np.float32)
+    if args.model == "eight_schools":
+        sigma = np.array([15, 10, 16, 11, 9, 11, 10, 18], np.float32)
+        arrays = {"y": np.array([28, 8, -3, 7, -1, 1, 18, 12], np.float32), "sigma": sigma}
+    else:
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(2000, 8)).astype(np.float32)
+        arrays = {"x": x, "y": (rng.random(2000) < 1 / (1 + np.exp(-(x @ rng.normal(size=8))))).astype(np.float32)}
     until = {
         "ess_bulk_min": 10 * 4 * args.max_draws,
         "check_every": args.check_every,
@@ -41,11 +53,11 @@ def main() -> None:
         "max_draws": args.max_draws,
     }
     loop = TrainingLoop(
-        model_op=NumpyroModel(model="eight_schools"),
-        dataset=TrainingDataset(source=ArraySource(arrays={"y": y, "sigma": sigma})),
+        model_op=NumpyroModel(model=args.model),
+        dataset=TrainingDataset(source=ArraySource(arrays=arrays)),
         task=NUTS(num_warmup=args.warmup, num_chains=4, until=until),
         backend="numpyro-mcmc",
-        batch_size=8,
+        batch_size=len(arrays["y"]),
         max_steps=args.warmup + args.max_draws,
         steps_per_call=args.check_every,
         log_every_n_steps=args.check_every,
@@ -61,6 +73,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "model": args.model,
                 "draws_per_chain": info["draws"],
                 "checks": info["checks"],
                 "check_s": round(check_s, 4),
