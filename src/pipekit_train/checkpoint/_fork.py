@@ -127,11 +127,8 @@ def resolve_fork(spec: str, first_stage: str | None, own_checkpoint_dir: str | N
         raise CheckpointError(
             f"--fork {spec!r}: stage {stage!r} of {run_dir} has no checkpoints ({directory} is missing)"
         )
-    ckpt = Checkpointer(directory, async_save=False)
-    try:
+    with Checkpointer(directory, async_save=False) as ckpt:
         steps = ckpt.steps()
-    finally:
-        ckpt.close()
     if step not in steps:
         near = sorted(steps, key=lambda s: (abs(s - step), s))[:3]
         listed = ", ".join(str(s) for s in sorted(near)) if near else "none"

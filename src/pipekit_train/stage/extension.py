@@ -233,11 +233,8 @@ def extend(
     directory = loop.checkpoint_directory(stage_dir)
     held: list[int] = []
     if loop.checkpoint_settings is not None and os.path.isdir(directory):
-        ckpt = Checkpointer(directory, async_save=False)
-        try:
+        with Checkpointer(directory, async_save=False) as ckpt:
             held = ckpt.steps()
-        finally:
-            ckpt.close()
     if step not in held:
         why = (
             f"its checkpoints in {directory} hold steps {held}"
