@@ -17,7 +17,7 @@ from typing import Any
 
 from pipekit import PipekitError
 
-__all__ = ["DamagedFileError", "read_json", "write_json"]
+__all__ = ["DamagedFileError", "read_json", "write_json", "write_text"]
 
 
 class DamagedFileError(PipekitError):
@@ -34,8 +34,12 @@ def write_json(path: str | os.PathLike[str], data: Any, *, indent: int | None = 
     NaN and infinity are written as Python's JSON does (``NaN``) unless `allow_nan` is false (then refused): a
     metric may legitimately be NaN, a manifest's score may not.
     """
+    write_text(path, json.dumps(data, indent=indent, allow_nan=allow_nan))
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` (and a final newline) to `path` atomically, as `write_json` does."""
     target = Path(path)
-    text = json.dumps(data, indent=indent, allow_nan=allow_nan)
     tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
     try:

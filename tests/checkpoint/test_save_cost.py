@@ -83,15 +83,15 @@ def test_an_orbax_checkpoint_is_ten_fixed_files_and_a_few_data_files_whatever_th
 def test_an_async_save_returns_before_anything_is_written_and_commits_whole(tmp_path, monkeypatch, layout):
     gate, started = threading.Event(), threading.Event()
     threads: dict[str, str] = {}
-    to_host = _checkpointer._to_host
+    host_leaves = _checkpointer._host_leaves
 
-    def gated(tree):
+    def gated(leaves):
         threads["host copy and write"] = threading.current_thread().name
         started.set()
         assert gate.wait(60)
-        return to_host(tree)
+        return host_leaves(leaves)
 
-    monkeypatch.setattr(_checkpointer, "_to_host", gated)
+    monkeypatch.setattr(_checkpointer, "_host_leaves", gated)
     ckpt = Checkpointer(tmp_path, keep=(Last(n=1),), async_save=True, layout=layout)
     try:
         first = small_state()
@@ -282,14 +282,12 @@ def test_the_save_plan_is_made_once_per_structure_and_the_snapshot_is_copy_free(
     with Checkpointer(tmp_path, keep=(Last(n=2),)) as ckpt:
         for i in range(1, 4):
             ckpt.save(i, state=state, data_iter={"i": i}, meta={})
-            tree, _ = _layout._prepare_state(state)
-            assert all(
-                np.shares_memory(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(state))
-            )
+            snapshot = _layout._prepare_state(state)
+            assert all(np.shares_memory(a, np.asarray(b)) for a, b in zip(snapshot.leaves, jax.tree.leaves(state)))
             saved = state
             state = step(state)  # the training step asks to donate the buffers save() holds: they are kept
             assert not any(x.is_deleted() for x in jax.tree.leaves(saved))
-            del tree, saved
+            del snapshot, saved
             ckpt.wait()
             older = state
             state = step(state)  # buffers no save holds are donated as before

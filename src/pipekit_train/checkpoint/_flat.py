@@ -22,7 +22,6 @@ missing later is damage (named by the reader), not an uncommitted save. Deletion
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import secrets
 import shutil
@@ -53,11 +52,11 @@ def _host_bytes(leaf: Any) -> memoryview:
     return memoryview(host.reshape(-1).view(np.uint8).data)
 
 
-def plan_offsets(records: Iterable[dict[str, Any]], hosts: list[Any]) -> int:
-    """Give every leaf record its ``offset`` and ``nbytes`` in ``state.bin``; return the file's size."""
+def plan_offsets(records: Iterable[dict[str, Any]], sizes: Iterable[int]) -> int:
+    """Give every leaf record its ``offset`` and ``nbytes`` (from `sizes`) in ``state.bin``; return the file's
+    size."""
     offset = 0
-    for rec, host in zip(records, hosts, strict=True):
-        nbytes = int(np.asarray(host).nbytes)
+    for rec, nbytes in zip(records, sizes, strict=True):
         offset = -(-offset // ALIGN) * ALIGN
         rec["offset"], rec["nbytes"] = offset, nbytes
         offset += nbytes
@@ -86,11 +85,12 @@ def write_flat(
     hosts: list[Any],
     records: list[dict[str, Any]],
     size: int,
-    data_iter: dict[str, Any],
-    record: dict[str, Any],
+    data_iter: bytes,
+    record: bytes,
 ) -> dict[str, list[Any]]:
-    """Write and commit step `step`; return the manifest's ``files`` map (``[size, sha256]``, or ``[size, None]``
-    for ``state.bin``, whose bytes the per-leaf digests in the record already pin)."""
+    """Write and commit step `step` (`data_iter` and `record` are their files' JSON, encoded); return the manifest's
+    ``files`` map (``[size, sha256]``, or ``[size, None]`` for ``state.bin``, whose bytes the per-leaf digests in
+    the record already pin)."""
     final = directory / str(step)
     tmp = directory / f"{TMP_MARK}{step}-{os.getpid()}-{secrets.token_hex(3)}"
     files: dict[str, list[Any]] = {}
@@ -108,8 +108,7 @@ def write_flat(
         at_save(step)  # `pipekit-train check-resume` kills here: the arrays written, nothing committed
         assert at == size, (at, size)
         files[LEAVES] = [size, None]
-        for name, value in ((DATA_ITER, data_iter), (RECORD, record)):
-            body = json.dumps(value, allow_nan=True).encode()
+        for name, body in ((DATA_ITER, data_iter), (RECORD, record)):
             with open(tmp / name, "wb") as f:
                 f.write(body)
                 f.flush()

@@ -48,16 +48,21 @@ class ManifestEntry:
 
     def to_json(self) -> dict[str, Any]:
         """The entry as plain JSON data (what ``manifest.json`` holds)."""
-        return dataclasses.asdict(self)
+        data = {name: getattr(self, name) for name in _ENTRY_FIELDS}
+        if self.files is not None:  # the one mutable field: the caller gets its own copy
+            data["files"] = {path: list(v) for path, v in self.files.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ManifestEntry:
         """Rebuild an entry from `to_json` output; unknown keys (from a newer writer) are ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs = {k: v for k, v in data.items() if k in _ENTRY_FIELDS}
         if not isinstance(kwargs.get("step"), int) or isinstance(kwargs.get("step"), bool):
             raise ValueError(f"manifest entry needs an int 'step', got {data.get('step')!r}")
         return cls(**kwargs)
+
+
+_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(ManifestEntry))
 
 
 def finite_score(value: Any, what: str) -> float | None:

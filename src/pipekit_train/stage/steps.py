@@ -37,10 +37,10 @@ def first_nonfinite(tree: Any) -> str | None:
     """The path of the first floating-point array of `tree` (a pytree or a flat mapping) holding NaN or infinity."""
     import jax
 
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    for i, leaf in enumerate(jax.tree_util.tree_leaves(tree)):
         host = np.asarray(leaf)
-        if host.dtype.kind in "fc" and not np.isfinite(host).all():
-            return jax.tree_util.keystr(path)
+        if host.dtype.kind in "fc" and not np.isfinite(host).all():  # the paths only now: a save checks each time
+            return jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][i][0])
     return None
 
 
