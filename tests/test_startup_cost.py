@@ -353,19 +353,41 @@ def test_logged_constant_rate_compiles_nothing_and_is_the_programs(warmup: int) 
         assert learning_rate_at(config, 0, 20) == 0.0
 
 
+class _NormalInits(eqx.Module):
+    normal: jax.Array
+    truncated: jax.Array
+    orthogonal: jax.Array
+
+
 @pytest.mark.parametrize(
     ("factory", "kwargs"),
     [
         ("mlp", {"in_size": 5, "out_size": 2, "width_size": 7, "depth": 2}),
         ("classifier", {"in_size": 6, "num_classes": 3, "hidden": (5,), "head_hidden": (4,)}),
+        ("cnn", {"image_size": 8, "out_size": 10}),
+        ("autoencoder", {"in_size": 16, "latent_size": 4, "hidden": [8]}),
+        ("test_normal_inits", {"in_size": 9}),
     ],
 )
 def test_model_building_is_one_program_with_the_eager_bits(factory: str, kwargs: dict[str, Any]) -> None:
     """`EquinoxModel.build` compiles one program (not one per weight: an eager `jax.random.uniform` compiles per
-    shape), and its weights are the eager factory's bit for bit (checkpoints and recorded runs depend on it)."""
+    shape), and its weights are the eager factory's bit for bit (checkpoints and recorded runs depend on it). The
+    builder is compiled at LLVM -O1 on the CPU (`_builder_options`): every built-in factory and the normal,
+    truncated-normal and orthogonal initialisers (erfinv, a QR) are checked here."""
     from pipekit_train.adapters.equinox._adapter import stage_keys
     from pipekit_train.adapters.equinox._model import FACTORIES
     from pipekit_train.adapters.equinox._steps import CompileCounter
+
+    if factory == "test_normal_inits" and factory not in FACTORIES.names():
+
+        @register_model(factory)
+        def normal_inits(key: Any, in_size: int) -> Any:
+            k1, k2, k3 = jax.random.split(key, 3)
+            return _NormalInits(
+                normal=jax.nn.initializers.he_normal()(k1, (in_size, 11)),
+                truncated=jax.random.truncated_normal(k2, -2.0, 2.0, (in_size, 5)) * 0.02,
+                orthogonal=jax.nn.initializers.orthogonal()(k3, (in_size, in_size)),
+            )
 
     op = EquinoxModel(factory=factory, kwargs=kwargs)
     key = stage_keys(3)[0]
