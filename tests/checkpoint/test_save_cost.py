@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -297,3 +298,48 @@ def test_the_save_plan_is_made_once_per_structure_and_the_snapshot_is_copy_free(
         restored, _, _ = ckpt.restore(3, small_state())
     assert len(plans) == 2  # one plan per tree structure, not one per save
     np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(12.0).reshape(3, 4) + 4)
+
+
+class _Flattened:
+    """A pytree node that records the thread of every flatten of it (an Equinox module flattens through Python)."""
+
+    threads: list[str] = []
+
+    def __init__(self, w: jax.Array, empty: tuple[()] = ()) -> None:
+        self.w, self.empty = w, empty
+
+    def flatten_with_keys(self) -> tuple[tuple[tuple[Any, Any], ...], None]:
+        _Flattened.threads.append(threading.current_thread().name)
+        return ((jax.tree_util.GetAttrKey("w"), self.w), (jax.tree_util.GetAttrKey("empty"), self.empty)), None
+
+    def flatten(self) -> tuple[tuple[Any, Any], None]:
+        _Flattened.threads.append(threading.current_thread().name)
+        return (self.w, self.empty), None
+
+    @classmethod
+    def unflatten(cls, _: None, children: Any) -> _Flattened:
+        return cls(*children)
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Flattened, _Flattened.flatten_with_keys, _Flattened.unflatten, _Flattened.flatten
+)
+
+
+def test_the_writer_thread_never_walks_the_state_tree(tmp_path, monkeypatch):
+    """Whatever the background writer does holding the GIL, the training thread waits for: the state is flattened
+    once, on the calling thread, and the writer works on that flat list (sizes and empty containers come from the
+    cached plan). The checkpoint still restores the tree as saved, empty container included."""
+    monkeypatch.setattr(_Flattened, "threads", [])
+    state = {"m": _Flattened(jnp.arange(6.0)), "step": jnp.asarray(3, jnp.int32)}
+    with Checkpointer(tmp_path, keep=(Last(n=2),), async_save=True, layout="flat") as ckpt:
+        for step in (1, 2, 3):
+            ckpt.save(step, state=state, data_iter={"i": step}, meta={})
+        ckpt.wait()
+        assert ckpt.steps() == [2, 3]
+        saved, data_iter, _ = ckpt.restore(3)
+    assert _Flattened.threads and "pipekit-checkpoint-writer" not in _Flattened.threads, _Flattened.threads
+    assert saved == {"m": {"w": saved["m"]["w"], "empty": []}, "step": saved["step"]} and data_iter == {"i": 3}
+    np.testing.assert_array_equal(saved["m"]["w"], np.arange(6.0))
+    lines = (tmp_path / "manifest.json").read_text().splitlines()
+    assert [json.loads(line.rstrip(","))["step"] for line in lines[1:-1]] == [2, 3]  # one entry per line

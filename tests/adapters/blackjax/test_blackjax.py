@@ -139,7 +139,14 @@ class TermAt(Callback, register=False):
         return None  # it interrupts the run; it does not change what is sampled
 
 
-def test_sigterm_in_warmup_and_in_sampling_then_resume_gives_bitwise_the_same_draws(conjugate, tmp_path):
+def test_sigterm_in_warmup_and_in_sampling_then_resume_gives_bitwise_the_same_draws(conjugate, tmp_path, monkeypatch):
+    """Also: a later stage of the same program (the fixture's) traces no NUTS iteration, neither for the chunk
+    (its jit is kept with the program) nor for the draws buffer's shapes (kept with it too)."""
+    from pipekit_train.adapters.blackjax._sampler import BlackjaxBackend
+
+    traced = []
+    one = BlackjaxBackend._one
+    monkeypatch.setattr(BlackjaxBackend, "_one", lambda self, *a: traced.append(1) or one(self, *a))
     straight, _, _ = conjugate
     run_dir = str(tmp_path / "part")
     for at, resume in ((WARMUP - CHUNK, None), (WARMUP + CHUNK, "auto")):  # stop in warm-up, then in sampling
@@ -150,6 +157,7 @@ def test_sigterm_in_warmup_and_in_sampling_then_resume_gives_bitwise_the_same_dr
         resumed, _ = _loop().run()
     for site, value in straight.posterior.draws.items():
         assert resumed.posterior.draws[site].tobytes() == value.tobytes(), site
+    assert traced == []
 
 
 @pytest.mark.parametrize("kernel", [HMC(num_steps=5), MALA()], ids=["HMC", "MALA"])

@@ -249,12 +249,15 @@ class BlackjaxBackend(SamplerControls):
         self._post, self._step, self.schedule = program.post, program.step, program.schedule
         self._adapt_update, self._adapt_final = program.adapt_update, program.adapt_final
         if program.shapes is None:  # tracing one NUTS iteration for its statistics' shapes takes about 0.5 s
-            keys = jax.ShapeDtypeStruct((self.chains, 2), jnp.uint32)
+
+            def stats_of(c: ChainState) -> Any:
+                return self._all_chains(jnp.zeros((self.chains, 2), jnp.uint32), c, jnp.int32(0), 0, False)[1][1]
+
             carry_shape = jax.eval_shape(program.init, program.first_z)
             program.shapes = (
                 jax.eval_shape(jax.vmap(self._post), program.first_z),
                 carry_shape,
-                jax.eval_shape(lambda k, c: self._all_chains(k, c, jnp.int32(0), 0, False)[1][1], keys, carry_shape),
+                jax.eval_shape(stats_of, carry_shape),
             )
         sample, carry_shape, stats = program.shapes
         # The kept draws and their sampler statistics, each ``(kept, chains, ...)``.
