@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import jax
@@ -334,10 +335,14 @@ def test_the_writer_thread_never_walks_the_state_tree(tmp_path, monkeypatch):
     state = {"m": _Flattened(jnp.arange(6.0)), "step": jnp.asarray(3, jnp.int32)}
     with Checkpointer(tmp_path, keep=(Last(n=2),), async_save=True, layout="flat") as ckpt:
         for step in (1, 2, 3):
-            ckpt.save(step, state=state, data_iter={"i": step}, meta={})
+            # The JSON items are copied on the calling thread; any Mapping is JSON data (a dict, as written).
+            ckpt.save(
+                step, state=state, data_iter=MappingProxyType({"i": step}), meta={"m": MappingProxyType({"t": (1,)})}
+            )
         ckpt.wait()
         assert ckpt.steps() == [2, 3]
-        saved, data_iter, _ = ckpt.restore(3)
+        saved, data_iter, meta = ckpt.restore(3)
+    assert meta["m"] == {"t": [1]}
     assert _Flattened.threads and "pipekit-checkpoint-writer" not in _Flattened.threads, _Flattened.threads
     assert saved == {"m": {"w": saved["m"]["w"], "empty": []}, "step": saved["step"]} and data_iter == {"i": 3}
     np.testing.assert_array_equal(saved["m"]["w"], np.arange(6.0))

@@ -214,7 +214,7 @@ class Checkpointer:
         # (callback state after the next evaluation) changes what is written after record_sha256 was computed.
         # A round trip through the C encoder is that deep copy at a fraction of `copy.deepcopy`'s cost (the
         # training thread waits for it); the items are JSON data (checked above), written as JSON.
-        data_iter, meta = json.loads(json.dumps(data_iter)), json.loads(json.dumps(meta))
+        data_iter, meta = _json_copy(data_iter), _json_copy(meta)
         entry = ManifestEntry(
             step=step,
             epoch=_optional(meta, "epoch", int),
@@ -549,6 +549,17 @@ class Checkpointer:
                 _with_io_retry(functools.partial(_delete_step, self.directory / str(step)))
             except OSError as e:
                 logger.warning("could not delete checkpoint step %s in %s: %s", step, self.directory, e)
+
+
+def _json_copy(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of checked JSON data (any `Mapping` becomes a dict, as it is written)."""
+
+    def as_dict(obj: Any) -> Any:
+        if isinstance(obj, Mapping):
+            return dict(obj)
+        raise TypeError(f"{type(obj).__name__} is not JSON data")  # `_check_json` refused it already
+
+    return json.loads(json.dumps(value, default=as_dict))  # type: ignore[no-any-return]
 
 
 class _Job:
