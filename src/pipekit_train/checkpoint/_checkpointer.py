@@ -245,12 +245,12 @@ class Checkpointer:
         if step not in union_select(self.keep, [*own, entry], self.mode):
             return False
         if not self.async_save:
-            self._write(step, snapshot, dict(data_iter), dict(meta), entry)
+            self._write(step, snapshot, data_iter, meta, entry)
             return True
         # Asynchronous: the caller paid only for the copy of the leaves above. Checksums, the write, the commit, the
         # manifest and retention run on the writer thread; the next save or wait() waits for this job first.
         _finish_at_exit(self)
-        self._job = _submit(functools.partial(self._write, step, snapshot, dict(data_iter), dict(meta), entry))
+        self._job = _submit(functools.partial(self._write, step, snapshot, data_iter, meta, entry))
         return True
 
     def _write(
