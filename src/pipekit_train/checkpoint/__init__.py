@@ -13,6 +13,7 @@ from ._errors import CheckpointError as CheckpointError
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CheckpointSaveError as CheckpointSaveError
+from ._layout import HeldState as HeldState
 from ._runs import format_runs_table as format_runs_table
 from ._runs import list_runs as list_runs
 from ._selectors import Average as Average

@@ -40,6 +40,7 @@ from ._layout import (
     _ITEMS,
     FORMAT,
     MANIFEST,
+    HeldState,
     _add_digests,
     _check_json,
     _check_step,
@@ -54,7 +55,6 @@ from ._layout import (
     _remove_stale_tmp,
     _scan,
     _short,
-    _Snapshot,
     _space_note,
     _step,
     _uncommitted_after,
@@ -187,12 +187,27 @@ class Checkpointer:
         return next(iter(picked), None)
 
     # Saving ----------------------------------------------------------------------------------------------
+    def hold(self, state: Any) -> HeldState:
+        """Take `state` now, to `save` it later: what the caller does in between cannot change what is saved.
+
+        A loop can hold the state of step ``s``, dispatch step ``s + 1`` (which may donate the state's buffers or
+        overwrite its NumPy arrays) and then call ``save(s, state=held, ...)`` while the device runs, so the device
+        does not wait for the save's checks and bookkeeping. JAX arrays on the CPU are held as views of their
+        buffers (this waits for them to be computed; a buffer with a view outstanding is not donated), JAX arrays
+        on other devices as device copies, NumPy arrays as copies.
+
+        Raises:
+            CheckpointError: a leaf is not an array (its path is named).
+        """
+        return _prepare_state(state)
+
     def save(self, step: int, *, state: Any, data_iter: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
         """Checkpoint `state` with the data position `data_iter` and `meta`, all in one checkpoint.
 
         Args:
             step: The optimizer step; greater than every step already in the directory.
-            state: A PyTree of arrays (JAX or NumPy). Typed PRNG keys are stored as their key data.
+            state: A PyTree of arrays (JAX or NumPy), or what `hold` returned for one. Typed PRNG keys are stored
+                as their key data.
             data_iter: The data iterator's position (JSON data, e.g. ``iterator.get_state()``).
             meta: JSON data returned by `restore`. The checkpointer reads these keys (all optional) into
                 the manifest: ``score`` (the value of `monitor` now, or ``None``; non-finite counts as
@@ -226,7 +241,8 @@ class Checkpointer:
             stop_reason=_optional(meta, "stop_reason", str),
             time=time.time(),
         )
-        snapshot = _prepare_state(state)  # checks the leaves and snapshots them (views of CPU buffers)
+        # Checks the leaves and snapshots them (views of CPU buffers), unless `hold` did.
+        snapshot = state if isinstance(state, HeldState) else _prepare_state(state)
         self.wait()
         committed = self.manifest()
         if committed and step <= committed[-1].step:
@@ -256,7 +272,7 @@ class Checkpointer:
     def _write(
         self,
         step: int,
-        snapshot: _Snapshot,
+        snapshot: HeldState,
         data_iter: dict[str, Any],
         meta: dict[str, Any],
         entry: ManifestEntry,

@@ -56,8 +56,11 @@ class _Plan(NamedTuple):
     empty: list[list[Any]]  # the None values and empty containers (a flat checkpoint's record keeps them)
 
 
-class _Snapshot(NamedTuple):
-    """One save's state, flattened: the leaves are this save's own (copies or views nothing will change)."""
+class HeldState(NamedTuple):
+    """One save's state, flattened: the leaves are this save's own (copies or views nothing will change).
+
+    `Checkpointer.hold` returns one; `Checkpointer.save` takes it as its `state`.
+    """
 
     treedef: Any
     leaves: list[Any]
@@ -65,12 +68,18 @@ class _Snapshot(NamedTuple):
     nbytes: list[int]
     empty: list[list[Any]]
 
+    def tree(self) -> Any:
+        """The held state as a tree of the original structure (PRNG keys as their key data)."""
+        import jax
+
+        return jax.tree_util.tree_unflatten(self.treedef, self.leaves)
+
 
 _PLANS: dict[Any, _Plan] = {}
 _COPY, _KEY, _HOST, _REPLICATED, _CPU, _KEY_CPU = range(6)  # what `_prepare_state` does with each leaf
 
 
-def _prepare_state(state: Any) -> _Snapshot:
+def _prepare_state(state: Any) -> HeldState:
     """The leaves to write (PRNG keys as key data), flattened, and the per-leaf records: path, shape, dtype (sha256
     comes later, in the background).
 
@@ -122,7 +131,7 @@ def _prepare_state(state: Any) -> _Snapshot:
     copies = [x if isinstance(x, jax.Array) or i in fresh else np.array(x, copy=True) for i, x in enumerate(datas)]
     for i, copy in zip(on_device, jax.device_put([datas[i] for i in on_device], may_alias=False)):
         copies[i] = copy
-    return _Snapshot(treedef, copies, {n: dict(r) for n, r in zip(names, records)}, plan.nbytes, plan.empty)
+    return HeldState(treedef, copies, {n: dict(r) for n, r in zip(names, records)}, plan.nbytes, plan.empty)
 
 
 def _replicated_copy(leaf: Any, name: str) -> np.ndarray:

@@ -9,7 +9,8 @@
   elastic resume, `_elastic`) and is recorded.
 - ``after_chunk(call, data_state)`` after every dispatch (`call`: a `HookCall`, never the engine): save at
   multiples of ``Checkpoint.every_n_steps`` (chunks never cross that boundary, so a resumed run makes the same
-  chunks as an uninterrupted one).
+  chunks as an uninterrupted one). With ``call.may_wait`` (one process) it only takes the state
+  (`Checkpointer.hold`) and returns the rest of the save, which the engine runs once the next chunk is dispatched.
 - ``stop_requested()``: SIGINT/SIGTERM received (the handlers only set a flag; the step finishes first).
 - ``at_end(call, data_state, stop_reason)``: a last save, waiting for asynchronous writes, retention
   (`Checkpointer.prune`, also applied once a resumed checkpoint is accepted), `restore_best`.
@@ -22,26 +23,28 @@ optimizer state, data position, step) continues the run bitwise.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
 import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._warnings import PipekitTrainWarning
-from ..scale._distributed import agree, barrier, gather_data_state, is_primary, local_data_state
+from ..scale._distributed import agree, barrier, gather_data_state, is_primary, local_data_state, process_count
 
 if TYPE_CHECKING:
     from ..stage.steps import HookCall
 from ._checkpointer import Checkpointer
 from ._elastic import refusal, saved_topology, topology_now, topology_text, without_topology
 from ._errors import CheckpointError, CheckpointMismatchError
-from ._layout import _path_name
+from ._layout import HeldState, _path_name
 from ._settings import Checkpoint
 
 #: Configuration that must not change between a checkpoint and the run resuming it.
@@ -320,15 +323,21 @@ class CheckpointHooks:
                 stacklevel=3,
             )
 
-    def after_chunk(self, call: HookCall, data_state: dict[str, Any]) -> None:
+    def after_chunk(self, call: HookCall, data_state: dict[str, Any]) -> Callable[[], None] | None:
         # A signal seen now stops after this chunk and `at_end` writes the checkpoint with its stop_reason; one that
         # arrives during the save below is acted on after the next chunk, so the stop checkpoint always records it.
         # Several processes stop together: a signal one of them saw stops every one after this chunk.
         self.stopping = agree("stop", self.signals.reason)
         if self.stopping is not None and self.signals.reason is None:
             self.signals.reason, self.signals.signum = self.stopping, int(signal.Signals[self.stopping])
-        if self.config is not None and self.config.should_save(call.step) and self.stopping is None:
-            self._save(call, data_state)
+        if self.config is None or not self.config.should_save(call.step) or self.stopping is not None:
+            return None
+        assert self.checkpointer is not None
+        if call.may_wait and process_count() == 1:  # several processes save together, in step
+            held = self.checkpointer.hold(call.backend.state_tree())
+            return functools.partial(self._save, call, data_state, held=held)
+        self._save(call, data_state)
+        return None
 
     def stop_requested(self) -> str | None:
         return self.stopping
@@ -354,13 +363,22 @@ class CheckpointHooks:
             self.checkpointer.close()
 
     # Internals ---------------------------------------------------------------------------------------------
-    def _save(self, call: HookCall, data_state: dict[str, Any], stop_reason: str | None = None) -> None:
+    def _save(
+        self, call: HookCall, data_state: dict[str, Any], stop_reason: str | None = None, held: HeldState | None = None
+    ) -> None:
+        """Save `call.step`: the backend's state now, or `held`, the state `Checkpointer.hold` took at that step
+        (the backend may have moved on by a dispatched chunk since; the engine's records have not)."""
         assert self.checkpointer is not None and self.config is not None
         snap = call.snapshot()
         if self.loop.stop_on_nonfinite:
             from ..stage.steps import NonFiniteWeightsError, first_nonfinite
 
-            bad = first_nonfinite(call.backend.weights_tree())
+            if held is None:
+                weights = call.backend.weights_tree()
+            else:  # the same parts of the held state (`weights_tree`'s keys are `state_tree`'s)
+                state = held.tree()
+                weights = {part: state[part] for part in call.backend.weights_tree()}
+            bad = first_nonfinite(weights)
             if bad is not None:
                 last = f"step {self.last_saved}" if self.last_saved is not None else "none"
                 raise NonFiniteWeightsError(
@@ -391,7 +409,8 @@ class CheckpointHooks:
         if self.fork is not None:  # a resumed fork still records where it was forked from
             meta["fork"] = self.fork
         data_iter = gather_data_state(data_state)  # several processes: every one's position, by process index
-        if self.checkpointer.save(snap.step, state=call.backend.state_tree(), data_iter=data_iter, meta=meta):
+        state = held if held is not None else call.backend.state_tree()
+        if self.checkpointer.save(snap.step, state=state, data_iter=data_iter, meta=meta):
             self.last_saved = snap.step
             call.written(snap.step)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -126,6 +126,18 @@ class Engine:
         self._interrupted = False  # stopped by SIGINT/SIGTERM: the stage will be resumed from its checkpoint
         # A log window whose record is written after the next chunk is dispatched (`_deferrable`), and its lr.
         self._deferred: tuple[list[tuple[int, Mapping[str, Any]]], float] | None = None
+        # The rest of a checkpoint save whose state was taken before the next dispatch (`_finish_save`), and the
+        # seconds its first part took; and whether the backend's last call was dispatched through JAX (returned
+        # JAX arrays: the call may return before the device is done, so the device has work during the save).
+        self._save_rest: tuple[Callable[[], None], float] | None = None
+        self._async = False
+        # A save may finish after the next dispatch only if no callback hears of it then (`on_checkpoint`,
+        # `on_phase`, `on_log`): one reading `ctx.model` there would see the next chunk's weights.
+        self._saves_may_wait = all(
+            getattr(type(cb), hook) is getattr(Callback, hook)
+            for cb in self.callbacks
+            for hook in ("on_checkpoint", "on_phase", "on_log")
+        )
         self.last_train: dict[str, Any] = {}
         self.eval_metrics: dict[str, Any] = {}
         self.evaluated_at: int | None = None
@@ -194,6 +206,8 @@ class Engine:
 
     # The run -----------------------------------------------------------------------------------------------
     def run(self) -> AdapterResult:
+        import jax
+
         loop, ctx = self.loop, self.ctx
         started = now_iso()
         self.writer.open(ctx.run_dir)
@@ -239,8 +253,11 @@ class Engine:
                     metrics = self.backend.train(data, first)
                 # Compiles happen while dispatching: known now, before the chunk's own log decision.
                 compiled_now = CompileWatch.count - self.clock.eval_compiles != compiles
+                self._async = isinstance(metrics["loss"], jax.Array)
                 if self._deferred is not None:  # the previous log window: its chunk is done, this one is queued
                     self._flush_deferred()
+                if self._save_rest is not None:  # the previous chunk's checkpoint, while this one runs
+                    self._finish_save()
                 self.step += n
                 ctx.step, ctx.epoch = self.step, self.epoch_of(self.step)
                 # The divergence check reads the previous dispatch's loss only when it is already computed, so
@@ -252,7 +269,8 @@ class Engine:
                 if self.probe is not None:
                     self.probe.after_chunk(self, first, metrics, data_state)
                 if self.hooks is not None and ctx.stop_reason is None:
-                    self._checkpointing(self.hooks.after_chunk, self._hook_call(), data_state)
+                    may_wait = self._saves_may_wait and self._async and self.step < loop.max_steps
+                    self._checkpointing(self.hooks.after_chunk, self._hook_call(may_wait), data_state)
                 signal_name = self.hooks.stop_requested() if self.hooks is not None else None
                 if signal_name:
                     ctx.request_stop(signal_name)
@@ -265,6 +283,8 @@ class Engine:
                     progress.compiled(wall - data_s)
                 self.clock.chunk(n, wall, data_s, compiled)
                 progress.update(self.step, ctx.epoch, self.last_train.get("loss"), self.clock.recent_step_s())
+            if self._save_rest is not None:  # no next chunk came (a sampler reached `until`)
+                self._finish_save()
             # A signal's stop is resumed later: its records at the stop step are marked (history drops them once
             # the run goes on) and the partial log window stays pending in the checkpoint, so the resumed run
             # writes the uninterrupted run's records (docs/metrics.md).
@@ -291,6 +311,9 @@ class Engine:
             with contextlib.suppress(Exception):  # a deferred log record is written, as it would have been
                 if self._deferred is not None:
                     self._flush_deferred()
+            with contextlib.suppress(Exception):  # and a checkpoint begun before the failure is finished
+                if self._save_rest is not None:
+                    self._finish_save()
             if self.hooks is not None:
                 with contextlib.suppress(Exception):
                     self.hooks.close()
@@ -361,18 +384,46 @@ class Engine:
             return None
         return model_summary(weights)
 
-    def _hook_call(self) -> HookCall:
-        return HookCall(step=self.step, backend=self.backend, snapshot=self.snapshot, written=self.checkpoint_written)
+    def _hook_call(self, may_wait: bool = False) -> HookCall:
+        return HookCall(
+            step=self.step,
+            backend=self.backend,
+            snapshot=self.snapshot,
+            written=self.checkpoint_written,
+            may_wait=may_wait,
+        )
 
     def _checkpointing(self, fn: Any, *args: Any) -> None:
-        """Call a checkpoint hook; when it wrote a checkpoint, its time is a checkpointing phase."""
+        """Call a checkpoint hook; when it wrote a checkpoint, its time is a checkpointing phase.
+
+        A hook that took the state and returned the rest of its save (`HookCall.may_wait`) leaves that rest for
+        `_finish_save`, after the next dispatch: the chunk ending at a save no longer makes the device idle while
+        the host checks the weights, gathers the records and hands the checkpoint to the writer thread.
+        """
         self._saved = False
         t0 = time.perf_counter()
-        fn(*args)
-        if self._saved:
-            seconds = time.perf_counter() - t0
+        rest = fn(*args)
+        seconds = time.perf_counter() - t0
+        if rest is not None:
+            self.clock.checkpoint_s += seconds
+            self._save_rest = (rest, seconds)
+        elif self._saved:
             self.clock.checkpoint_s += seconds
             self._phase("checkpointing", seconds)
+
+    def _finish_save(self) -> None:
+        """The rest of a save begun at the previous chunk; the engine's state (step, records, callbacks) is still
+        that chunk's, so the checkpoint is the one an immediate save would have written."""
+        assert self._save_rest is not None
+        rest, begun = self._save_rest
+        self._save_rest = None
+        self._saved = False
+        t0 = time.perf_counter()
+        rest()
+        seconds = time.perf_counter() - t0
+        self.clock.checkpoint_s += seconds
+        if self._saved:
+            self._phase("checkpointing", begun + seconds)
 
     def _params(self) -> dict[str, Any]:
         from pipekit._yaml import to_plain
@@ -425,8 +476,9 @@ class Engine:
         Waiting for the chunk's metrics at every log step leaves the device idle while the host writes records
         and dispatches the next chunk; with one chunk per log window (`auto`) that was the loop's largest cost
         over a hand-written scan. Only where nothing else happens at this step: no evaluation, epoch end,
-        checkpoint cadence, last step or stop, and no callback reading records (`on_log`), so every record is
-        written with the same values and in the same order, only a chunk later.
+        last step or stop, and no callback reading records (`on_log`), so every record is written with the same
+        values and in the same order, only a chunk later. A checkpoint at this step writes the record first
+        (`snapshot`), whether it is saved now or after the next dispatch (`_finish_save`).
         """
         loop, step = self.loop, self.step
         if step >= loop.max_steps or self.ctx.stop_reason is not None:
@@ -434,8 +486,6 @@ class Engine:
         if loop.val_dataset is not None and step % loop.eval_every_n_steps == 0:
             return False
         if loop.steps_per_epoch and step % loop.steps_per_epoch == 0:
-            return False
-        if self.hooks is not None and any(b and step % b == 0 for b in self.hooks.boundaries()):
             return False
         return all(type(cb).on_log is Callback.on_log for cb in self.callbacks)
 

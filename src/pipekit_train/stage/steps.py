@@ -124,12 +124,18 @@ class HookCall:
         snapshot: The engine's state as plain data (`EngineSnapshot`), taken when a checkpoint is written (it reads
             the pending step losses to the host and checks them).
         written: Tell the engine (and so the callbacks' ``on_checkpoint``) that a checkpoint of that step was written.
+        may_wait: A save due now may be finished after the next chunk is dispatched: the backend dispatches its
+            chunks through JAX (its loss is a JAX array: the call may return before the device is done), the
+            stage goes on (not its last step, no stop asked for), and no callback hears of saves, phases or
+            records (`on_checkpoint`, `on_phase`, `on_log`), where `ctx.model` would already be the next chunk's.
+            The hook then takes the state now and returns the rest of the save.
     """
 
     step: int
     backend: StepBackend
     snapshot: Callable[[], EngineSnapshot]
     written: Callable[[int], None]
+    may_wait: bool = False
 
 
 class StageHooks(Protocol):
@@ -144,8 +150,12 @@ class StageHooks(Protocol):
     def boundaries(self) -> list[int]:
         """Step multiples a fused chunk must not cross (the checkpoint cadence)."""
 
-    def after_chunk(self, call: HookCall, data_state: dict[str, Any]) -> None:
-        """After every dispatch: save when the cadence says so."""
+    def after_chunk(self, call: HookCall, data_state: dict[str, Any]) -> Callable[[], None] | None:
+        """After every dispatch: save when the cadence says so.
+
+        With ``call.may_wait``, a hook may take the state's snapshot now and return the rest of the save; the
+        engine calls it right after dispatching the next chunk, before anything else of that chunk (and at the
+        stage's end or failure, if no next chunk comes), so the device does not idle while the host saves."""
 
     def stop_requested(self) -> str | None:
         """A signal's name when SIGINT/SIGTERM asked the stage to stop."""
