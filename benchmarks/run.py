@@ -18,7 +18,8 @@ Method (see docs/performance.md):
 - Throughput ratio = baseline µs / contender µs: >= 1 means pipekit is at least as fast.
 - Checkpointing (rows 5, 5b) saves at a realistic cadence (every 1,000 steps; 100 for the compute-bound MLP) and
   also reports the ms the training thread blocks in each periodic save, next to one synchronous save by Keras'
-  ``ModelCheckpoint``, ``torch.save`` of a ``state_dict`` and ``np.savez``.
+  ``ModelCheckpoint``, ``torch.save`` of a ``state_dict`` and ``np.savez``. Row 5's pair is interleaved on its own
+  with three times the rounds (see `bench_size`).
 - Time to the first step and peak memory (rows 9, 9b) are whole fresh processes: ``benchmarks/startup.py``.
 - Row 12 (``--only nuts``) times whole sampler runs, pipekit's chunked and checkpointed ``TrainingLoop.run`` against
   NumPyro's own ``MCMC.run``, each one traced afresh as the first run of a process is (see `bench_nuts`).
@@ -488,24 +489,35 @@ BLOCKING: dict[str, list[float]] = {}  # run directory root -> ms the training t
 
 
 def time_saves() -> None:
-    """Record how long the training thread blocks in each periodic save (`CheckpointHooks._save`): everything the
-    loop does for a save before it trains on: the snapshot, the non-finite check, the meta, `Checkpointer.save`
-    (the device copy of the state, waiting for the previous save if it is still being written)."""
+    """Record how long the training thread spends in each periodic save: everything the loop does for a save, on
+    its thread: taking the state (`CheckpointHooks.after_chunk` returning the rest of the save, before the next
+    dispatch) and the rest (`CheckpointHooks._save`, after that dispatch: the non-finite check, the meta,
+    `Checkpointer.save`, waiting for the previous save if it is still being written); or all of it at once."""
     from pipekit_train.checkpoint import _resume
 
     hooks = _resume.CheckpointHooks
     if getattr(hooks._save, "_timed", False):
         return
-    inner = hooks._save
+    inner_save, inner_after = hooks._save, hooks.after_chunk
+    held_ms: dict[int, float] = {}  # id(hooks) -> the time taken to hold the state of the save now pending
 
-    def timed(self: Any, engine: Any, data_state: Any, stop_reason: str | None = None) -> None:
+    def after_chunk(self: Any, call: Any, data_state: Any) -> Any:
         t0 = time.perf_counter()
-        inner(self, engine, data_state, stop_reason)
-        if stop_reason is None and engine.step != self.loop.max_steps:  # periodic saves only, not the final one
-            BLOCKING.setdefault(str(Path(self.directory).parents[2]), []).append((time.perf_counter() - t0) * 1e3)
+        rest = inner_after(self, call, data_state)
+        if rest is not None:
+            held_ms[id(self)] = (time.perf_counter() - t0) * 1e3
+        return rest
+
+    def timed(self: Any, call: Any, data_state: Any, stop_reason: str | None = None, **kw: Any) -> None:
+        t0 = time.perf_counter()
+        inner_save(self, call, data_state, stop_reason, **kw)
+        ms = (time.perf_counter() - t0) * 1e3 + held_ms.pop(id(self), 0.0)
+        if stop_reason is None and call.step != self.loop.max_steps:  # periodic saves only, not the final one
+            BLOCKING.setdefault(str(Path(self.directory).parents[2]), []).append(ms)
 
     timed._timed = True  # type: ignore[attr-defined]
     hooks._save = timed  # type: ignore[method-assign]
+    hooks.after_chunk = after_chunk  # type: ignore[method-assign]
 
 
 class SavePeers:
@@ -724,7 +736,6 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
 
     c_ck = Contender(f"pipekit + Checkpoint({size.ck_every})", with_ck.measure, ck_setup)
     c_ck.error = ck_error
-    contenders += [c_plain, c_ck]
     # The sharded step (explicit shardings on a one-device mesh: `shard_params` forces the mesh) and bfloat16
     # compute, each against the default loop (docs/scale.md).
     sharded = PipekitRuns(x, y, size, os.path.join(root, size.name, "sharded"), mesh={"shard_params": True})
@@ -734,6 +745,10 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
     contenders += [c_sharded, c_bf16]
     t0 = time.perf_counter()
     run_interleaved(contenders, rounds)
+    # Row 5 on its own, the two runs of a round back to back, and 3x the rounds: a few saves' cost is a few
+    # percent of runs of under a second, and this host's speed drifts by more than that within seconds.
+    run_interleaved([c_plain, c_ck], 3 * rounds)
+    contenders += [c_plain, c_ck]
     ck_note = ""
     if c_ck.error is None:
         if not checkpointing_works(with_ck.last_run_dir):
