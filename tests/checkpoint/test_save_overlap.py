@@ -79,10 +79,10 @@ def _params(directory: Path, step: int) -> list[np.ndarray]:
 
 
 def test_a_periodic_save_is_finished_after_the_next_chunk_is_dispatched(tmp_path, events):
-    """The chunk ending at a save is not waited for before the next one is dispatched: the save of step 100 comes
-    after the dispatch of the chunk starting at 100, and holds step 100's state though that chunk was given the
-    same (donated) buffers. The last save, with nothing after it, is made at once. Each checkpoint equals the one
-    a run ending at that step saves last, bit for bit."""
+    """The save's checks and hand-off follow the next dispatch: the save of step 100 comes after the dispatch of
+    the chunk starting at 100, and holds step 100's state though that chunk was given the same (donated) buffers.
+    The last save, with nothing after it, is made at once. Each checkpoint equals the one a run ending at that
+    step saves last, bit for bit."""
     with run_settings(run_dir=str(tmp_path / "long"), store=False):
         _loop(300).run()
     assert events == [
