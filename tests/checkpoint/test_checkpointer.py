@@ -390,7 +390,7 @@ def test_flat_missing_commit_marker_or_tmp_dir_is_ignored_and_the_previous_one_u
 
 
 def test_flat_killed_before_the_rename_leaves_the_previous_checkpoint(tmp_path):
-    """The flat writer dies after writing state.bin, before the rename (its first fsync exits the process)."""
+    """The flat writer dies after writing state.bin, before the rename (its first sync exits the process)."""
     script = textwrap.dedent(
         f"""
         import os, jax.numpy as jnp
@@ -398,7 +398,7 @@ def test_flat_killed_before_the_rename_leaves_the_previous_checkpoint(tmp_path):
         ck = Checkpointer({str(tmp_path)!r}, keep=(Last(n=1),))
         ck.save(1, state={{"w": jnp.ones((4, 4))}}, data_iter={{"i": 1}}, meta={{}})
         ck.wait()
-        _flat.os.fsync = lambda fd: os._exit(0)  # SIGKILL-like: no wait, no close, no cleanup
+        _flat._datasync = _flat.os.fsync = lambda fd: os._exit(0)  # SIGKILL-like: no wait, no close, no cleanup
         ck.save(2, state={{"w": jnp.zeros((400, 100))}}, data_iter={{"i": 2}}, meta={{}})
         ck.wait()
         """

@@ -348,3 +348,73 @@ def test_the_writer_thread_never_walks_the_state_tree(tmp_path, monkeypatch):
     np.testing.assert_array_equal(saved["m"]["w"], np.arange(6.0))
     lines = (tmp_path / "manifest.json").read_text().splitlines()
     assert [json.loads(line.rstrip(","))["step"] for line in lines[1:-1]] == [2, 3]  # one entry per line
+
+
+def test_a_dropped_flat_step_is_set_aside_and_its_files_rewritten_by_the_next_save(tmp_path):
+    """Each save under ``Last(n=1)`` drops the step before it: the dropped directory is renamed aside (a spare) and
+    the next save overwrites its files in place instead of creating four and unlinking four. Every committed step
+    still holds its own bytes, a shorter data position cuts the longer old file, and `close` removes the spare."""
+    ckpt = Checkpointer(tmp_path, keep=(Last(n=1),))
+    inodes = []
+    for step in range(1, 6):
+        state = {"w": jnp.full((64, 8), float(step)), "count": jnp.asarray(step, jnp.int32)}
+        position = {"pos": "x" * (40 - 7 * step)}  # shorter at every save
+        ckpt.save(step, state=state, data_iter=position, meta={"epoch": step})
+        ckpt.wait()
+        names = sorted(p.name for p in tmp_path.iterdir())
+        spares = [n for n in names if n.startswith(".pipekit-spare-")]
+        assert [n for n in names if n not in spares] == [str(step), "manifest.json"]
+        assert len(spares) == (step > 1)  # the step dropped by this save, set aside for the next one
+        inodes.append((tmp_path / str(step) / "state.bin").stat().st_ino)
+        restored, data_iter, meta = ckpt.restore(step, state)
+        for saved, back in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
+            assert np.asarray(back).tobytes() == np.asarray(saved).tobytes()
+        assert data_iter == position and meta["epoch"] == step
+    assert inodes[2:] == inodes[:3]  # step 3 was written into step 1's files, 4 into 2's, 5 into 3's
+    ckpt.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["5", "manifest.json"]
+    assert Checkpointer(tmp_path).restore("latest", None)[1] == {"pos": "x" * 5}
+
+
+def test_a_step_holding_other_files_is_deleted_not_reused(tmp_path):
+    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+        ckpt.save(1, state=small_state(), data_iter={}, meta={})
+        ckpt.wait()
+        (tmp_path / "1" / "notes.txt").write_text("mine")  # not a file the flat layout writes
+        ckpt.save(2, state=small_state(), data_iter={}, meta={})
+        ckpt.wait()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["2", "manifest.json"]
+
+
+SPARE_KILLED = textwrap.dedent(
+    """
+    import os, sys, jax.numpy as jnp
+    from pipekit_train.checkpoint import Checkpointer, Last, _flat
+    ck = Checkpointer(sys.argv[1], keep=(Last(n=1),))
+    for step in (1, 2):
+        ck.save(step, state={"w": jnp.full((100, 10), float(step))}, data_iter={"i": step}, meta={})
+        ck.wait()
+    assert any(p.startswith(".pipekit-spare-") for p in os.listdir(sys.argv[1]))
+    _flat._datasync = lambda fd: os._exit(0)  # dies right after state.bin is rewritten in step 1's old files
+    ck.save(3, state={"w": jnp.full((100, 10), 3.0)}, data_iter={"i": 3}, meta={})
+    ck.wait()
+    """
+)
+
+
+def test_a_kill_while_a_spare_is_rewritten_leaves_the_previous_checkpoint(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SPARE_KILLED, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (tmp,) = [p for p in tmp_path.iterdir() if p.name.startswith(".pipekit-tmp-3-")]  # the spare, half rewritten
+    assert (tmp / "commit_success.txt").exists()  # step 1's marker: a temporary directory is never a step
+    ckpt = Checkpointer(tmp_path, keep=(Last(n=1),))
+    assert ckpt.steps() == [2]
+    state, data_iter, _ = ckpt.restore("latest", {"w": jnp.zeros((100, 10))})
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.full((100, 10), 2.0, np.float32))
+    assert data_iter == {"i": 2}
+    with ckpt:
+        ckpt.save(3, state=state, data_iter={"i": 3}, meta={})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3", "manifest.json"]  # the leftovers removed

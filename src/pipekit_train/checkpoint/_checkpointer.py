@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import threading
 import time
 import warnings
@@ -35,7 +36,7 @@ from ._errors import (
     CheckpointNotFoundError,
     CheckpointSaveError,
 )
-from ._flat import plan_offsets, write_flat
+from ._flat import plan_offsets, retire, write_flat
 from ._layout import (
     _ITEMS,
     FORMAT,
@@ -150,6 +151,7 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._manager: Any = None
         self._cleared_tmp = False  # flat layout: whether a save here removed what a killed writer left
+        self._spare: Path | None = None  # flat layout: a dropped step's directory, for the next save (`retire`)
         self._job: _Job | None = None
         foreign = [e for e in entries.values() if not self._is_own(e)]
         if foreign:
@@ -312,7 +314,8 @@ class Checkpointer:
             texts = [json.dumps(value, allow_nan=True).encode() for value in (data_iter, record)]
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                files = write_flat(self.directory, step, hosts, list(leaves.values()), size, *texts)
+                spare, self._spare = self._spare, None
+                files = write_flat(self.directory, step, hosts, list(leaves.values()), size, *texts, spare=spare)
             except OSError as e:
                 raise CheckpointSaveError(
                     f"saving step {step} to {self.directory} failed{where}: {e}{_space_note(self.directory, e)}; "
@@ -383,6 +386,9 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            if self._spare is not None:
+                shutil.rmtree(self._spare, ignore_errors=True)
+                self._spare = None
             if self._manager is not None:
                 self._manager.close()
                 self._manager = None
@@ -561,6 +567,10 @@ class Checkpointer:
     def _delete(self, doomed: list[int]) -> None:
         """Delete the step directories of `doomed` (process 0 of several); the manifest no longer lists them."""
         for step in doomed if is_primary() else []:
+            if self.layout == "flat" and self._spare is None:
+                self._spare = retire(self.directory / str(step))
+                if self._spare is not None:
+                    continue
             try:
                 _with_io_retry(functools.partial(_delete_step, self.directory / str(step)))
             except OSError as e:

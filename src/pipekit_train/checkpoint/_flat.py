@@ -11,12 +11,13 @@ save with Orbax, which coordinates their writes. A step directory in the flat la
       commit_success.txt   the commit marker, written last
 
 Everything is written into a temporary directory beside the step directories (``.pipekit-tmp-<step>-...``), the
-files and that directory fsynced, then it is renamed to ``<step>`` and the parent fsynced: a crash at any moment
+files and that directory synced, then it is renamed to ``<step>`` and the parent fsynced: a crash at any moment
 leaves either no ``<step>`` or a complete one. A step directory is committed when it has its marker; a file of it
-missing later is damage (named by the reader), not an uncommitted save. Deletion unlinks ``commit_success.txt`` first
-(`_layout._delete_step`), so a half-deleted step reads as uncommitted. Reading never unpickles: leaves are
-`numpy.frombuffer` slices of ``state.bin`` checked against their sha256 before they are used.
-``design/checkpoints.md`` has the argument and the figures.
+missing later is damage (named by the reader), not an uncommitted save. A step that retention drops is renamed
+aside as a spare (`retire`), which the next save renames to its temporary name and overwrites in place; other
+deletions unlink ``commit_success.txt`` first (`_layout._delete_step`), so a half-deleted step reads as uncommitted.
+Reading never unpickles: leaves are `numpy.frombuffer` slices of ``state.bin`` checked against their sha256 before
+they are used. ``design/checkpoints.md`` has the argument and the figures.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ DATA_ITER = "data_iter.json"
 RECORD = "meta.json"
 ALIGN = 64
 TMP_MARK = ".pipekit-tmp-"
+SPARE_MARK = ".pipekit-spare-"
 _COMMIT = "commit_success.txt"
+_FILES = frozenset((LEAVES, DATA_ITER, RECORD, _COMMIT))
+_datasync = getattr(os, "fdatasync", os.fsync)  # the data and the size, not the times (macOS has only fsync)
 
 
 def is_flat(step_dir: Path) -> bool:
@@ -87,42 +91,97 @@ def write_flat(
     size: int,
     data_iter: bytes,
     record: bytes,
+    *,
+    spare: Path | None = None,
 ) -> dict[str, list[Any]]:
     """Write and commit step `step` (`data_iter` and `record` are their files' JSON, encoded); return the manifest's
     ``files`` map (``[size, sha256]``, or ``[size, None]`` for ``state.bin``, whose bytes the per-leaf digests in
-    the record already pin)."""
+    the record already pin).
+
+    `spare` is a dropped step's directory that `retire` set aside: its files are overwritten in place instead of
+    a directory and four files being created here and four files unlinked at the drop.
+    """
     final = directory / str(step)
     tmp = directory / f"{TMP_MARK}{step}-{os.getpid()}-{secrets.token_hex(3)}"
     files: dict[str, list[Any]] = {}
+    reuse = False
+    if spare is not None:
+        try:
+            os.rename(spare, tmp)
+            reuse = True
+        except OSError:  # gone (another checkpointer here cleared it as stale): start afresh
+            shutil.rmtree(spare, ignore_errors=True)
     try:
-        tmp.mkdir()
-        with open(tmp / LEAVES, "wb") as f:
+        if not reuse:
+            tmp.mkdir()
+        with _overwrite(tmp / LEAVES) as f:
             at = 0
             for rec, host in zip(records, hosts, strict=True):
                 if rec["offset"] > at:
                     f.write(b"\0" * (rec["offset"] - at))
                 f.write(_host_bytes(host))
                 at = rec["offset"] + rec["nbytes"]
-            f.flush()
-            os.fsync(f.fileno())
         at_save(step)  # `pipekit-train check-resume` kills here: the arrays written, nothing committed
         assert at == size, (at, size)
         files[LEAVES] = [size, None]
         for name, body in ((DATA_ITER, data_iter), (RECORD, record)):
-            with open(tmp / name, "wb") as f:
+            with _overwrite(tmp / name) as f:
                 f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
             files[name] = [len(body), hashlib.sha256(body).hexdigest()]
-        (tmp / _COMMIT).write_bytes(b"")  # its name is the marker; the directory's fsync makes it durable
-        files[_COMMIT] = [0, hashlib.sha256(b"").hexdigest()]
-        _fsync_dir(tmp)
+        if not reuse:  # a spare has its marker already (a temporary directory's name says it is not a step)
+            (tmp / _COMMIT).write_bytes(b"")  # its name is the marker; the directory's fsync makes it durable
+        files[_COMMIT] = [0, _EMPTY_SHA256]
+        if not reuse:  # a spare's names were made durable when it was first written
+            _fsync_dir(tmp)
         os.rename(tmp, final)  # the commit
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync_dir(directory)
     return files
+
+
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+class _overwrite:
+    """Write a file from its start, keeping the blocks it has (a spare's file of the same size is rewritten in
+    place: no blocks freed and allocated, so `fdatasync` has no metadata to commit), then cut what is left of a
+    longer old content and sync the data."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)  # the umask applies
+        self.file = os.fdopen(self.fd, "wb")
+        self.old = os.fstat(self.fd).st_size
+
+    def __enter__(self) -> Any:
+        return self.file
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        with self.file as f:
+            if exc_type is None:
+                f.flush()
+                if self.old > f.tell():
+                    f.truncate()
+                _datasync(self.fd)
+
+
+def retire(step_dir: Path) -> Path | None:
+    """Take a committed flat step out of the directory in one rename, as a spare for the next `write_flat`.
+
+    The rename uncommits it at once (its new name is no step's). Returns the spare's path, or ``None`` when
+    `step_dir` holds anything but a flat step's four files (the caller deletes it instead).
+    """
+    try:
+        if set(os.listdir(step_dir)) != _FILES:
+            return None
+        spare = step_dir.parent / f"{SPARE_MARK}{os.getpid()}-{secrets.token_hex(3)}"
+        os.rename(step_dir, spare)
+        # Durable before a save overwrites the spare's files: a crash must not find them under the old step's name.
+        _fsync_dir(step_dir.parent)
+    except OSError:
+        return None
+    return spare
 
 
 def read_leaves(step_dir: Path, records: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[str], str | None]:

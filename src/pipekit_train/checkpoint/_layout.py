@@ -21,7 +21,7 @@ import numpy as np
 from .._jsonio import write_text
 from .._warnings import PipekitTrainWarning
 from ._errors import CheckpointError
-from ._flat import DATA_ITER, LEAVES, RECORD, TMP_MARK, empty_containers, is_flat, leaf_paths
+from ._flat import DATA_ITER, LEAVES, RECORD, SPARE_MARK, TMP_MARK, empty_containers, is_flat, leaf_paths
 from ._selectors import ManifestEntry
 
 logger = logging.getLogger("pipekit_train.checkpoint")
@@ -90,14 +90,16 @@ def _prepare_state(state: Any) -> HeldState:
     import jax
 
     leaves, treedef = jax.tree_util.tree_flatten(state)
-    # Where a leaf lives (its sharding) decides how it is copied, so it is part of the structure.
-    signature: tuple[Any, ...] | None = (
-        treedef,
-        *((type(x), *(getattr(x, a, None) for a in ("shape", "dtype", "sharding"))) for x in leaves),
-    )
+    # The plan is keyed by what the records say (structure, shapes, dtypes) and where the first leaf lives. Where
+    # the others live only picks the cheaper copy (a view or a device copy), and any copy `_prepare_state` makes
+    # of a leaf is right wherever it lives; so a sharding per leaf (microseconds each, at every save, while the
+    # device waits) is not looked up.
+    signature: tuple[Any, ...] | None
     try:
+        signature = (treedef, getattr(leaves[0], "sharding", None) if leaves else None)
+        signature += tuple((type(x), x.shape, x.dtype) for x in leaves)
         plan = _PLANS.get(signature)
-    except TypeError:  # an unhashable leaf (refused by _plan_state below with its name)
+    except (AttributeError, TypeError):  # not an array, or unhashable (refused by _plan_state with its name)
         plan, signature = None, None
     if plan is None:
         plan = _plan_state(state)
@@ -110,7 +112,7 @@ def _prepare_state(state: Any) -> HeldState:
     fresh: set[int] = set()  # leaves that are this snapshot's own already (views of CPU buffers, key data copies)
     for leaf, action in zip(leaves, actions, strict=True):
         if action in (_KEY, _KEY_CPU):
-            leaf = jax.random.key_data(leaf)
+            leaf = _key_data(leaf)
         if action == _CPU:  # on the host already: a view of the buffer, no copy (see below)
             leaf = np.asarray(leaf)
         elif action == _KEY_CPU:  # key data is a new (small) array: one memcpy
@@ -129,9 +131,19 @@ def _prepare_state(state: Any) -> HeldState:
     # which their owner may overwrite, are copied here.
     on_device = [i for i, x in enumerate(datas) if isinstance(x, jax.Array)]
     copies = [x if isinstance(x, jax.Array) or i in fresh else np.array(x, copy=True) for i, x in enumerate(datas)]
-    for i, copy in zip(on_device, jax.device_put([datas[i] for i in on_device], may_alias=False)):
-        copies[i] = copy
+    if on_device:
+        for i, copy in zip(on_device, jax.device_put([datas[i] for i in on_device], may_alias=False)):
+            copies[i] = copy
     return HeldState(treedef, copies, {n: dict(r) for n, r in zip(names, records)}, plan.nbytes, plan.empty)
+
+
+def _key_data(key: Any) -> Any:
+    """`jax.random.key_data` of a key array, without a primitive's dispatch where the key holds its data (about
+    100 microseconds of the device's wait at a save)."""
+    import jax
+
+    base = getattr(key, "_base_array", None)  # what key_data returns for a concrete key (jax/_src/prng.py)
+    return base if isinstance(base, jax.Array) else jax.random.key_data(key)
 
 
 def _replicated_copy(leaf: Any, name: str) -> np.ndarray:
@@ -305,10 +317,11 @@ def _is_tmp(name: str) -> bool:
 
 
 def _remove_stale_tmp(directory: Path) -> None:
-    """Remove the temporary directories of saves a killed process left behind (either layout's; never a step)."""
+    """Remove the temporary directories of saves a killed process left behind (either layout's) and its spares
+    (`_flat.retire`); never a step."""
     if directory.is_dir():
         for child in directory.iterdir():
-            if _is_tmp(child.name):
+            if _is_tmp(child.name) or child.name.startswith(SPARE_MARK):
                 shutil.rmtree(child, ignore_errors=True)
 
 
