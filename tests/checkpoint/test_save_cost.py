@@ -386,6 +386,21 @@ def test_a_step_holding_other_files_is_deleted_not_reused(tmp_path):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["2", "manifest.json"]
 
 
+def test_a_step_whose_rename_aside_cannot_be_made_durable_is_removed_not_reused(tmp_path, monkeypatch):
+    from pipekit_train.checkpoint import _flat
+
+    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+        ckpt.save(1, state=small_state(), data_iter={}, meta={})
+        ckpt.wait()
+
+    def failing_fsync(path: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(_flat, "_fsync_dir", failing_fsync)
+    assert _flat.retire(tmp_path / "1") is None  # never handed to a save to overwrite
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
 SPARE_KILLED = textwrap.dedent(
     """
     import os, sys, jax.numpy as jnp

@@ -567,12 +567,13 @@ class Checkpointer:
     def _delete(self, doomed: list[int]) -> None:
         """Delete the step directories of `doomed` (process 0 of several); the manifest no longer lists them."""
         for step in doomed if is_primary() else []:
-            if self.layout == "flat" and self._spare is None:
-                self._spare = retire(self.directory / str(step))
-                if self._spare is not None:
+            step_dir = self.directory / str(step)
+            if self.layout == "flat" and self._spare is None:  # one rename; the next save rewrites its files
+                self._spare = retire(step_dir)
+                if self._spare is not None or not step_dir.exists():
                     continue
             try:
-                _with_io_retry(functools.partial(_delete_step, self.directory / str(step)))
+                _with_io_retry(functools.partial(_delete_step, step_dir))
             except OSError as e:
                 logger.warning("could not delete checkpoint step %s in %s: %s", step, self.directory, e)
 

@@ -22,11 +22,12 @@ they are used. ``design/checkpoints.md`` has the argument and the figures.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,42 +145,41 @@ def write_flat(
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
-class _overwrite:
-    """Write a file from its start, keeping the blocks it has (a spare's file of the same size is rewritten in
-    place: no blocks freed and allocated, so `fdatasync` has no metadata to commit), then cut what is left of a
-    longer old content and sync the data."""
+@contextlib.contextmanager
+def _overwrite(path: Path) -> Iterator[Any]:
+    """A file written from its start, keeping the blocks it has, then cut where the new content ends and synced.
 
-    def __init__(self, path: Path) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)  # the umask applies
-        self.file = os.fdopen(self.fd, "wb")
-        self.old = os.fstat(self.fd).st_size
-
-    def __enter__(self) -> Any:
-        return self.file
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        with self.file as f:
-            if exc_type is None:
-                f.flush()
-                if self.old > f.tell():
-                    f.truncate()
-                _datasync(self.fd)
+    A spare's file rewritten at its old size is changed in place: no blocks are freed or allocated, so `fdatasync`
+    (the data and the size, not the times) has no metadata to commit.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)  # the umask applies
+    with os.fdopen(fd, "wb") as f:
+        old = os.fstat(fd).st_size
+        yield f
+        f.flush()
+        if old > f.tell():
+            f.truncate()
+        _datasync(fd)
 
 
 def retire(step_dir: Path) -> Path | None:
     """Take a committed flat step out of the directory in one rename, as a spare for the next `write_flat`.
 
     The rename uncommits it at once (its new name is no step's). Returns the spare's path, or ``None`` when
-    `step_dir` holds anything but a flat step's four files (the caller deletes it instead).
+    `step_dir` holds anything but a flat step's four files or cannot be renamed (the caller deletes it instead),
+    or when the rename could not be made durable (the spare is then removed).
     """
+    spare = step_dir.parent / f"{SPARE_MARK}{os.getpid()}-{secrets.token_hex(3)}"
     try:
         if set(os.listdir(step_dir)) != _FILES:
             return None
-        spare = step_dir.parent / f"{SPARE_MARK}{os.getpid()}-{secrets.token_hex(3)}"
         os.rename(step_dir, spare)
-        # Durable before a save overwrites the spare's files: a crash must not find them under the old step's name.
-        _fsync_dir(step_dir.parent)
     except OSError:
+        return None
+    try:  # durable before a save overwrites the spare's files: a crash must not find them under the old step's name
+        _fsync_dir(step_dir.parent)
+    except OSError:  # not known to be durable: never overwritten, removed
+        shutil.rmtree(spare, ignore_errors=True)
         return None
     return spare
 
