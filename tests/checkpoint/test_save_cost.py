@@ -160,7 +160,7 @@ CHILD = textwrap.dedent(
     if window == "after-commit":  # step 2 was renamed into place; the manifest does not list it yet
         _checkpointer._write_manifest = kill
     elif layout == "flat":  # state.bin of step 2 is written into the temporary directory, not yet renamed
-        _checkpointer.write_flat.__globals__["os"].fsync = kill
+        _checkpointer.write_flat.__globals__["_datasync"] = kill
     else:  # Orbax is writing step 2 into its temporary directory
         def watch():
             while not any(".orbax-checkpoint-tmp" in name for name in os.listdir(directory)):
