@@ -43,6 +43,7 @@ TMP_MARK = ".pipekit-tmp-"
 SPARE_MARK = ".pipekit-spare-"
 _COMMIT = "commit_success.txt"
 _FILES = frozenset((LEAVES, DATA_ITER, RECORD, _COMMIT))
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _datasync = getattr(os, "fdatasync", os.fsync)  # the data and the size, not the times (macOS has only fsync)
 
 
@@ -129,10 +130,9 @@ def write_flat(
             with _overwrite(tmp / name) as f:
                 f.write(body)
             files[name] = [len(body), hashlib.sha256(body).hexdigest()]
-        if not reuse:  # a spare has its marker already (a temporary directory's name says it is not a step)
-            (tmp / _COMMIT).write_bytes(b"")  # its name is the marker; the directory's fsync makes it durable
         files[_COMMIT] = [0, _EMPTY_SHA256]
-        if not reuse:  # a spare's names were made durable when it was first written
+        if not reuse:  # a spare has its marker, and its names were made durable when it was first written
+            (tmp / _COMMIT).write_bytes(b"")  # its name is the marker; the directory's fsync makes it durable
             _fsync_dir(tmp)
         os.rename(tmp, final)  # the commit
     except BaseException:
@@ -140,9 +140,6 @@ def write_flat(
         raise
     _fsync_dir(directory)
     return files
-
-
-_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 @contextlib.contextmanager
