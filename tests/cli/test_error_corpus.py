@@ -474,6 +474,18 @@ def test_debug_adds_the_traceback(in_corpus: Path, capsys: pytest.CaptureFixture
     assert code == 2 and err.splitlines() == [err.strip()] and err.startswith(expected)
 
 
+def test_debug_lasts_one_call(in_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `main` called in-process with --debug leaves nothing behind: the next command of this process, through any
+    # entry point, prints its error as one line (it once printed tracebacks after an earlier test's --debug).
+    from pipekit_train.cli._schema import main as schema_main
+
+    code, _, err = _run(["validate", "field.yaml", "--debug"], capsys)
+    assert code == 2 and err.startswith("Traceback")
+    assert schema_main(["describe", "TrainingLop"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()] and "did you mean 'TrainingLoop'" in err
+
+
 def test_an_internal_error_says_how_to_report_it(
     in_corpus: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

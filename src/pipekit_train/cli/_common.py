@@ -20,7 +20,8 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 #: The exit code when standard output is a pipe whose reader went away (128 + SIGPIPE, as a shell reports it).
 EXIT_BROKEN_PIPE = 141
 
-#: Set by ``--debug`` (or ``$PIPEKIT_DEBUG=1``): errors print their traceback before the one line.
+#: Set by ``--debug`` for one call of `pipekit-train`'s `main` (restored when it returns): errors print their
+#: traceback before the one line. ``$PIPEKIT_DEBUG=1`` does the same for the whole process.
 DEBUG = False
 
 

@@ -531,8 +531,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `--debug` anywhere before a `--`: `pipekit-train run pipe.yaml --debug` is what people type.
     end = argv.index("--") if "--" in argv else len(argv)
-    _common.DEBUG = "--debug" in argv[:end]
-    argv = [a for i, a in enumerate(argv) if not (i < end and a == "--debug")]
+    debug_before, _common.DEBUG = _common.DEBUG, "--debug" in argv[:end]
+    try:  # for this call only: a caller's later commands in this process print one line again
+        return _parse_and_run([a for i, a in enumerate(argv) if not (i < end and a == "--debug")])
+    finally:
+        _common.DEBUG = debug_before
+
+
+def _parse_and_run(argv: list[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
