@@ -396,9 +396,55 @@ def test_a_step_whose_rename_aside_cannot_be_made_durable_is_removed_not_reused(
     def failing_fsync(path: Path) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(_flat, "_fsync_dir", failing_fsync)
+    monkeypatch.setattr(_flat, "fsync_dir", failing_fsync)
     assert _flat.retire(tmp_path / "1") is None  # never handed to a save to overwrite
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
+def test_a_steady_save_syncs_the_directory_twice_and_commits_before_it_drops(tmp_path, monkeypatch):
+    # Under `Last(n=1)` a save commits its step, lists it, then drops the previous one. The commit's rename is made
+    # durable by the manifest's directory fsync (one journal commit for both renames, where there were two), and
+    # that fsync comes before the previous step is renamed aside: a power cut can never leave the old step gone
+    # while the new one is not durably committed.
+    from pipekit_train.checkpoint import _flat
+
+    events: list[str] = []
+    real_fsync, real_rename, real_replace = os.fsync, os.rename, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "fsync file")
+        real_fsync(fd)
+
+    def rename(src: Any, dst: Any) -> None:
+        events.append(f"rename {Path(src).name[:14]} -> {Path(dst).name[:14]}")
+        real_rename(src, dst)
+
+    def replace(src: Any, dst: Any) -> None:
+        events.append(f"replace -> {Path(dst).name}")
+        real_replace(src, dst)
+
+    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, state=small_state(), data_iter={"i": step}, meta={})
+            ckpt.wait()
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "rename", rename)
+        monkeypatch.setattr(os, "replace", replace)
+        monkeypatch.setattr(_flat, "_datasync", lambda fd: events.append("fdatasync"))
+        ckpt.save(3, state=small_state(), data_iter={"i": 3}, meta={})
+        ckpt.wait()
+    assert events == [
+        "rename .pipekit-spare -> .pipekit-tmp-3",  # step 1's files, set aside by the save of step 2
+        "fdatasync",  # state.bin, data_iter.json, meta.json, overwritten in place
+        "fdatasync",
+        "fdatasync",
+        "rename .pipekit-tmp-3 -> 3",  # the commit
+        "fsync file",  # the manifest's temporary file
+        "replace -> manifest.json",
+        "fsync dir",  # the commit's rename and the manifest's, durable together
+        "rename 2 -> .pipekit-spare",  # only then is step 2 dropped
+        "fsync dir",  # durable before the next save overwrites its files
+    ]
 
 
 SPARE_KILLED = textwrap.dedent(

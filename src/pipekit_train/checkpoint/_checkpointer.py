@@ -36,7 +36,7 @@ from ._errors import (
     CheckpointNotFoundError,
     CheckpointSaveError,
 )
-from ._flat import plan_offsets, retire, write_flat
+from ._flat import fsync_dir, plan_offsets, retire, write_flat
 from ._layout import (
     _ITEMS,
     FORMAT,
@@ -315,7 +315,10 @@ class Checkpointer:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 spare, self._spare = self._spare, None
-                files = write_flat(self.directory, step, hosts, list(leaves.values()), size, *texts, spare=spare)
+                # The manifest's write (`_finalize`) fsyncs the directory: that makes this commit's rename durable.
+                files = write_flat(
+                    self.directory, step, hosts, list(leaves.values()), size, *texts, spare=spare, sync_parent=False
+                )
             except OSError as e:
                 raise CheckpointSaveError(
                     f"saving step {step} to {self.directory} failed{where}: {e}{_space_note(self.directory, e)}; "
@@ -517,6 +520,9 @@ class Checkpointer:
                     self._write_listed(retained)
             except OSError as e:
                 self._entries[entry.step] = entry  # listed by the next manifest write that succeeds
+                if self.layout == "flat":  # the commit's rename (`write_flat` left its fsync to this write)
+                    with contextlib.suppress(OSError):
+                        fsync_dir(self.directory)
                 raise CheckpointSaveError(
                     f"step {entry.step} committed in {self.directory} but {MANIFEST} could not be updated ({e})"
                     f"{_space_note(self.directory, e)}; nothing was deleted"

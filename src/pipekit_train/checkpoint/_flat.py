@@ -11,8 +11,9 @@ save with Orbax, which coordinates their writes. A step directory in the flat la
       commit_success.txt   the commit marker, written last
 
 Everything is written into a temporary directory beside the step directories (``.pipekit-tmp-<step>-...``), the
-files and that directory synced, then it is renamed to ``<step>`` and the parent fsynced: a crash at any moment
-leaves either no ``<step>`` or a complete one. A step directory is committed when it has its marker; a file of it
+files and that directory synced, then it is renamed to ``<step>`` and the parent fsynced (by the checkpointer's
+manifest write, which fsyncs that directory anyway): a crash at any moment leaves either no ``<step>`` or a
+complete one. A step directory is committed when it has its marker; a file of it
 missing later is damage (named by the reader), not an uncommitted save. A step that retention drops is renamed
 aside as a spare (`retire`), which the next save renames to its temporary name and overwrites in place; other
 deletions unlink ``commit_success.txt`` first (`_layout._delete_step`), so a half-deleted step reads as uncommitted.
@@ -95,13 +96,16 @@ def write_flat(
     record: bytes,
     *,
     spare: Path | None = None,
+    sync_parent: bool = True,
 ) -> dict[str, list[Any]]:
     """Write and commit step `step` (`data_iter` and `record` are their files' JSON, encoded); return the manifest's
     ``files`` map (``[size, sha256]``, or ``[size, None]`` for ``state.bin``, whose bytes the per-leaf digests in
     the record already pin).
 
     `spare` is a dropped step's directory that `retire` set aside: its files are overwritten in place instead of
-    a directory and four files being created here and four files unlinked at the drop.
+    a directory and four files being created here and four files unlinked at the drop. With `sync_parent` false
+    the parent's fsync, which makes the commit's rename durable, is the caller's: the checkpointer's manifest
+    write fsyncs the same directory right after (one journal commit for both renames).
     """
     final = directory / str(step)
     tmp = directory / f"{TMP_MARK}{step}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -133,12 +137,13 @@ def write_flat(
         files[_COMMIT] = [0, _EMPTY_SHA256]
         if not reuse:  # a spare has its marker, and its names were made durable when it was first written
             (tmp / _COMMIT).write_bytes(b"")  # its name is the marker; the directory's fsync makes it durable
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
         os.rename(tmp, final)  # the commit
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(directory)
+    if sync_parent:
+        fsync_dir(directory)
     return files
 
 
@@ -174,7 +179,7 @@ def retire(step_dir: Path) -> Path | None:
     except OSError:
         return None
     try:  # durable before a save overwrites the spare's files: a crash must not find them under the old step's name
-        _fsync_dir(step_dir.parent)
+        fsync_dir(step_dir.parent)
     except OSError:  # not known to be durable: never overwritten, removed
         shutil.rmtree(spare, ignore_errors=True)
         return None
@@ -244,7 +249,8 @@ def as_saved(records: dict[str, Any], arrays: dict[str, Any], empties: list[list
     return listify(root)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the names in directory `path` durable (what a rename, a create or an unlink there changed)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
