@@ -80,8 +80,11 @@ class Size:
     ck_long: int  # save (or start), so the end-of-run save finds the same state of the writer in both
 
 
+# The small model's checkpointing pair runs ten periodic saves (10,500 steps), not three: at ~27 µs a step, 3,000
+# steps differ by 80 ms, and a few ms of this host's jitter per run moved row 5 by ±3% (0.948-1.007 over three
+# runs of one tree); the medium and compute-bound pairs already differ by 0.2 s and more.
 SIZES = (
-    Size("small", 64, 2, 32, short=200, long=2000, ck_every=1000, ck_short=500, ck_long=3500),
+    Size("small", 64, 2, 32, short=200, long=2000, ck_every=1000, ck_short=500, ck_long=10500),
     Size("medium", 256, 3, 128, short=100, long=600, ck_every=1000, ck_short=200, ck_long=2200),
     Size("compute-bound", 1024, 4, 256, short=4, long=24, ck_every=100, ck_short=20, ck_long=220),
 )
