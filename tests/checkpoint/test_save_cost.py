@@ -447,6 +447,35 @@ def test_a_steady_save_syncs_the_directory_twice_and_commits_before_it_drops(tmp
     ]
 
 
+def test_a_manifest_that_cannot_be_written_still_syncs_the_commit_and_drops_nothing(tmp_path, monkeypatch):
+    from pipekit_train import CheckpointSaveError
+    from pipekit_train.checkpoint import _flat
+
+    with Checkpointer(tmp_path, keep=(Last(n=1),)) as ckpt:
+        ckpt.save(1, state=small_state(), data_iter={"i": 1}, meta={})
+        ckpt.wait()
+
+        def full_disk(*args: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        synced: list[Path] = []
+        real_fsync_dir = _flat.fsync_dir
+        monkeypatch.setattr(_checkpointer, "_write_manifest", full_disk)
+        monkeypatch.setattr(_checkpointer, "fsync_dir", lambda path: (synced.append(Path(path)), real_fsync_dir(path)))
+        ckpt.save(2, state=small_state(), data_iter={"i": 2}, meta={})
+        with pytest.raises(
+            CheckpointSaveError, match=r"step 2 committed in .* could not be updated .*nothing was deleted"
+        ):
+            ckpt.wait()
+        assert synced == [tmp_path]  # the commit's rename, whose fsync the manifest's write would have done
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "manifest.json"]
+        monkeypatch.undo()
+        ckpt.save(3, state=small_state(), data_iter={"i": 3}, meta={})  # the next write lists what committed
+        ckpt.wait()
+        assert ckpt.steps() == [3]
+    assert json.loads((tmp_path / "manifest.json").read_text())["entries"][0]["step"] == 3
+
+
 SPARE_KILLED = textwrap.dedent(
     """
     import os, sys, jax.numpy as jnp
