@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -412,7 +413,7 @@ def test_a_steady_save_syncs_the_directory_twice_and_commits_before_it_drops(tmp
     real_fsync, real_rename, real_replace = os.fsync, os.rename, os.replace
 
     def fsync(fd: int) -> None:
-        events.append("fsync dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "fsync file")
+        events.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
         real_fsync(fd)
 
     def rename(src: Any, dst: Any) -> None:
