@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -294,13 +296,30 @@ def test_best_only_keep_declines_what_it_would_not_retain(tmp_path):
     assert step_dirs(tmp_path) == [5]
 
 
-def test_manifest_records_each_checkpoint_and_lookups_use_it(tmp_path):
+def test_manifest_records_each_checkpoint_and_lookups_use_it(tmp_path, monkeypatch):
+    from pipekit_train.checkpoint import _checkpointer
+
+    # The writer of step 500 waits until the lookup below has run: a fast one committed it first, by chance.
+    writing, looked = threading.Event(), threading.Event()
+    write_flat = _checkpointer.write_flat
+
+    def held_back(directory: Path, step: int, *args: Any, **kwargs: Any) -> Any:
+        if step == 500:
+            writing.set()
+            assert looked.wait(60)
+        return write_flat(directory, step, *args, **kwargs)
+
+    monkeypatch.setattr(_checkpointer, "write_flat", held_back)
     with Checkpointer(tmp_path, keep=(Best(k=2), Last(n=1)), monitor="validate/acc", mode="max") as ckpt:
         for step, score in [(100, 0.5), (200, 0.8), (300, 0.6), (400, None)]:
             meta = {"score": score, "epoch": step // 100, "stage": "s0", "run_id": "run-a"}
             ckpt.save(step, state=make_state(step, n=8), data_iter={"i": step}, meta=meta)
         ckpt.save(500, state=make_state(5, n=8), data_iter={}, meta={"score": 0.1, "stop_reason": "max_steps"})
-        assert ckpt.latest_step() == 400  # 500 is still being written: only committed checkpoints count
+        assert writing.wait(60)
+        try:
+            assert ckpt.latest_step() == 400  # 500 is still being written: only committed checkpoints count
+        finally:
+            looked.set()
         ckpt.wait()
         assert ckpt.latest_step() == 500
         assert ckpt.best_step() == 200

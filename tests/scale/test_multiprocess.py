@@ -260,6 +260,7 @@ def test_resume_with_another_process_count_continues_and_is_recorded(work: Path)
     """The killed 2x2 run's checkpoint resumed here, by one process with one device: an elastic resume, within float
     tolerance of the uninterrupted 2x2 run, the change recorded (tests/scale/test_elastic.py compares the batches)."""
     assert (work / "moved").is_dir(), "needs the killed run of the test before"
+    from pipekit_train.checkpoint._layout import _uncommitted_reason
     from pipekit_train.cli._main import main
 
     # The kill lands within a poll of step 4's commit: before or after the manifest listed it, as the host's speed
@@ -267,7 +268,7 @@ def test_resume_with_another_process_count_continues_and_is_recorded(work: Path)
     ckdir = work / "moved" / "fit" / "checkpoints"
     manifest = ckdir / "manifest.json"
     listed = {e["step"] for e in json.loads(manifest.read_text())["entries"]} if manifest.exists() else set()
-    committed = {int(p.name) for p in ckdir.iterdir() if p.name.isdigit() and (p / "commit_success.txt").is_file()}
+    committed = {int(p.name) for p in ckdir.iterdir() if p.name.isdigit() and _uncommitted_reason(p) is None}
     unlisted = sorted(committed - listed)  # (the kill may also have left a manifest's temporary file)
     cwd = os.getcwd()
     os.chdir(work)

@@ -316,9 +316,7 @@ class Checkpointer:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 spare, self._spare = self._spare, None
                 # The manifest's write (`_finalize`) fsyncs the directory: that makes this commit's rename durable.
-                files = write_flat(
-                    self.directory, step, hosts, list(leaves.values()), size, *texts, spare=spare, sync_parent=False
-                )
+                files = write_flat(self.directory, step, hosts, list(leaves.values()), size, *texts, spare=spare)
             except OSError as e:
                 raise CheckpointSaveError(
                     f"saving step {step} to {self.directory} failed{where}: {e}{_space_note(self.directory, e)}; "

@@ -96,16 +96,16 @@ def write_flat(
     record: bytes,
     *,
     spare: Path | None = None,
-    sync_parent: bool = True,
 ) -> dict[str, list[Any]]:
     """Write and commit step `step` (`data_iter` and `record` are their files' JSON, encoded); return the manifest's
     ``files`` map (``[size, sha256]``, or ``[size, None]`` for ``state.bin``, whose bytes the per-leaf digests in
     the record already pin).
 
     `spare` is a dropped step's directory that `retire` set aside: its files are overwritten in place instead of
-    a directory and four files being created here and four files unlinked at the drop. With `sync_parent` false
-    the parent's fsync, which makes the commit's rename durable, is the caller's: the checkpointer's manifest
-    write fsyncs the same directory right after (one journal commit for both renames).
+    a directory and four files being created here and four files unlinked at the drop.
+
+    The parent's fsync, which makes the commit's rename durable, is the caller's: the checkpointer's manifest
+    write fsyncs `directory` right after (one journal commit for both renames), before anything is dropped.
     """
     final = directory / str(step)
     tmp = directory / f"{TMP_MARK}{step}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -138,12 +138,10 @@ def write_flat(
         if not reuse:  # a spare has its marker, and its names were made durable when it was first written
             (tmp / _COMMIT).write_bytes(b"")  # its name is the marker; the directory's fsync makes it durable
             fsync_dir(tmp)
-        os.rename(tmp, final)  # the commit
+        os.rename(tmp, final)  # the commit; durable once the caller fsyncs `directory`
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if sync_parent:
-        fsync_dir(directory)
     return files
 
 
