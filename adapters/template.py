@@ -84,7 +84,8 @@ class MyBackend:
     def __init__(self, loop: Any, model: MyModel, optimizer: dict[str, Any]) -> None:
         """`model` is the bound model the core chose for the stage (fresh, or the previous stage's weights)."""
         self.loop, self.model_op = loop, model
-        self.lr, self.momentum = optimizer["lr"], optimizer["momentum"]
+        self.momentum = optimizer["momentum"]
+        self.optimizer, self.max_steps = optimizer, loop.max_steps
         # TODO: your framework's model and optimizer. Copy the incoming weights: never update the caller's arrays.
         self.params = {k: v.copy() for k, v in model.weights().items()}
         self.velocity = {k: np.zeros_like(v) for k, v in self.params.items()}
@@ -101,11 +102,12 @@ class MyBackend:
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> dict[str, Any]:
         """``len(batches)`` optimizer steps from absolute step `step`; metrics with a leading axis when several."""
         losses = []
-        for batch in batches:
+        for i, batch in enumerate(batches):
             loss, grads = self._loss_and_grads(batch)
+            rate = np.float32(self.learning_rate(step + i))  # a function of the step: exact on resume
             for k, g in grads.items():  # TODO: your optimizer's step
                 self.velocity[k] = self.momentum * self.velocity[k] + g
-                self.params[k] = self.params[k] - np.float32(self.lr * self.lr_scale) * self.velocity[k]
+                self.params[k] = self.params[k] - rate * self.velocity[k]
             losses.append(loss)
         return {"loss": np.asarray(losses) if len(losses) > 1 else losses[0]}
 
@@ -126,7 +128,10 @@ class MyBackend:
         self.lr_scale = float(value)
 
     def learning_rate(self, step: int) -> float:
-        return self.lr * self.lr_scale  # TODO: your schedule at `step`, times the multiplier
+        # The scheduled rate (`optimizer_config.schedule`, any kind) at `step`, times the run-time multiplier.
+        from pipekit_train.optim import learning_rate_at  # imports JAX: not at this module's import
+
+        return learning_rate_at(self.optimizer, step, self.max_steps) * self.lr_scale
 
     def optimizer_state(self) -> dict[str, Any]:
         """Optional: the optimizer state the stage ends with (`TrainerCarryState.opt_state` for user code)."""
@@ -164,7 +169,6 @@ def _optimizer(loop: Any) -> dict[str, Any]:
     config = resolve_optimizer_config(loop.optimizer_config)
     unsupported = {  # TODO: what your framework cannot honour
         "optimizer_config.name": config["name"] != "sgd",
-        "optimizer_config.schedule": config["schedule"] != "constant" or config["warmup_steps"] != 0,
         "optimizer_config.nesterov": config.get("nesterov", False),
         "optimizer_config.weight_decay": config.get("weight_decay", 0) != 0,
         "accum": loop.accum != 1,

@@ -99,3 +99,33 @@ def test_a_pipeline_without_checkpoints_is_refused_before_running_anything(tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no stage has a Checkpoint callback" in err[0] and "pipe.yaml" in err[0]
     assert not list((tmp_path / "w").glob("trace-*"))
+
+
+def test_a_validating_stage_is_stopped_between_two_evaluations_and_its_history_compared(
+    tmp_path, monkeypatch, capsys, xla_cache_env
+):
+    """With validation, the plan has a SIGTERM off the validation cadence (where a stop that evaluates, unlike the
+    uninterrupted run, would show: a plateau's lower rate, an early-stopping count, an extra record), and the report
+    compares the logged history of the whole chain with the uninterrupted run's."""
+    _env(monkeypatch, xla_cache_env)
+    stage = STAGE.format(
+        name="fit",
+        steps=24,
+        every=8,
+        extra=(
+            ", {type: ReduceLROnPlateau, patience: 1, factor: 0.5, threshold: 0.5}, {type: EarlyStopping, patience: 50}"
+        ),
+    ).replace(
+        "  callbacks:",
+        "  val_dataset: {type: TrainingDataset, source: {type: NpzSource, path: data.npz}, shuffle: false}\n"
+        "  eval_every_n_steps: 4\n  log_every_n_steps: 2\n  callbacks:",
+    )
+    _workspace(tmp_path, stage)
+    code = main(["check-resume", "pipe.yaml", "--kills", "1", "--work-dir", "w"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "1 asked, and a SIGTERM between two validation passes" in out
+    term = next(line for line in out.splitlines() if "SIGTERM at step" in line)
+    step = int(term.split("SIGTERM at step ")[1].split()[0])
+    assert step > 4 and step % 4 != 0, term
+    assert "logged history: bitwise" in out and "result: bitwise at all 2 kill points" in out

@@ -14,13 +14,15 @@ does not; it writes only under ``tmp_dir`` (a fresh directory per check)::
 
 Every check trains a tiny regression problem (96 examples of 4 features, a linear target, 30 steps of 16; every stage
 of every check as long, so that a sampler compiles one program for all of them) the way users do, through
-`TrainingLoop`, `pipekit.Sequential` and the CLI. The model is the backend's own ``example_model(4, 1)`` (see
-``adapters/README.md``), the loss `MSE` and the optimizer SGD with momentum, which every backend with the ``weights``
-capability is expected to honour. A backend that trains otherwise (a sampler, a
-variational fit) gives the loop fields of its own problem on the same data with ``example_fields()`` (a kernel as
-`task`, an ELBO as `loss`), and every check gives it the **sampler variant**: the same checks where they mean
-something (determinism, SIGTERM and a bitwise resume, retention, artifacts and lineage, the registry round trip,
-the hand-off to a next stage, refusing a foreign model, the CLI), each judged by what the backend is. The backend
+`TrainingLoop`, `pipekit.Sequential` and the CLI, with validation every 10 steps. The model is the backend's own
+``example_model(4, 1)`` (see ``adapters/README.md``), the loss `MSE` and the optimizer SGD with momentum under a
+warm-up cosine schedule (``schedule: warmup_cosine``, 5 warm-up steps: `pipekit_train.optim.schedule_numbers` gives
+its numbers; `pipekit_train.optim.learning_rate_at` the rate at a step), which every backend with the ``weights``
+capability is expected to honour. A backend that trains otherwise (a sampler, a variational fit) gives the loop
+fields of its own problem on the same data with ``example_fields()`` (a kernel as `task`, an ELBO as `loss`), and
+every check gives it the **sampler variant**: the same checks where they mean something (determinism, SIGTERM and
+a bitwise resume, retention, artifacts and lineage, the registry round trip, the hand-off to a next stage, refusing
+a foreign model, the CLI), each judged by what the backend is. The backend
 must be registered in this process before a check runs (an installed entry point, or the module that calls
 `register_backend` imported first).
 
@@ -29,7 +31,13 @@ The checks:
 - ``returns_a_trained_model``: a bound model of the loop's architecture, and the logged training loss went down.
 - ``is_deterministic``: one seed gives bitwise the same weights twice; another seed gives other weights.
 - ``calls_callbacks_in_order``: start, one ``on_step_end`` per step with the right step, evaluations, end.
-- ``resumes_exactly``: a run stopped by SIGTERM and resumed ends with bitwise the weights of an uninterrupted run.
+- ``resumes_exactly``: a run stopped by SIGTERM between two evaluations and resumed ends bitwise where an
+  uninterrupted run ends (weights, callbacks' saved state, logged history), with `ReduceLROnPlateau` and
+  `EarlyStopping` acting on the evaluations where the backend trains weights.
+- ``restores_the_best_checkpoint``: with ``restore_best``, the returned weights are the best checkpoint's and the
+  artifact records that step's validation metrics and the step (``restored``).
+- ``transfers_by_paths``: with the ``transfer`` capability, ``Transfer(paths=example_transfer())`` starts a second
+  stage from the first stage's weights in those parts and fresh weights elsewhere.
 - ``keeps_checkpoints_by_selectors``: ``keep=(Last(n=2),)`` leaves exactly the last two steps on disk and in
   ``manifest.json``, and a warm start (``init_from``) from the latest one starts from the final weights.
 - ``records_artifacts``: one artifact per stage in a SQLite `ArtifactStore`, with the backend's name, its
@@ -66,7 +74,7 @@ __all__ = ["CHECKS", "main"]
 _RNG = np.random.default_rng(0)
 _X = _RNG.normal(size=(96, 4)).astype(np.float32)
 _Y = (_X @ np.array([[1.0], [-2.0], [0.5], [0.0]], np.float32)).astype(np.float32)
-_OPTIMIZER = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
+_OPTIMIZER = {"name": "sgd", "lr": 0.05, "momentum": 0.9, "schedule": "warmup_cosine", "warmup_steps": 5}
 
 
 # The problem ---------------------------------------------------------------------------------------------------
@@ -196,35 +204,145 @@ def check_calls_callbacks_in_order(backend: str, tmp: Path) -> None:
 
 
 def check_resumes_exactly(backend: str, tmp: Path) -> None:
-    """A run stopped by SIGTERM at step 20 and resumed gives bitwise the weights of an uninterrupted run."""
+    """A run stopped by SIGTERM between two evaluations (step 15 of 30: evaluations and checkpoints at 10, 20,
+    30) and resumed ends bitwise where an uninterrupted run ends: the weights, every callback's saved state and
+    the logged history. With the ``weights`` capability the stage also has `ReduceLROnPlateau` and
+    `EarlyStopping`, which act on the evaluations (the warm-up cosine schedule of every check runs under them)."""
     import signal
 
-    from pipekit_train import Callback, Checkpoint, TrainingInterrupted, run_settings
-    from pipekit_train.checkpoint import Last
+    from pipekit_train import Callback, Checkpoint, TrainingInterrupted
+    from pipekit_train.callbacks import EarlyStopping, ReduceLROnPlateau
+    from pipekit_train.checkpoint import Checkpointer, Last
 
-    class TermAt20(Callback, register=False):
+    class TermAt15(Callback, register=False):
+        """SIGTERM after the chunk that reaches step 15, when armed: the loop finishes it, checkpoints, stops."""
+
+        needs_every_step = False  # it only observes: the chunks stay fused (they end at 15, a logging step)
+        armed = False
+
         def on_step_end(self, ctx: Any, metrics: Mapping[str, Any]) -> None:
-            if ctx.step == 20:
-                os.kill(os.getpid(), signal.SIGTERM)  # handled by the loop: finish the step, checkpoint, stop
+            if TermAt15.armed and ctx.step == 15:
+                TermAt15.armed = False
+                os.kill(os.getpid(), signal.SIGTERM)
 
         def fingerprint(self) -> None:
             return None  # it interrupts the run; it does not change what is trained
 
-    ckpt = Checkpoint(every_n_steps=10, keep=(Last(n=1),), async_save=False)
-    full, _ = _run(_problem(backend, callbacks=(ckpt,)), tmp / "full")
+    callbacks: list[Any] = [Checkpoint(every_n_steps=10, keep=(Last(n=1),), async_save=False), TermAt15()]
+    loop = _problem(backend, log_every_n_steps=5)
+    if "weights" in _capabilities(backend) and loop.val_dataset is not None:
+        callbacks += [ReduceLROnPlateau(patience=0, factor=0.5, threshold=0.5), EarlyStopping(patience=10)]
+    loop = loop.replace(callbacks=tuple(callbacks))
+    full, _ = _run(loop, tmp / "full")
+    TermAt15.armed = True
     try:
-        _run(_problem(backend, callbacks=(ckpt, TermAt20())), tmp / "part")
+        _run(loop, tmp / "part")
     except TrainingInterrupted as stop:
         assert stop.reason == "SIGTERM" and stop.artifact.status == "stopped: SIGTERM", (
             f"{backend}: the stopped run reports {stop.reason!r} with status {stop.artifact.status!r}"
         )
     else:
-        raise AssertionError(f"{backend}: SIGTERM at step 20 did not stop the run")
+        raise AssertionError(f"{backend}: SIGTERM at step 15 did not stop the run")
+    finally:
+        TermAt15.armed = False
+    from pipekit_train import run_settings
+
     with run_settings(run_dir=str(tmp / "part"), store=False, resume="auto"):
-        resumed, _ = _problem(backend, callbacks=(ckpt,)).run()
+        resumed, _ = loop.run()
     assert resumed.weights_hash() == full.weights_hash(), (
-        f"{backend}: the weights resumed from step 20 ({resumed.weights_hash()}) differ from an uninterrupted "
+        f"{backend}: the weights resumed from step 15 ({resumed.weights_hash()}) differ from an uninterrupted "
         f"run's ({full.weights_hash()})"
+    )
+
+    def final_callbacks(run: str) -> Any:
+        with Checkpointer(tmp / run / "stage0" / "checkpoints", async_save=False) as ckpt:
+            return ckpt.restore("latest")[2].get("callbacks")
+
+    want, got = final_callbacks("full"), final_callbacks("part")
+    assert got == want, f"{backend}: the callbacks' saved state after the resume is {got}, uninterrupted {want}"
+    from ..cli._check_resume import history_difference
+
+    differs = history_difference(tmp / "full", tmp / "part")
+    assert differs is None, f"{backend}: the logged history after a SIGTERM at step 15 and a resume {differs}"
+
+
+def check_restores_the_best_checkpoint(backend: str, tmp: Path) -> None:
+    """With the ``weights`` capability and validation: ``restore_best`` returns the weights of the best checkpoint
+    (here the one of step 10: ``mode: max`` on ``validate/loss`` makes the worst loss the best), and the artifact
+    records that step's validation metrics and names the step (`TrainingArtifact.restored`)."""
+    if "weights" not in _capabilities(backend):
+        return
+    from pipekit_train import Callback, Checkpoint
+    from pipekit_train.checkpoint import Best, Last
+
+    seen: dict[int, tuple[str, dict[str, float]]] = {}
+
+    class RecordEvals(Callback, register=False):
+        def on_eval_end(self, ctx: Any, metrics: Mapping[str, float]) -> None:
+            seen[ctx.step] = (ctx.model.weights_hash(), dict(metrics))
+
+    ckpt = Checkpoint(every_n_steps=10, keep=(Best(k=1), Last(n=1)), monitor="validate/loss", mode="max")
+    loop = _problem(backend, restore_best=True, callbacks=(ckpt, RecordEvals()))
+    if loop.val_dataset is None:
+        return
+    model, artifact = _run(loop, tmp / "best")
+    best = max(seen, key=lambda step: (seen[step][1]["validate/loss"], -step))
+    assert best != 30, f"{backend}: the validation loss rose over training ({seen}); the check needs it to fall"
+    assert model.weights_hash() == seen[best][0] == artifact.trained_model_hash, (
+        f"{backend}: restore_best returned weights {model.weights_hash()}, the artifact says "
+        f"{artifact.trained_model_hash}, the best checkpoint (step {best}) held {seen[best][0]}"
+    )
+    recorded = {k: v for k, v in artifact.final_metrics.items() if k.startswith("validate/")}
+    assert recorded == seen[best][1], (
+        f"{backend}: the artifact records {recorded} as the validation metrics of the returned model, but the best "
+        f"step {best} evaluated to {seen[best][1]}"
+    )
+    restored = artifact.restored or {}
+    assert restored.get("step") == best and restored.get("last_step") == 30, (
+        f"{backend}: the artifact's restored record is {artifact.restored}, not step {best} of 30"
+    )
+
+
+def check_transfers_by_paths(backend: str, tmp: Path) -> None:
+    """With the ``transfer`` capability: a second stage with ``transfer=Transfer(paths=...)`` (the backend's
+    ``example_transfer()``: some parts of its example model, not all) starts from the first stage's final weights
+    in those parts and from its own fresh weights everywhere else."""
+    if "transfer" not in _capabilities(backend):
+        return
+    import pipekit
+    from pipekit_train import Callback, Transfer
+
+    from ..backends._registry import get_backend
+
+    adapter = get_backend(backend)
+    make = getattr(adapter, "example_transfer", None)
+    assert callable(make), (
+        f"{backend}: it lists the transfer capability but has no example_transfer(), the paths of its example "
+        "model the conformance kit transfers (see adapters/README.md, 'The backend object')"
+    )
+    paths = make()
+    starts: dict[str, Any] = {}
+
+    class RecordStart(Callback, register=False):
+        def on_train_start(self, ctx: Any) -> None:
+            starts[ctx.stage] = ctx.model.weights()
+
+    first = _problem(backend, name="first", callbacks=(RecordStart(),))
+    second = first.replace(name="second", transfer=Transfer(paths=paths), seed=7)
+    _run(pipekit.Sequential([first, second]), tmp / "transfer")
+    from pipekit_train import load_model
+
+    final = load_model(
+        _read_json(tmp / "transfer" / "first" / "final.json")["model_uri"].split("?")[0], tmp / "transfer" / "models"
+    ).weights()
+    fresh = adapter.build(second).weights()
+    got = starts["second"]
+    copied = [k for k in got if np.array_equal(got[k], final[k]) and not np.array_equal(got[k], fresh[k])]
+    kept = [k for k in got if np.array_equal(got[k], fresh[k]) and not np.array_equal(got[k], final[k])]
+    other = [k for k in got if k not in copied and k not in kept]
+    assert copied and kept and not other, (
+        f"{backend}: Transfer(paths={paths}) started the second stage with {copied} from the first stage's final "
+        f"weights, {kept} fresh and {other} neither; it should copy the parts it names and leave the rest fresh"
     )
 
 
@@ -249,6 +367,8 @@ def check_keeps_checkpoints_by_selectors(backend: str, tmp: Path) -> None:
             starts.append(ctx.model.weights_hash())
 
     warm = _problem(backend, max_steps=1, init_from=f"{directory}@latest", callbacks=(RecordStart(),))
+    if warm.optimizer_config.get("warmup_steps"):  # one step: no room for the warm-up
+        warm = warm.replace(optimizer_config={**warm.optimizer_config, "warmup_steps": 0})
     _run(warm, tmp / "warm")
     assert starts == [model.weights_hash()], (
         f"{backend}: a warm start from the checkpoint of step 30 starts from weights {starts}, not the final "
@@ -504,6 +624,8 @@ CHECKS: dict[str, Callable[[str, Path], None]] = {
     "is_deterministic": check_is_deterministic,
     "calls_callbacks_in_order": check_calls_callbacks_in_order,
     "resumes_exactly": check_resumes_exactly,
+    "transfers_by_paths": check_transfers_by_paths,
+    "restores_the_best_checkpoint": check_restores_the_best_checkpoint,
     "keeps_checkpoints_by_selectors": check_keeps_checkpoints_by_selectors,
     "records_artifacts": check_records_artifacts,
     "round_trips_the_model_registry": check_round_trips_the_model_registry,

@@ -230,8 +230,11 @@ class LogToExperiment(Callback):
             client.set_tag(run_id, "pipekit.resumed_at_step", str(ctx.step))
 
     def on_log(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
-        """Log a metrics record's numbers as ``<context>/<name>`` at the record's step (other records: nothing)."""
-        if record.get("type") != "metrics":
+        """Log a metrics record's numbers as ``<context>/<name>`` at the record's step (other records: nothing).
+
+        The records a signal's stop shows (``interrupted``) are left out: an MLflow metric's history cannot take
+        a point back, and the resumed run logs the uninterrupted run's points."""
+        if record.get("type") != "metrics" or record.get("interrupted") is True:
             return
         handle = self._run(ctx)
         if handle is None:

@@ -241,6 +241,7 @@ class Checkpointer:
             mode=self.mode,
             score=finite_score(meta.get("score"), "Checkpointer.save: meta['score']"),
             stop_reason=_optional(meta, "stop_reason", str),
+            resume_point=meta.get("resume_point") is True,
             time=time.time(),
         )
         # Checks the leaves and snapshots them (views of CPU buffers), unless `hold` did.
@@ -259,8 +260,8 @@ class Checkpointer:
                 f"Checkpointer.save: {step_dir} exists but is not a committed checkpoint "
                 f"({_uncommitted_reason(step_dir)}); remove it to save step {step}"
             )
-        own = [e for e in committed if self._is_own(e)]
-        if step not in union_select(self.keep, [*own, entry], self.mode):
+        own = [e for e in committed if self._is_own(e) and not e.resume_point]
+        if not entry.resume_point and step not in union_select(self.keep, [*own, entry], self.mode):
             return False
         if not self.async_save:
             self._write(step, snapshot, data_iter, meta, entry)
@@ -558,9 +559,15 @@ class Checkpointer:
         return doomed
 
     def _retention(self, entries: list[ManifestEntry]) -> tuple[list[ManifestEntry], list[int]]:
-        """(the entries `keep` retains, by step; the steps it does not), over committed `entries`."""
-        own = [e for e in entries if self._is_own(e)]
+        """(the entries `keep` retains, by step; the steps it does not), over committed `entries`.
+
+        A resume point (`ManifestEntry.resume_point`) is kept while it is the latest and never counted by the
+        selectors, so what they keep is what they keep in a run that was never stopped."""
+        own = [e for e in entries if self._is_own(e) and not e.resume_point]
         kept = union_select(self.keep, own, self.mode) | {e.step for e in entries if not self._is_own(e)}
+        latest = max(entries, key=_step, default=None)
+        if latest is not None and latest.resume_point:
+            kept.add(latest.step)
         retained = sorted((e for e in entries if e.step in kept), key=_step)
         return retained, sorted(e.step for e in entries if e.step not in kept)
 

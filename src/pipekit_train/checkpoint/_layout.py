@@ -414,6 +414,7 @@ def _entry_from_checkpoint(step_dir: Path) -> ManifestEntry | None:
         mode=record.get("mode", "min"),
         score=record.get("score"),
         stop_reason=user.get("stop_reason"),
+        resume_point=user.get("resume_point") is True,
         time=float(record.get("time", 0.0)),
     )
 

@@ -167,6 +167,8 @@ class CheckpointHooks:
         self.signals = _Signals()
         self.last_saved: int | None = None
         self.interrupted: tuple[str, int] | None = None
+        # A signal that came as the stage ended anyway: the stage is recorded, then the pipeline stops.
+        self.pending_signal: tuple[str, int] | None = None
         self.stopping: str | None = None
         self.parent_ids: tuple[str, ...] = ()
         self.restored_meta: dict[str, Any] | None = None
@@ -344,15 +346,22 @@ class CheckpointHooks:
 
     def at_end(self, call: HookCall, data_state: dict[str, Any], stop_reason: str | None) -> None:
         try:
+            # The engine stops a stage on a signal only when it would go on (`stop_reason` is then the signal's
+            # name); a signal that came as the stage ended anyway lets it be recorded and stops what follows.
+            interrupted = self.signals.reason is not None and stop_reason == self.signals.reason
             wanted = self.config is not None and (self.config.save_on_end or stop_reason is not None)
             if wanted and self.last_saved != call.step:
-                self._save(call, data_state, stop_reason)
+                self._save(call, data_state, stop_reason, resume_point=interrupted)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
                 self.checkpointer.prune()  # the directory holds what `keep` says, whatever a crash left
             if self.signals.reason is not None:
-                self.interrupted = (self.signals.reason, self.signals.signum)
-            if self.loop.restore_best:
+                signal_ = (self.signals.reason, self.signals.signum)
+                if interrupted:
+                    self.interrupted = signal_
+                else:
+                    self.pending_signal = signal_
+            if self.loop.restore_best and not interrupted:
                 self._restore_best(call)
         finally:
             self.close()
@@ -364,10 +373,19 @@ class CheckpointHooks:
 
     # Internals ---------------------------------------------------------------------------------------------
     def _save(
-        self, call: HookCall, data_state: dict[str, Any], stop_reason: str | None = None, held: HeldState | None = None
+        self,
+        call: HookCall,
+        data_state: dict[str, Any],
+        stop_reason: str | None = None,
+        held: HeldState | None = None,
+        resume_point: bool = False,
     ) -> None:
         """Save `call.step`: the backend's state now, or `held`, the state `Checkpointer.hold` took at that step
-        (the backend may have moved on by a dispatched chunk since; the engine's records have not)."""
+        (the backend may have moved on by a dispatched chunk since; the engine's records have not).
+
+        With `resume_point` (a signal's stop), a step off the periodic cadence is saved as a resume point
+        (`ManifestEntry.resume_point`: unscored, never ranked or counted by `keep`); a step on it is saved as the
+        uninterrupted run saves it."""
         assert self.checkpointer is not None and self.config is not None
         snap = call.snapshot()
         if self.loop.stop_on_nonfinite:
@@ -386,10 +404,13 @@ class CheckpointHooks:
                     f"checkpoint was written for that step (the last good one: {last}). Lower the learning rate, "
                     "set grad_clip_norm, or resume from the last good checkpoint with other settings (init_from)"
                 )
+        resume_point = resume_point and not self.config.should_save(snap.step)
         evaluated_now = snap.evaluated_at == snap.step
         score = snap.last_eval.get(self.config.monitor) if evaluated_now else None
         if score is None and self.config.monitor.startswith("train/") and snap.last_train:
             score = snap.last_train.get(self.config.monitor[len("train/") :])
+        if resume_point:
+            score = None
         meta = {
             "step": snap.step,
             "epoch": snap.epoch,
@@ -406,6 +427,8 @@ class CheckpointHooks:
             "topology": self.topology,
             "topology_changes": self.topology_changes,
         }
+        if resume_point:
+            meta["resume_point"] = True
         if self.fork is not None:  # a resumed fork still records where it was forked from
             meta["fork"] = self.fork
         data_iter = gather_data_state(data_state)  # several processes: every one's position, by process index
@@ -416,7 +439,8 @@ class CheckpointHooks:
 
     def _restore_best(self, call: HookCall) -> None:
         ckpt = self.checkpointer
-        if ckpt is None or ckpt.best_step() is None:
+        best = ckpt.best_step() if ckpt is not None else None
+        if ckpt is None or best is None:
             warnings.warn(
                 f"restore_best: stage {self.info.stage!r} has no scored checkpoint; keeping the last weights",
                 PipekitTrainWarning,
@@ -424,8 +448,9 @@ class CheckpointHooks:
             )
             return
         # The whole training state of the best step: weights, EMA and the optimizer state that goes with them.
-        state, _, _ = ckpt.restore("best", call.backend.state_tree())
+        state, _, meta = ckpt.restore(best, call.backend.state_tree())
         call.backend.load_state_tree(state)
+        call.restored(best, meta)
 
     def _warm_start(self, backend: Any) -> None:
         """Load only the weights of `init_from` (``DIR[@best|@latest|@STEP|@average(last=N)|@average(best=N)]``)."""

@@ -30,6 +30,10 @@ class ManifestEntry:
         mode: ``"min"`` or ``"max"``: which way `score` is better.
         score: The value of `metric` at this step, or ``None`` when unscored (no validation yet, or not finite).
         stop_reason: Why the run stopped, for the checkpoint written at the end of a run; else ``None``.
+        resume_point: Written because a signal stopped the run between two periodic saves: where a resume
+            starts, not a checkpoint `keep` chooses among. Selectors never pick it (it is unscored); it is kept
+            while it is the latest and deleted once a later checkpoint commits, so the kept set is the one an
+            uninterrupted run keeps.
         time: Wall-clock ``time.time()`` of the save call.
         files: ``{relative path: [size, sha256]}`` of the committed files, or ``None`` for an entry rebuilt from
             the checkpoint itself after a crash (its files were never digested).
@@ -43,6 +47,7 @@ class ManifestEntry:
     mode: Mode = "min"
     score: float | None = None
     stop_reason: str | None = None
+    resume_point: bool = False
     time: float = 0.0
     files: dict[str, list[Any]] | None = None
 

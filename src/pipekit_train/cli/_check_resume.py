@@ -34,7 +34,7 @@ from typing import Any
 
 from ._common import EXIT_OK, UsageError, guarded, run_commands
 
-__all__ = ["KillPoint", "add_check_resume_commands", "compare", "main", "plan_kills"]
+__all__ = ["KillPoint", "add_check_resume_commands", "compare", "history_difference", "main", "plan_kills"]
 
 EXIT_DIFFERS = 1
 
@@ -49,11 +49,21 @@ _PART_NAMES = {
 
 @dataclass(frozen=True)
 class StageInfo:
-    """A training stage as the check sees it: its name, step budget and checkpoint cadence (``None``: none)."""
+    """A training stage as the check sees it: its name, step budget, checkpoint cadence (``None``: none) and
+    validation cadence (``None``: no validation)."""
 
     name: str
     steps: int
     every: int | None
+    evals: int | None = None
+
+    def between_evaluations(self, near: int) -> int | None:
+        """The step nearest `near` after a first validation pass and off the validation cadence (``None``: none):
+        a stop there is where a stop that evaluates, unlike the uninterrupted run, would show."""
+        if not self.evals:
+            return None
+        steps = [s for s in range(self.evals + 1, self.steps) if s % self.evals]
+        return min(steps, key=lambda s: (abs(s - near), s)) if steps else None
 
 
 @dataclass(frozen=True)
@@ -75,8 +85,9 @@ class KillPoint:
 
 def plan_kills(stages: Sequence[StageInfo], kills: int) -> list[KillPoint]:
     """`kills` points in run order, spread evenly over all the stages' steps: SIGTERM and SIGKILL alternating, the
-    first one in a checkpointing stage a SIGKILL during the save of a checkpoint step, and (with several stages) at
-    least one in the last stage.
+    first one in a checkpointing stage a SIGKILL during the save of a checkpoint step, (with several stages) at
+    least one in the last stage, and (when a stage validates) at least one SIGTERM between two of its validation
+    passes, a point the others may miss.
 
     Example:
         >>> plan = plan_kills([StageInfo("fit", 12, 4), StageInfo("tune", 8, 4)], 3)
@@ -84,6 +95,8 @@ def plan_kills(stages: Sequence[StageInfo], kills: int) -> list[KillPoint]:
         [('fit', 8, 'SIGKILL', True), ('fit', 10, 'SIGTERM', False), ('tune', 3, 'SIGKILL', False)]
         >>> [(k.step, k.signal) for k in plan_kills([StageInfo("fit", 12, 4)], 2)]
         [(8, 'SIGKILL'), (9, 'SIGTERM')]
+        >>> [(k.step, k.signal) for k in plan_kills([StageInfo("fit", 12, 4, evals=4)], 1)]
+        [(6, 'SIGTERM'), (8, 'SIGKILL')]
     """
     total = sum(s.steps for s in stages)
     places: list[tuple[int, int]] = []  # (stage index, step)
@@ -111,6 +124,7 @@ def plan_kills(stages: Sequence[StageInfo], kills: int) -> list[KillPoint]:
             continue
         points.append(KillPoint(stage.name, step, "SIGTERM" if others % 2 == 0 else "SIGKILL"))
         others += 1
+    points = _with_a_stop_between_evaluations(stages, points)
     order = {s.name: i for i, s in enumerate(stages)}
     out: list[KillPoint] = []
     steps = {s.name: s.steps for s in stages}
@@ -121,6 +135,32 @@ def plan_kills(stages: Sequence[StageInfo], kills: int) -> list[KillPoint]:
             p = KillPoint(p.stage, out[-1].step + 1, p.signal)
         out.append(p)
     return out
+
+
+def _with_a_stop_between_evaluations(stages: Sequence[StageInfo], points: list[KillPoint]) -> list[KillPoint]:
+    """`points` with a SIGTERM between two validation passes of a validating stage: the first SIGTERM of such a
+    stage moved there, else the first such stage's first non-save point made one, else one more point."""
+    by_name = {s.name: s for s in stages}
+
+    def between(p: KillPoint) -> bool:
+        stage = by_name[p.stage]
+        return bool(stage.evals) and p.step > stage.evals and p.step % stage.evals != 0  # type: ignore[operator]
+
+    if any(p.signal == "SIGTERM" and not p.during_save and between(p) for p in points):
+        return points
+    candidates = [p for p in points if not p.during_save and by_name[p.stage].evals]
+    pick = next((p for p in candidates if p.signal == "SIGTERM"), candidates[0] if candidates else None)
+    if pick is not None:
+        step = by_name[pick.stage].between_evaluations(pick.step)
+        if step is not None:
+            return [KillPoint(p.stage, step, "SIGTERM") if p is pick else p for p in points]
+    for stage in stages:  # no point lies in a validating stage that can take one: one more point
+        step = stage.between_evaluations(stage.evals * 3 // 2 if stage.evals else 0)
+        if step is not None:
+            order = {s.name: i for i, s in enumerate(stages)}
+            added = KillPoint(stage.name, step, "SIGTERM")
+            return sorted([*points, added], key=lambda p: (order[p.stage], p.step))
+    return points
 
 
 # The trace and its comparison -------------------------------------------------------------------------------
@@ -318,9 +358,9 @@ def cmd_check_resume(args: argparse.Namespace) -> int:
     stages = []
     for i, (_, loop) in enumerate(found):
         settings = loop.checkpoint_settings
-        stages.append(
-            StageInfo(loop.name or f"stage{i}", int(loop.max_steps), settings.every_n_steps if settings else None)
-        )
+        evals = int(loop.eval_every_n_steps) if loop.val_dataset is not None else None
+        every = settings.every_n_steps if settings else None
+        stages.append(StageInfo(loop.name or f"stage{i}", int(loop.max_steps), every, evals))
     if not any(s.every for s in stages):
         raise UsageError(
             f"{args.pipeline}: no stage has a Checkpoint callback, so nothing can be resumed; add "
@@ -353,6 +393,8 @@ def _check(
 
     shown = ", ".join(f"{s.name}: {s.steps} steps" for s in stages)
     fewer = f" (of {args.kills} asked: the stages have too few steps for more)" if len(kills) < args.kills else ""
+    if len(kills) > args.kills:
+        fewer = f" ({args.kills} asked, and a SIGTERM between two validation passes)"
     print(
         f"check-resume {args.pipeline}: {len(stages)} stage(s) ({shown}); {len(kills)} kill(s){fewer}, "
         f"{len(kills) + 2} runs"
@@ -396,20 +438,54 @@ def _check(
         )
     for v in verdicts:
         print(v.line())
+    logged = None if problems else history_difference(work / "reference", work / "chain")
+    if not problems:
+        print(f"  logged history: {logged or 'bitwise (train, validate and test records of every stage)'}")
     for p in problems:
         print(f"  problem: {p}")
     print(
         "compared after every chunk: the state tree leaf by leaf (weights, optimizer state with the learning-rate "
         "scale, EMA, a sampler's key), the data position, each callback's saved state, the per-step metrics and the "
         "learning rate; callbacks' Python attributes (plain data) name a cause. The per-step RNG key derives from "
-        "the seed and the step."
+        "the seed and the step. At the end, the logged history (metrics.jsonl, as `pipekit-train history` reads it)."
     )
     bad = [v for v in verdicts if v.differs is not None]
-    if bad or problems:
-        print(f"result: NOT bitwise ({len(bad)} of {len(verdicts)} runs differ, {len(problems)} problem(s))")
+    if bad or problems or logged:
+        also = ", the logged history differs" if logged else ""
+        print(f"result: NOT bitwise ({len(bad)} of {len(verdicts)} runs differ{also}, {len(problems)} problem(s))")
         return EXIT_DIFFERS
     print(f"result: bitwise at all {len(kills)} kill points")
     return EXIT_OK
+
+
+def history_difference(reference: Path, chain: Path) -> str | None:
+    """What first differs between the logged histories of two run directories (``None``: they are bitwise equal):
+    every stage's train, validate and test series as `pipekit_train.tracking.history` reads them (a resumed run's
+    records replace the ones it logs again, the records a signal's stop showed are dropped); timings are not
+    compared."""
+    from ..tracking._history import history
+
+    def read(run_dir: Path) -> dict[str, Any]:
+        found = history(str(run_dir)) if run_dir.is_dir() else {}
+        stages = next(iter(found.values()), {})
+        return {st: {c: v for c, v in ctx.items() if c != "time"} for st, ctx in stages.items()}
+
+    want, got = read(reference), read(chain)
+    for stage in sorted(set(want) | set(got), key=lambda st: (st not in want, st)):
+        for context in sorted(set(want.get(stage, {})) | set(got.get(stage, {}))):
+            a, b = want.get(stage, {}).get(context, {}), got.get(stage, {}).get(context, {})
+            for metric in sorted(set(a) | set(b)):
+                sa, sb = a.get(metric), b.get(metric)
+                if sa == sb:
+                    continue
+                if sa is None or sb is None:
+                    return f"differs: stage {stage!r} logged {context}/{metric} in one run only"
+                pairs = list(zip(sa["steps"], sa["values"]))
+                other = list(zip(sb["steps"], sb["values"]))
+                at = next((x for x, y in zip(pairs, other) if x != y), None)
+                where = f"at step {at[0]}" if at is not None else f"in its steps ({len(pairs)} vs {len(other)})"
+                return f"differs: stage {stage!r} {context}/{metric} {where}"
+    return None
 
 
 def _fired(kill: KillPoint, fired: dict[str, Any] | None) -> str:

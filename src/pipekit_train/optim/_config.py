@@ -94,7 +94,16 @@ def _check_value(key: str, value: Any) -> Any:
 
 
 def resolve_optimizer_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Check `config` and fill in the defaults; the keys of the result are exactly those that apply."""
+    """Check `config` and fill in the defaults; the keys of the result are exactly those that apply.
+
+    Keys derived when the optimizer is built (``decay_steps`` from ``max_steps``, ...) are ``None`` in the result,
+    and a resolved config resolves to itself, so a backend may resolve what it was given, and pass either on.
+
+    Example:
+        >>> cfg = resolve_optimizer_config({"name": "sgd", "schedule": "warmup_cosine", "warmup_steps": 5})
+        >>> cfg["decay_steps"] is None and resolve_optimizer_config(cfg) == cfg
+        True
+    """
     if not isinstance(config, Mapping):
         raise ConfigError(f"optimizer_config must be a mapping, got {type(config).__name__}")
     for key in config:
@@ -134,7 +143,8 @@ def resolve_optimizer_config(config: Mapping[str, Any]) -> dict[str, Any]:
         )
     out: dict[str, Any] = {"name": name, "schedule": schedule, "lr": _check_value("lr", config.get("lr", 1e-3))}
     for key, default in allowed.items():
-        out[key] = _check_value(key, config[key]) if key in config else default
+        derived = default is None and config.get(key) is None  # left to the build (a resolved config says so)
+        out[key] = default if key not in config or derived else _check_value(key, config[key])
     if out.get("nesterov") and not out.get("momentum"):
         raise ConfigError(f"optimizer_config.nesterov: true needs momentum > 0, got momentum={out['momentum']!r}")
     if schedule == "onecycle" and out["end_lr"] is not None and out["end_lr"] <= 0:

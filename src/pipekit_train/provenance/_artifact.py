@@ -114,6 +114,10 @@ class TrainingArtifact:
             "parent_artifact", "config_diff"}`` (the parent stage's artifact, also in `parent_ids` when it had one,
             and the unified diff of its recorded configuration against the fork's), or ``None``. Left out of
             `to_dict` when ``None``.
+        restored: What `TrainingLoop.restore_best` returned instead of the last weights: ``{"from": "best",
+            "step", "epoch", "monitor", "score", "last_step", "last_metrics"}`` (the restored checkpoint's step and
+            score; the step the stage ended at and its metrics, which `final_metrics` no longer holds: they are the
+            restored step's), or ``None``. Left out of `to_dict` when ``None``.
         sweep: The sweep trial the stage ran in: ``{"name", "trial", "params", "key"}`` (the sweep's name, the
             trial's number, its ``{field path: value}`` and its key), or ``None`` outside a sweep. Left out of
             `to_dict` when ``None``. ``artifacts query --sweep NAME`` finds a sweep's artifacts.
@@ -148,6 +152,7 @@ class TrainingArtifact:
     code: dict[str, Any] | None = None
     fork: dict[str, Any] | None = None
     sweep: dict[str, Any] | None = None
+    restored: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.artifact_id, str) or not re.fullmatch(r"[0-9a-zA-Z_-]+", self.artifact_id):
@@ -220,6 +225,8 @@ class TrainingArtifact:
             del out["fork"]
         if self.sweep is None:
             del out["sweep"]
+        if self.restored is None:
+            del out["restored"]
         return out
 
     @classmethod

@@ -124,6 +124,10 @@ class Engine:
             self.iterator.set_state(data_state)
         self.window: list[tuple[int, Mapping[str, Any]]] = []
         self._interrupted = False  # stopped by SIGINT/SIGTERM: the stage will be resumed from its checkpoint
+        self._showing_stop = False  # after the stop checkpoint: what the stop shows, which nothing resumes from
+        # `restore_best`: the step whose checkpoint the stage returns, and what that checkpoint recorded.
+        self._restored: tuple[int, Mapping[str, Any]] | None = None
+        self._restored_record: dict[str, Any] | None = None  # what the artifact records of it (`restored`)
         # A log window whose record is written after the next chunk is dispatched (`_deferrable`), and its lr.
         self._deferred: tuple[list[tuple[int, Mapping[str, Any]]], float] | None = None
         # The rest of a checkpoint save whose state was taken before the next dispatch (`_finish_save`), and the
@@ -272,7 +276,9 @@ class Engine:
                     may_wait = self._saves_may_wait and self._async and self.step < loop.max_steps
                     self._checkpointing(self.hooks.after_chunk, self._hook_call(may_wait), data_state)
                 signal_name = self.hooks.stop_requested() if self.hooks is not None else None
-                if signal_name:
+                # A signal stops a stage that would go on; one that comes as the stage ends anyway (its last step, a
+                # callback's stop, a sampler's `until`) lets it finish and be recorded, and stops what comes after.
+                if signal_name and ctx.stop_reason is None and self.step < loop.max_steps and not done(self.step):
                     ctx.request_stop(signal_name)
                     self._interrupted = True
                 wall = time.perf_counter() - t0 - (self.clock.eval_s + self.clock.checkpoint_s - aside)
@@ -285,18 +291,18 @@ class Engine:
                 progress.update(self.step, ctx.epoch, self.last_train.get("loss"), self.clock.recent_step_s())
             if self._save_rest is not None:  # no next chunk came (a sampler reached `until`)
                 self._finish_save()
-            # A signal's stop is resumed later: its records at the stop step are marked (history drops them once
-            # the run goes on) and the partial log window stays pending in the checkpoint, so the resumed run
-            # writes the uninterrupted run's records (docs/metrics.md).
-            self._flush_window(keep=self._interrupted)
             if ctx.stop_reason is not None:
                 status = f"stopped: {ctx.stop_reason}"
-                if loop.val_dataset is not None and self.evaluated_at != self.step:
-                    self._evaluate()
-            if not self._interrupted:
+            if self._interrupted:
+                self._stop_for_resume()
+            else:
                 self._flush_window()
-            if self.hooks is not None:
-                self._checkpointing(self.hooks.at_end, self._hook_call(), self.iterator.get_state(), ctx.stop_reason)
+                if ctx.stop_reason is not None and loop.val_dataset is not None and self.evaluated_at != self.step:
+                    self._evaluate()  # a callback's stop ends the stage: its last weights are evaluated
+                if self.hooks is not None:
+                    self._checkpointing(
+                        self.hooks.at_end, self._hook_call(), self.iterator.get_state(), ctx.stop_reason
+                    )
             for cb in self.callbacks:
                 cb.on_train_end(ctx)
             final = self.final_metrics()
@@ -355,11 +361,16 @@ class Engine:
             ended_at=now_iso(),
             status=status,
             stop_reason=ctx.stop_reason,
+            restored=self._restored_record,
         )
 
     def _emit(self, record: dict[str, Any]) -> None:
-        """Send one record to the writer and to every callback's `on_log`: all of them see the same values."""
-        if self._interrupted and record.get("type") == "metrics":
+        """Send one record to the writer and to every callback's `on_log`: all of them see the same values.
+
+        The metrics a signal's stop shows after its checkpoint (`_stop_for_resume`) are marked ``interrupted``:
+        the history drops them once the resumed run logs on, and writers that cannot take a point back
+        (TensorBoard, MLflow) leave them out."""
+        if self._showing_stop and record.get("type") == "metrics":
             record = {**record, "interrupted": True}
         self.writer.write(record)
         for cb in self.callbacks:
@@ -391,7 +402,34 @@ class Engine:
             snapshot=self.snapshot,
             written=self.checkpoint_written,
             may_wait=may_wait,
+            restored=self.best_restored,
         )
+
+    def _stop_for_resume(self) -> None:
+        """A signal's stop: the stop checkpoint first, holding what the uninterrupted run holds at this step;
+        then what the stop shows.
+
+        The checkpoint is written before anything the uninterrupted run would not compute: its pending log window,
+        its last records and every callback's state are those of a run that goes on from here. Only then does the
+        stop show the partial window's means and a validation pass at the stop step, as records marked
+        ``interrupted`` (the history drops them once the resumed run logs on); no callback hears of that
+        validation (`on_eval_end`), so nothing it decides (a lower learning rate, an early stop) reaches the
+        continuation or the logged events.
+        """
+        if self._deferred is not None:  # an on-cadence record: written as the uninterrupted run writes it
+            self._flush_deferred()
+        if self.hooks is not None:
+            self._checkpointing(self.hooks.at_end, self._hook_call(), self.iterator.get_state(), self.ctx.stop_reason)
+        self._showing_stop = True
+        if self.window:
+            self._flush(self.window, None)
+        if self.loop.val_dataset is not None and self.evaluated_at != self.step:
+            self._evaluate(observe=False)
+
+    def best_restored(self, step: int, meta: Mapping[str, Any]) -> None:
+        """`restore_best` loaded the checkpoint of `step` (whose metadata is `meta`): the stage returns its
+        weights, so the stage's final metrics are that step's (`final_metrics`)."""
+        self._restored = (step, meta)
 
     def _checkpointing(self, fn: Any, *args: Any) -> None:
         """Call a checkpoint hook; when it wrote a checkpoint, its time is a checkpointing phase.
@@ -572,7 +610,9 @@ class Engine:
         self.eval_metrics = last_eval
         self.ctx.last_eval = dict(last_eval)
 
-    def _evaluate(self) -> dict[str, float]:
+    def _evaluate(self, observe: bool = True) -> dict[str, float]:
+        """A validation pass at this step: a record, the progress line and (with `observe`) the callbacks'
+        `on_eval_end`; without `observe` nothing the run goes on from changes (a stop's display)."""
         loop = self.loop
         if self.progress is not None:
             self.progress.set_phase("evaluating")
@@ -589,14 +629,24 @@ class Engine:
         self._emit({"type": "metrics", "context": "validate", "step": self.step, "epoch": self.ctx.epoch, **metrics})
         if self.progress is not None:
             self.progress.evaluated(self.step, self.ctx.epoch, prefixed)
-        for cb in self.callbacks:
-            cb.on_eval_end(self.ctx, prefixed)
+        if observe:
+            for cb in self.callbacks:
+                cb.on_eval_end(self.ctx, prefixed)
         return prefixed
 
     def final_metrics(self) -> dict[str, float]:
+        """The stage's metrics for its artifact and the next stage: those of the model it returns.
+
+        After `restore_best`, the restored step's: its validation metrics (recorded with its checkpoint, or
+        computed now when that checkpoint was scored without a validation pass there) and the train window
+        logged last before it; the last step's go to the artifact's ``restored`` record with the step.
+        The test split is evaluated on the returned model.
+        """
         out = {f"train/{k}": v for k, v in self.last_train.items()}
         out.update(self.eval_metrics)
         loop = self.loop
+        if self._restored is not None:
+            out = self._restored_metrics(out)
         if loop.test_dataset is not None:
             t0 = time.perf_counter()
             metrics = evaluate(self.backend, loop.test_dataset, loop.eval_batch_size or loop.batch_size, loop)
@@ -605,6 +655,30 @@ class Engine:
             self._phase("evaluating", seconds)
             self._emit({"type": "metrics", "context": "test", "step": self.step, "epoch": self.ctx.epoch, **metrics})
             out.update({f"test/{k}": v for k, v in metrics.items()})
+        return out
+
+    def _restored_metrics(self, last: dict[str, float]) -> dict[str, float]:
+        """The final metrics of the step `restore_best` loaded (see `final_metrics`); records which step it was."""
+        assert self._restored is not None
+        step, meta = self._restored
+        out = {f"train/{k}": float(v) for k, v in dict(meta.get("last_train") or {}).items()}
+        last_eval = {k: v for k, v in dict(meta.get("last_eval") or {}).items() if not k.startswith("_")}
+        evaluated_at = meta.get("evaluated_at", dict(meta.get("last_eval") or {}).get("_step"))
+        if last_eval and evaluated_at is not None and int(evaluated_at) == step:
+            out.update({k: float(v) for k, v in last_eval.items()})
+        elif self.loop.val_dataset is not None:  # scored on a train metric: evaluate the restored weights now
+            loop = self.loop
+            metrics = evaluate(self.backend, loop.val_dataset, loop.eval_batch_size or loop.batch_size, loop)
+            out.update({f"validate/{k}": v for k, v in metrics.items()})
+        self._restored_record = {
+            "from": "best",
+            "step": step,
+            "epoch": meta.get("epoch"),
+            "monitor": self.loop.checkpoint_settings.monitor if self.loop.checkpoint_settings is not None else None,
+            "score": meta.get("score"),
+            "last_step": self.step,
+            "last_metrics": {k: float(v) for k, v in last.items()},
+        }
         return out
 
 

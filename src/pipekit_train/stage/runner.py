@@ -527,6 +527,9 @@ def finish(
         _write_final(info, result.step, result.epoch, artifact.artifact_id, model_uri)
     _record_in_store(artifact, settings, info)
     barrier("stage-end")  # several processes: none goes on before process 0 has recorded the stage
+    pending = getattr(hooks, "pending_signal", None)
+    if pending is not None:  # a signal came as the stage ended: it is recorded, and the pipeline stops here
+        raise TrainingInterrupted(pending[0], artifact, pending[1])
     new_state = TrainerCarryState(
         model=result.model,
         opt_state=result.opt_state,
@@ -637,6 +640,7 @@ def _build_artifact(
         preset=preset_record(loop),
         code=settings.code.record if settings.code is not None else None,
         fork=fork,
+        restored=result.restored,
         user=fields or None,  # every other key a callback set: kept, never dropped
         sweep=settings.sweep,
     )

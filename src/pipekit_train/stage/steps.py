@@ -129,6 +129,8 @@ class HookCall:
             stage goes on (not its last step, no stop asked for), and no callback hears of saves, phases or
             records (`on_checkpoint`, `on_phase`, `on_log`), where `ctx.model` would already be the next chunk's.
             The hook then takes the state now and returns the rest of the save.
+        restored: Tell the engine that `restore_best` loaded the checkpoint of a step, with that checkpoint's
+            metadata: the stage's final metrics become that step's.
     """
 
     step: int
@@ -136,6 +138,7 @@ class HookCall:
     snapshot: Callable[[], EngineSnapshot]
     written: Callable[[int], None]
     may_wait: bool = False
+    restored: Callable[[int, Mapping[str, Any]], None] = lambda step, meta: None
 
 
 class StageHooks(Protocol):
@@ -161,7 +164,10 @@ class StageHooks(Protocol):
         """A signal's name when SIGINT/SIGTERM asked the stage to stop."""
 
     def at_end(self, call: HookCall, data_state: dict[str, Any], stop_reason: str | None) -> None:
-        """After the last step: a final save, waiting for background writes, `restore_best`."""
+        """After the last step: a final save, waiting for background writes, `restore_best`.
+
+        `stop_reason` is the signal's name when a signal stopped the stage (it resumes from this save: no
+        `restore_best` then)."""
 
     def close(self) -> None:
         """Release what the hooks hold (signal handlers, writers), also after an error."""
@@ -187,3 +193,5 @@ class AdapterResult:
     status: str = "completed"
     stop_reason: str | None = None
     rng: Any = None
+    #: `restore_best`: the restored step and the last step's metrics (`TrainingArtifact.restored`), else ``None``.
+    restored: dict[str, Any] | None = None

@@ -323,6 +323,8 @@ class TensorBoardWriter(MetricWriter):
             rows = "\n".join(f"| {k} | {_plain(v)} |" for k, v in _flatten(_values(record)).items())
             summary = text_pb("params", "| name | value |\n|---|---|\n" + rows)
         elif kind == "metrics":
+            if record.get("interrupted") is True:  # what a signal's stop shows: no event file takes it back
+                return
             context = record.get("context", "train")
             summary = summary_pb2.Summary()
             for name, value in _flatten(_values(record)).items():

@@ -76,7 +76,8 @@ class NumpyLinearBackend:
     def __init__(self, loop: Any, model: NumpyLinear, optimizer: dict[str, Any]) -> None:
         """`model` is the bound model the core chose for the stage (fresh, or the previous stage's weights)."""
         self.loop, self.model_op = loop, model
-        self.lr, self.momentum = optimizer["lr"], optimizer["momentum"]
+        self.momentum = optimizer["momentum"]
+        self.optimizer, self.max_steps = optimizer, loop.max_steps
         self.params = {k: v.copy() for k, v in model.weights().items()}  # our own copies, never the caller's arrays
         self.velocity = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.lr_scale = 1.0
@@ -91,11 +92,12 @@ class NumpyLinearBackend:
 
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> dict[str, Any]:
         losses = []
-        for batch in batches:
+        for i, batch in enumerate(batches):
             loss, grads = self._loss_and_grads(batch)
+            rate = np.float32(self.learning_rate(step + i))  # a function of the step: exact on resume
             for k, g in grads.items():  # heavy-ball momentum, as optax.sgd: v = m * v + g; p -= lr * v
                 self.velocity[k] = self.momentum * self.velocity[k] + g
-                self.params[k] = self.params[k] - np.float32(self.lr * self.lr_scale) * self.velocity[k]
+                self.params[k] = self.params[k] - rate * self.velocity[k]
             losses.append(loss)
         return {"loss": np.asarray(losses) if len(losses) > 1 else losses[0]}
 
@@ -115,7 +117,10 @@ class NumpyLinearBackend:
         self.lr_scale = float(value)
 
     def learning_rate(self, step: int) -> float:
-        return self.lr * self.lr_scale
+        # The scheduled rate (`optimizer_config.schedule`, any kind) at `step`, times the run-time multiplier.
+        from pipekit_train.optim import learning_rate_at  # imports JAX: not at this module's import
+
+        return learning_rate_at(self.optimizer, step, self.max_steps) * self.lr_scale
 
     def optimizer_state(self) -> dict[str, Any]:
         """Optional: what the next stage's user code sees as `TrainerCarryState.opt_state`."""
@@ -147,7 +152,6 @@ def _optimizer(loop: Any) -> dict[str, Any]:
     config = resolve_optimizer_config(loop.optimizer_config)
     unsupported = {
         "optimizer_config.name": config["name"] != "sgd",
-        "optimizer_config.schedule": config["schedule"] != "constant" or config["warmup_steps"] != 0,
         "optimizer_config.nesterov": config.get("nesterov", False),
         "optimizer_config.weight_decay": config.get("weight_decay", 0) != 0,
         "accum": loop.accum != 1,
@@ -157,7 +161,7 @@ def _optimizer(loop: Any) -> dict[str, Any]:
     bad = [key for key, is_bad in unsupported.items() if is_bad]
     if bad:
         raise ConfigError(
-            f"backend {NAME!r} supports plain SGD with momentum and a constant rate only; it cannot honour "
+            f"backend {NAME!r} supports plain SGD with momentum only; it cannot honour "
             f"{', '.join(bad)} (optimizer_config={loop.optimizer_config!r})"
         )
     return config

@@ -78,7 +78,7 @@ def test_the_kit_catches_a_resume_that_forgets_the_optimizer_state(monkeypatch, 
     backend = numpy_linear.NumpyLinearBackend
     monkeypatch.setattr(backend, "state_tree", backend.weights_tree)  # momentum left out of checkpoints
     monkeypatch.setattr(backend, "load_state_tree", backend.load_weights_tree)
-    with pytest.raises(AssertionError, match="numpy-linear: the weights resumed from step 20"):
+    with pytest.raises(AssertionError, match="numpy-linear: the weights resumed from step 15"):
         CHECKS["resumes_exactly"](numpy_linear.NAME, tmp_path)
 
 

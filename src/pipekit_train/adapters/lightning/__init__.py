@@ -55,5 +55,9 @@ class LightningBackendSpec(LazyBackend):
         """A small model of ``in_size -> out_size`` for the conformance kit."""
         return TorchModel(factory="mlp", kwargs={"in_size": in_size, "out_size": out_size, "width_size": 8, "depth": 1})
 
+    def example_transfer(self) -> dict[str, str]:
+        """The `Transfer` paths of `example_model` the conformance kit copies: its first layer."""
+        return {"layers[0]": "layers[0]"}
+
 
 backend = LightningBackendSpec()
