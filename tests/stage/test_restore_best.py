@@ -19,7 +19,7 @@ from pipekit_train.provenance import ArtifactStore
 pytestmark = pytest.mark.xdist_group("stop-path")
 
 
-def test_evaluate_of_a_restored_artifact_gives_its_recorded_validation_metrics(tmp_path):
+def test_evaluate_of_a_restored_artifact_gives_its_recorded_validation_metrics(tmp_path, capsys):
     np.savez(tmp_path / "train.npz", x=_X[:128], y=_Y[:128])
     np.savez(tmp_path / "val.npz", x=_X[128:192], y=_Y[128:192])
     loop = _loop("equinox", CALLBACKS["all"]).replace(
@@ -47,3 +47,9 @@ def test_evaluate_of_a_restored_artifact_gives_its_recorded_validation_metrics(t
         recorded = store.get(artifact["artifact_id"])
     assert recorded.final_metrics["validate/loss"] == best["score"]
     assert recorded.restored == restored
+    # `artifacts show` says which step the metrics are.
+    from pipekit_train.cli._main import main
+
+    assert main(["artifacts", "show", artifact["artifact_id"], "--store", str(tmp_path / "run" / "store.sqlite")]) == 0
+    shown = capsys.readouterr().out
+    assert f"restored   the best checkpoint, step {best['step']}, validate/loss" in shown

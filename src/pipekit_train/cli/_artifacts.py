@@ -170,6 +170,11 @@ def _show(a: TrainingArtifact) -> str:
         lines.append("user")  # what callbacks put in ctx.artifact_fields
         width = max(len(k) for k in a.user)
         lines += [f"  {k.ljust(width)}  {json.dumps(v, sort_keys=True)[:200]}" for k, v in a.user.items()]
+    if a.restored:  # restore_best: the metrics below are that step's; the last step's are kept beside them
+        r = a.restored
+        monitor = f", {r.get('monitor')} {_num(r['score'])}" if r.get("score") is not None else ""
+        lines.append(f"restored   the best checkpoint, step {r.get('step')}{monitor} (the stage ran to step "
+                     f"{r.get('last_step')}; the metrics are step {r.get('step')}'s)")  # fmt: skip
     if a.final_metrics:
         lines.append("metrics")
         width = max(len(k) for k in a.final_metrics)
