@@ -290,10 +290,109 @@ def test_a_non_loss_as_loss_is_refused_naming_the_field(tmp_path):
         pipekit.load(path)
     model = EquinoxModel(factory="mlp", kwargs={"in_size": 2, "out_size": 2})
     data = TrainingDataset(source=ArraySource(arrays={"x": P, "y": T}))
-    with pytest.raises(ConfigError, match=r"TrainingLoop.loss must be Loss or null, got <function"):
-        TrainingLoop(model_op=model, dataset=data, loss=lambda p, t: jnp.mean((p - t) ** 2))
-    with pytest.raises(ConfigError, match=r"Composite.components\[0\]\[1\] must be Loss .*, got <function"):
-        Composite(components=((1.0, lambda p, t: 0.0),))
+    with pytest.raises(ConfigError, match=r"TrainingLoop.loss must be Loss or null, got EarlyStopping\(\)"):
+        TrainingLoop(model_op=model, dataset=data, loss=pipekit.registered()["EarlyStopping"]())
+    with pytest.raises(ConfigError, match=r"TrainingLoop.loss must be Loss or null, got 'MSE'"):
+        TrainingLoop(model_op=model, dataset=data, loss="MSE")
+    with pytest.raises(ConfigError, match=r"^TrainingLoop.loss is the class MSE, not a loss: give MSE\(\)$"):
+        TrainingLoop(model_op=model, dataset=data, loss=MSE)
+    with pytest.raises(
+        ConfigError,
+        match=r"^TrainingLoop.loss is .*<lambda>\(p\), which cannot be called as loss\(predicted, target\): a loss "
+        r"takes the predictions and the targets as two positional arguments$",
+    ):
+        TrainingLoop(model_op=model, dataset=data, loss=lambda p: p)
+    with pytest.raises(ConfigError, match=r"^Composite.components\[1\]\[1\] is .*<lambda>\(\), which cannot be"):
+        Composite(components=((1.0, MSE()), (1.0, lambda: 0.0)))
+
+
+# A plain callable as the loss (design seed 004: "a Loss, or any callable satisfying the Protocol") -----------------
+def _l1(predicted, target):
+    err = jnp.abs(predicted - target)
+    return jnp.mean(err), {"max_error": jnp.max(err)}
+
+
+def _l2(predicted, target):
+    return jnp.mean((predicted - target) ** 2)
+
+
+def _small_loop(**fields) -> TrainingLoop:
+    x = np.random.default_rng(0).normal(size=(32, 2)).astype(np.float32)
+    base = dict(
+        # A width no other test uses: the train step compiled below is this test's own.
+        model_op=EquinoxModel(factory="mlp", kwargs={"in_size": 2, "out_size": 2, "width_size": 7, "depth": 1}),
+        dataset=TrainingDataset(source=ArraySource(arrays={"x": x, "y": 2 * x})),
+        optimizer_config={"name": "adam", "lr": 0.01},
+        max_steps=4,
+        batch_size=8,
+        log_every_n_steps=2,
+        progress=False,
+    )
+    return TrainingLoop(**{**base, **fields})
+
+
+def test_a_plain_callable_as_the_loss_is_wrapped_in_a_loss_function():
+    from pipekit_train.losses import LossFunction
+
+    loop = _small_loop(loss=_l1)
+    assert isinstance(loop.loss, LossFunction) and isinstance(loop.loss, Loss) and loop.loss.fn is _l1
+    assert repr(loop.loss) == f"LossFunction({__name__}._l1)"
+    # equal (and hashed alike) when wrapping the same object: what the compiled step's cache is keyed by
+    assert loop.loss == LossFunction(fn=_l1) and hash(loop.loss) == hash(LossFunction(fn=_l1))
+    assert loop.loss != LossFunction(fn=_l2)
+    assert loop.replace(max_steps=8).loss == loop.loss and loop.replace(loss=_l2).loss == LossFunction(fn=_l2)
+    value, aux = loop.loss(P, T)
+    np.testing.assert_allclose(value, np.abs(P - T).mean(), rtol=1e-6)
+    np.testing.assert_allclose(aux["max_error"], np.abs(P - T).max())
+    # a Composite wraps its components too; a term is named after the function
+    total, terms = Composite(components=((1.0, _l2), (0.5, MSE())))(P, T)
+    assert sorted(terms) == ["MSE_1", "_l2_0"]
+    np.testing.assert_allclose(total, 1.5 * SQ.mean(), rtol=1e-6)
+
+
+def test_a_callable_loss_has_no_yaml_form_and_records_name_it(tmp_path):
+    from pipekit_train.checkpoint._resume import fingerprint
+
+    np.savez(tmp_path / "t.npz", x=P, y=T)
+    source = pipekit.registered()["NpzSource"](path=str(tmp_path / "t.npz"))
+    loop = _small_loop(loss=_l1, dataset=TrainingDataset(source=source))
+    with pytest.raises(
+        ConfigError,
+        match=rf"^loss: LossFunction\({__name__}._l1\) wraps a Python object, which cannot be written to YAML; to "
+        r"name a loss in a pipeline file, write it as a Loss subclass",
+    ):
+        pipekit.dumps(loop)
+    described = {"type": f"{__name__}._l1 (Python object, not written to YAML)"}
+    assert f"loss:\n  type: {described['type']}\n" in pipekit.dumps(loop, strict=False)
+    # what a resume compares: the function's module and qualified name
+    assert fingerprint(loop)["loss"] == described
+    other = fingerprint(loop.replace(loss=_l2))["loss"]
+    assert other == {"type": f"{__name__}._l2 (Python object, not written to YAML)"}
+
+
+def test_a_callable_loss_trains_on_equinox_compiling_once_per_function(tmp_path):
+    from pipekit_train.adapters.equinox._steps import train_chunk
+
+    def weights(model):
+        return [np.asarray(w) for w in model.weights().values()]
+
+    before = train_chunk._cache_size()
+    with run_settings(run_dir=str(tmp_path / "fn"), store=False):
+        stages = pipekit.Sequential([_small_loop(loss=_l1, name="a"), _small_loop(loss=_l1, name="b")])
+        stages.run()
+    assert train_chunk._cache_size() - before == 1  # the second stage found the first stage's program
+    logged = [r for r in read_jsonl(tmp_path / "fn" / "a" / "metrics.jsonl") if r.get("context") == "train"]
+    assert all({"loss", "loss/max_error"} <= set(r) for r in logged if r["type"] == "metrics")
+    with run_settings(run_dir=str(tmp_path / "fn1"), store=False):
+        by_function, _ = _small_loop(loss=_l1).run()
+    with run_settings(run_dir=str(tmp_path / "cls"), store=False):
+        by_class, _ = _small_loop(loss=ScaledL1()).run()  # the same formula as a Loss subclass
+    assert train_chunk._cache_size() - before == 2  # ... which compiles its own program
+    assert all(np.array_equal(a, b) for a, b in zip(weights(by_function), weights(by_class)))
+    with run_settings(run_dir=str(tmp_path / "l2"), store=False):
+        by_other, _ = _small_loop(loss=_l2).run()
+    assert train_chunk._cache_size() - before == 3  # another function: its own program, not _l1's
+    assert not all(np.array_equal(a, b) for a, b in zip(weights(by_function), weights(by_other)))
 
 
 def test_a_user_losss_aux_terms_are_logged_under_its_aux_prefix(tmp_path):

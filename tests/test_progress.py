@@ -55,6 +55,34 @@ def test_plain_lines_say_resume_eval_eta_and_end(monkeypatch):
     assert lines[6:] == ["  train/loss   0.125", "  time/step_s  2"]
 
 
+def test_a_compile_or_an_evaluation_is_seen_as_it_starts(monkeypatch):
+    """Off a terminal a line says a long silence is a compile or an evaluation; on one, the bar says the phase."""
+    monkeypatch.delenv("CI", raising=False)
+    out = io.StringIO()
+    progress = Progress("fit", 100, stream=out)
+    progress.phase_started("compiling", 0, 0)
+    progress.compiled(41.0)
+    progress.phase_started("compiling", 90, 9)  # a later chunk length: quiet, like its compile
+    progress.phase_started("evaluating", 50, 5)
+    progress.evaluated(50, 5, {"validate/loss": 0.5})
+    progress.phase_started("checkpointing", 50, 5)  # saves are frequent (and usually short): no line
+    progress.phase_started("stepping", 50, 5)
+    assert out.getvalue().splitlines() == [
+        "fit: step 0 | compiling",
+        "fit: compiled in 41.00 s (not counted in steps/s)",
+        "fit: step 50 epoch 5 | evaluating",
+        "fit: step 50 epoch 5 | validate loss 0.5",
+    ]
+    bar = Progress("fit", 100, stream=_Terminal())
+    try:
+        bar.update(50, 5, None, None)
+        assert bar._fields()["info"] == "epoch 5"
+        bar.phase_started("evaluating", 50, 5)
+        assert bar._fields()["info"] == "epoch 5 | [evaluating]"
+    finally:
+        bar.close()
+
+
 def test_interrupted_and_disabled():
     out = io.StringIO()
     progress = Progress("fit", 10, stream=out)

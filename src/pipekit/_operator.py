@@ -158,6 +158,13 @@ class Operator:
     def __call__(self, carrier: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} is not applicable to a carrier")
 
+    def python_only(self) -> tuple[str, str] | None:
+        """For an operator standing for a Python object that has no YAML form (a loss given as a plain function):
+        ``(the object's name, what to write instead)``. `pipekit.dumps` refuses the operator with both; a record
+        (``strict=False``) and a resume fingerprint name it by the first, as ``"<name> (Python object, not written
+        to YAML)"``. ``None``, the default: the operator is its fields."""
+        return None
+
     # Value semantics -------------------------------------------------------------------------------------
     def _key(self) -> tuple[Any, ...]:
         return (type(self), *(_canonical(getattr(self, f.name)) for f in dataclasses.fields(self)))  # type: ignore[arg-type]

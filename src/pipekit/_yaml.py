@@ -56,10 +56,20 @@ def to_plain(value: Any, path: str = "", strict: bool = True) -> Any:
     """Turn an operator (and everything inside it) into plain YAML-able data.
 
     With ``strict=False`` an operator holding in-memory data is described (type and array shapes under
-    ``in_memory_data:``) instead of refused: readable in a record, but not loadable.
+    ``in_memory_data:``) instead of refused, and one standing for a Python object (`Operator.python_only`) is
+    named: readable in a record, but not loadable.
     """
     if isinstance(value, Operator):
         cls = type(value)
+        python = value.python_only()
+        if python is not None:  # a Python object wrapped as an operator (a loss given as a function)
+            name, instead = python
+            if strict:
+                raise ConfigError(
+                    f"{path or cls.__name__}: {cls.__name__}({name}) wraps a Python object, which cannot be written "
+                    f"to YAML; {instead}"
+                )
+            return {"type": f"{name} (Python object, not written to YAML)"}
         if not strict and cls._pipekit_name is None:
             return {"type": f"{cls.__module__}.{cls.__qualname__} (not registered)"}
         if not cls._yaml_serializable:

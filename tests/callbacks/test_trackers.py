@@ -150,6 +150,37 @@ def test_a_failed_run_is_marked_failed(tmp_path: Path):
     assert run.data.tags["pipekit.error"] == "FloatingPointError: loss became nan"
 
 
+def test_the_run_is_tagged_with_the_phase_running_now(tmp_path: Path):
+    """``pipekit.phase`` says what the stage is doing while it does it: a long compile or evaluation shows in MLflow."""
+    uri = (tmp_path / "mlruns").as_uri()
+    log = LogToExperiment(tracking_uri=uri)
+    ctx = _context(TrainingLoop.example(), (log,), {0: log.initial_state()}, tmp_path, _model())
+    log.on_phase_start(ctx, "compiling")  # before the MLflow run exists: nothing to tag, no error
+    log.on_train_start(ctx)
+    client = mlflow_tracking.MlflowClient(uri)
+
+    def phase() -> str | None:
+        return client.get_run(ctx.artifact_fields["tracker_run_id"]).data.tags.get("pipekit.phase")
+
+    assert phase() is None
+    log.on_phase_start(ctx, "compiling")
+    assert phase() == "compiling"
+    log.on_phase(ctx, "compiling", 2.0)
+    assert phase() == "stepping"
+    log.on_phase_start(ctx, "evaluating")
+    log.on_phase(ctx, "stepping", 0.5)  # the end of a stepping span says nothing new
+    assert phase() == "evaluating"
+    log.on_phase(ctx, "evaluating", 1.0)
+    assert phase() == "stepping"
+    log.on_phase_start(ctx, "checkpointing")
+    assert phase() == "checkpointing"
+    log.on_phase_start(ctx, "stepping")  # a checkpoint its retention did not keep
+    assert phase() == "stepping"
+    log.on_train_end(ctx)
+    log.on_phase(ctx, "done", 3.0)
+    assert phase() == "done"
+
+
 def test_default_tracking_uri_is_a_file_store_under_the_run_dir(tmp_path: Path, monkeypatch):
     log = LogToExperiment()
     assert log.resolve_tracking_uri(str(tmp_path)) == (tmp_path / "mlruns").as_uri()

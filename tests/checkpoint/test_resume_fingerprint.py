@@ -126,6 +126,29 @@ def test_callback_state_follows_the_callback_not_its_position(tmp_path: Path):
     assert seen.get("best") is not None, f"EarlyStopping's restored state is {seen}"
 
 
+def _l1(predicted: Any, target: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.mean(jnp.abs(predicted - target))
+
+
+def _l1_copy(predicted: Any, target: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.mean(jnp.abs(predicted - target))
+
+
+def test_a_loss_given_as_a_function_is_compared_by_its_name(tmp_path: Path):
+    """A function has no YAML form: the fingerprint holds its module and qualified name (docs/checkpoints.md)."""
+    _interrupted(tmp_path / "r", loss=_l1)
+    with pytest.raises(
+        CheckpointMismatchError, match=r"(?s)configuration changed.*-.*\._l1 \(Python object.*\+.*\._l1_copy \(Python"
+    ):
+        _resume(tmp_path / "r", loss=_l1_copy)
+    _, artifact = _resume(tmp_path / "r", loss=_l1)
+    assert artifact.backend_info["steps"] == 20
+
+
 # Every field, one at a time ------------------------------------------------------------------------------------
 # What each TrainingLoop field does to a resume (docs/reliability.md lists the same): a change to a REFUSED field is
 # refused with a diff naming it; a change to a HARMLESS one resumes and ends bitwise where an uninterrupted run with

@@ -164,3 +164,24 @@ def test_a_callback_that_hears_of_saves_gets_them_at_once_with_the_saved_model(t
     for step in (100, 200):
         saved = sorted(a.tobytes() for a in _params(directory, step))
         assert sorted(a.tobytes() for a in SEEN[step]) == saved
+
+
+class _ModelAtCheckpointStart(Callback):
+    """Keeps `ctx.model`'s weights when a checkpoint starts (`on_phase_start`), in `SEEN` by step."""
+
+    def on_phase_start(self, ctx: Any, phase: str) -> None:
+        if phase == "checkpointing":
+            SEEN[ctx.step] = [np.asarray(x) for x in ctx.model.weights().values()]
+
+
+def test_a_callback_that_hears_of_a_checkpoints_start_sees_the_saved_model(tmp_path, events):
+    """`on_phase_start` counts as hearing of saves: the stage saves before the next dispatch, so the model a
+    callback reads at a checkpoint's start is the one the checkpoint holds."""
+    SEEN.clear()
+    with run_settings(run_dir=str(tmp_path / "r"), store=False):
+        _loop(300, callbacks=(*_loop(300).callbacks, _ModelAtCheckpointStart())).run()
+    assert [e for e in events if e[0].startswith("save")] == [("save", 100), ("save", 200), ("save", 300)]
+    directory = tmp_path / "r" / "s" / "checkpoints"
+    for step in (100, 200):
+        saved = sorted(a.tobytes() for a in _params(directory, step))
+        assert sorted(a.tobytes() for a in SEEN[step]) == saved

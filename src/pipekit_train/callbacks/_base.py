@@ -15,6 +15,8 @@ Hooks, in the order a run calls them:
 - ``on_checkpoint(ctx, step)``: after a checkpoint of ``step`` was handed to the checkpointer.
 - ``on_log(ctx, record)``: every record the loop sends to its metric writer (parameters, ``train`` / ``validate`` /
   ``test`` / ``time`` metrics, phases, the finish line), with the same names and values the writer gets.
+- ``on_phase_start(ctx, phase)``: before a phase that may take long runs: ``compiling`` (before the first
+  dispatch of each chunk length), ``evaluating``, ``checkpointing``; ``stepping`` when one of them did nothing.
 - ``on_phase(ctx, phase, duration_s)``: when a phase ends: ``compiling``, ``stepping``, ``evaluating``,
   ``checkpointing``, then ``done`` or ``failed`` (with the stage's whole duration).
 - ``on_train_end(ctx)``: once, when the run ends normally or by a requested stop.
@@ -76,6 +78,12 @@ class Callback(Operator, register=False):
 
     def on_log(self, ctx: TrainContext, record: Mapping[str, Any]) -> None:
         """Called with every record the loop writes (docs/metrics.md lists the names)."""
+
+    def on_phase_start(self, ctx: TrainContext, phase: str) -> None:
+        """Called when a phase that may take long starts, before it runs: ``compiling`` (before the first dispatch
+        of each chunk length: JAX may have the program already, then ``stepping`` starts instead of a
+        ``compiling`` end), ``evaluating``, ``checkpointing`` (a checkpoint retention does not keep: ``stepping``
+        next). Every end of those three (`on_phase`) has its start before it."""
 
     def on_phase(self, ctx: TrainContext, phase: str, duration_s: float) -> None:
         """Called when a phase ends (``compiling``, ``stepping``, ``evaluating``, ``checkpointing``, ``done``,

@@ -24,6 +24,7 @@ import pipekit
 from pipekit import ConfigError, Operator
 
 from ..provenance._model_registry import LocalModelRegistry
+from ..tracking._progress import STARTED_PHASES
 from ._base import Callback, TrainContext
 
 __all__ = ["LogToExperiment", "RegisterModel"]
@@ -125,8 +126,10 @@ class LogToExperiment(Callback):
     parameters; then every metrics record the loop writes (``on_log``) under the names a `TensorBoardWriter`
     uses, ``<context>/<metric>`` (``train/loss`` is the mean over the logging window, as in every writer; see
     docs/metrics.md), except that a ``/`` inside the metric's key becomes ``.`` (``train/loss.MSE_0``; see
-    `mlflow_metric_name`) so that every MLflow store, files or database, can hold them; at the end the pipeline
-    YAML as the artifact file ``pipeline.yaml``, then it ends the MLflow run. The MLflow run id goes to the stage's
+    `mlflow_metric_name`) so that every MLflow store, files or database, can hold them; the phase running now as
+    the run's tag ``pipekit.phase`` (``compiling``, ``evaluating``, ``checkpointing`` while they run, ``stepping``
+    between them, then ``done`` or ``failed``); at the end the pipeline YAML as the artifact file
+    ``pipeline.yaml``, then it ends the MLflow run. The MLflow run id goes to the stage's
     artifact (``tracker_run_id``) and to this callback's checkpointed state.
 
     Args:
@@ -251,6 +254,24 @@ class LogToExperiment(Callback):
             entries.append(entities.Metric(mlflow_metric_name(context, key), float(value), stamp, step))
         for i in range(0, len(entries), _MAX_METRICS_PER_BATCH):
             client.log_batch(run_id, metrics=entries[i : i + _MAX_METRICS_PER_BATCH])
+
+    def on_phase_start(self, ctx: TrainContext, phase: str) -> None:
+        """Tag the MLflow run with the phase now running (``pipekit.phase``: ``compiling``, ``evaluating``,
+        ``checkpointing``), so a long compile or evaluation shows in MLflow while it runs."""
+        self._tag_phase(ctx, phase)
+
+    def on_phase(self, ctx: TrainContext, phase: str, duration_s: float) -> None:
+        """When a started phase ends the run is stepping again; ``done`` and ``failed`` end the stage."""
+        if phase in STARTED_PHASES:
+            self._tag_phase(ctx, "stepping")
+        elif phase in ("done", "failed"):
+            self._tag_phase(ctx, phase)
+
+    def _tag_phase(self, ctx: TrainContext, phase: str) -> None:
+        handle = self._run(ctx)
+        if handle is not None:
+            client, run_id = handle
+            client.set_tag(run_id, "pipekit.phase", phase)
 
     def on_train_end(self, ctx: TrainContext) -> None:
         handle = self._run(ctx)

@@ -1,5 +1,6 @@
-"""Loss operators: the `Loss` protocol, `MSE`, `NLL`, `KL`, `CrossEntropy` and `Composite`; the target contracts
-pre-flight checks (`TargetContract`, `CLASS_TARGETS`, `SAME_SHAPE_FLOATING`)."""
+"""Loss operators: the `Loss` protocol, `MSE`, `NLL`, `KL`, `CrossEntropy` and `Composite`; `LossFunction`, a plain
+callable as a loss; the target contracts pre-flight checks (`TargetContract`, `CLASS_TARGETS`,
+`SAME_SHAPE_FLOATING`)."""
 
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from ._losses import Composite as Composite
     from ._losses import CrossEntropy as CrossEntropy
     from ._losses import Loss as Loss
+    from ._losses import LossFunction as LossFunction
     from ._losses import TargetContract as TargetContract
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())

@@ -11,6 +11,8 @@ A loss returns either a scalar or a ``(scalar, aux_metrics)`` pair; `split_loss_
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,7 +36,10 @@ __all__ = [
     "Composite",
     "CrossEntropy",
     "Loss",
+    "LossFunction",
     "TargetContract",
+    "as_loss",
+    "python_name",
     "split_loss_output",
     "target_problem",
 ]
@@ -174,6 +179,120 @@ class Loss(Operator, abc.ABC, register=False):
     @abc.abstractmethod
     def __call__(self, predicted: Any, target: Any) -> Any:  # type: ignore[override]  # a loss is not a one-input step
         """The loss of `predicted` against `target`: a scalar, or ``(scalar, {name: scalar, ...})``."""
+
+
+def python_name(fn: Any) -> str:
+    """The name a Python callable goes by in records and resume fingerprints: ``module.qualname`` for a function
+    or a method, ``functools.partial(module.qualname, 0.5, delta=1.0)`` for a partial (arguments other than
+    numbers, strings, booleans and ``None`` by their type), ``module.Class`` for another callable object.
+
+    Example:
+        >>> import functools, math
+        >>> python_name(math.hypot), python_name(functools.partial(math.hypot, 3.0))
+        ('math.hypot', 'functools.partial(math.hypot, 3.0)')
+    """
+    if isinstance(fn, functools.partial):
+        args = [_shown_argument(a) for a in fn.args]
+        args += [f"{k}={_shown_argument(v)}" for k, v in fn.keywords.items()]
+        return f"functools.partial({', '.join([python_name(fn.func), *args])})"
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str):
+        return f"{module}.{qualname}"
+    cls = type(fn)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _shown_argument(value: Any) -> str:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    return type(value).__name__
+
+
+def _check_callable(fn: Any, where: str) -> None:
+    """Refuse what cannot be called as ``fn(predicted, target)``, naming `where`."""
+    if isinstance(fn, type):
+        made = f"{fn.__name__}()" if issubclass(fn, Loss) else f"an instance of {fn.__name__}"
+        raise ConfigError(f"{where} is the class {fn.__name__}, not a loss: give {made}")
+    if isinstance(fn, Operator) or not callable(fn):
+        raise ConfigError(
+            f"{where} must be a Loss or a function called as loss(predicted, target), got {type(fn).__name__}"
+        )
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin that does not say: its own error speaks when it is called
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise ConfigError(
+            f"{where} is {python_name(fn)}{signature}, which cannot be called as loss(predicted, target): a loss "
+            "takes the predictions and the targets as two positional arguments"
+        ) from None
+
+
+class LossFunction(Loss, register=False):
+    """A plain callable as a `Loss`: ``TrainingLoop(loss=my_loss)`` wraps ``my_loss`` in one (so does a
+    `Composite` component), so every backend sees the `Loss` protocol of design seed 002.
+
+    ``fn(predicted, target)`` returns a scalar or a ``(scalar, aux_metrics)`` pair, like any loss; it runs inside
+    the backend's compiled JAX step (Equinox, Keras), so write it in `jax.numpy`. Two wrappers are equal when they
+    wrap the same object: the same function reuses the compiled step of an earlier stage, another function
+    compiles its own. A backend that does not run JAX refuses it before training (``lightning``: write a `Loss`
+    subclass and give it a torch version). It has no YAML form: `pipekit.dumps` refuses it, naming the function;
+    a record, and a resume's fingerprint, name it by `python_name` (its module and qualified name, not its code:
+    as a `Loss` subclass is compared by its name and fields, not its ``__call__``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> def l1(predicted, target):
+        ...     return jnp.mean(jnp.abs(predicted - target))
+        >>> loss = LossFunction(fn=l1)
+        >>> loss
+        LossFunction(pipekit_train.losses._losses.l1)
+        >>> float(loss(jnp.array([0.5, -3.0]), jnp.zeros(2)))
+        1.75
+    """
+
+    fn: Callable[..., Any]
+
+    def validate(self) -> None:
+        _check_callable(self.fn, "LossFunction.fn")
+
+    def __call__(self, predicted: Any, target: Any) -> Any:  # type: ignore[override]  # see Loss.__call__
+        return self.fn(predicted, target)
+
+    def __repr__(self) -> str:
+        return f"LossFunction({python_name(self.fn)})"
+
+    def python_only(self) -> tuple[str, str]:
+        return (
+            python_name(self.fn),
+            "to name a loss in a pipeline file, write it as a Loss subclass (class MyLoss(Loss) with "
+            "__call__(self, predicted, target)), which registers itself under its class name (docs/yaml.md)",
+        )
+
+
+def as_loss(value: Any, where: str = "loss") -> Any:
+    """`value` as a `Loss`: a plain callable (a function, a ``functools.partial``, an object with ``__call__``) is
+    wrapped in a `LossFunction`; a `Loss`, ``None`` and what is not callable come back as they are (the field's
+    type check speaks for them). A class, another operator, or a callable that cannot take ``(predicted,
+    target)`` is refused naming `where`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> as_loss(jnp.dot, "TrainingLoop.loss")
+        LossFunction(jax.numpy.dot)
+        >>> as_loss(MSE)
+        Traceback (most recent call last):
+        ...
+        pipekit._errors.ConfigError: loss is the class MSE, not a loss: give MSE()
+    """
+    if value is None or isinstance(value, Loss) or not callable(value):
+        return value
+    if isinstance(value, Operator):
+        return value  # another operator (a callback, a metric): the field's type check names it
+    _check_callable(value, where)
+    return LossFunction(fn=value)
 
 
 def split_loss_output(out: Any) -> tuple[Any, dict[str, Any]]:
@@ -407,8 +526,9 @@ class Composite(Loss):
     """Weighted sum: loss = sum(w_i * L_i).
 
     Returns ``(total, terms)``; `terms` maps ``f"{type(L).__name__}_{i}"`` to each component's (unweighted)
-    scalar. A component that returns ``(scalar, aux)`` contributes its scalar, and its aux metrics appear in
-    `terms` as ``f"{type(L).__name__}_{i}/{name}"``.
+    scalar (a component given as a plain function: ``f"{function name}_{i}"``). A component that returns
+    ``(scalar, aux)`` contributes its scalar, and its aux metrics appear in `terms` as
+    ``f"{type(L).__name__}_{i}/{name}"``.
 
     A weight may be a `Schedule` (KL annealing: ``[{type: Linear, start: 0.0, end: 1.0, steps: 1000}, {type:
     KL}]``): inside the train step it follows the step and is logged as ``schedule/weight/<term>``
@@ -416,7 +536,7 @@ class Composite(Loss):
 
     Args:
         components: ``((weight, loss), ...)``, at least one; every loss must reduce to a scalar. A weight is a
-            float or a `Schedule`.
+            float or a `Schedule`; a loss is a `Loss` or, from Python, a plain function (`LossFunction`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -427,6 +547,20 @@ class Composite(Loss):
     """
 
     components: tuple[tuple[float | Schedule, Loss], ...]
+
+    @classmethod
+    def fill_fields(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """A component's loss given as a plain callable becomes a `LossFunction` (`as_loss`)."""
+        components = given.get("components")
+        if not isinstance(components, (list, tuple)):
+            return given
+        wrapped = [
+            (c[0], as_loss(c[1], f"Composite.components[{i}][1]"))
+            if isinstance(c, (list, tuple)) and len(c) == 2
+            else c
+            for i, c in enumerate(components)
+        ]
+        return {**given, "components": tuple(wrapped)}
 
     def validate(self) -> None:
         if not self.components:
@@ -448,10 +582,19 @@ class Composite(Loss):
         terms: dict[str, Any] = {}
         total: Any = 0.0
         for i, (weight, loss) in enumerate(self.components):
-            name = f"{type(loss).__name__}_{i}"
+            name = f"{_term_name(loss)}_{i}"
             value, aux = split_loss_output(loss(predicted, target))
             terms[name] = value
             for k, v in aux.items():
                 terms[f"{name}/{k}"] = v
             total = total + schedule_value(weight, f"weight/{name}") * value
         return total, terms
+
+
+def _term_name(loss: Any) -> str:
+    """A `Composite` term's name before its index: the loss's class, or a wrapped function's own name."""
+    if isinstance(loss, LossFunction):
+        name = getattr(loss.fn, "__name__", "")
+        if isinstance(name, str) and name.isidentifier():
+            return name
+    return type(loss).__name__

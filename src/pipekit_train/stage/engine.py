@@ -22,7 +22,7 @@ import numpy as np
 from .._probe import from_env as probe_from_env
 from ..callbacks._base import Callback, TrainContext
 from ..scale._distributed import is_primary, local_rows
-from ..tracking._progress import CompileWatch, PhaseClock, Progress, model_summary
+from ..tracking._progress import STARTED_PHASES, CompileWatch, PhaseClock, Progress, model_summary
 from ..tracking._writers import JsonLinesWriter, MetricWriter, NullWriter
 from .chunks import AUTO_CHUNK_BYTES, AUTO_MAX_STEPS, ChunkPlan, callback_keys, chunk_plan, needs_every_step
 from .steps import (
@@ -136,12 +136,16 @@ class Engine:
         self._save_rest: tuple[Callable[[], None], float] | None = None
         self._async = False
         # A save may finish after the next dispatch only if no callback hears of it then (`on_checkpoint`,
-        # `on_phase`, `on_log`): one reading `ctx.model` there would see the next chunk's weights.
+        # `on_phase_start`, `on_phase`, `on_log`): one reading `ctx.model` there would see the next chunk's weights.
         self._saves_may_wait = all(
             getattr(type(cb), hook) is getattr(Callback, hook)
             for cb in self.callbacks
-            for hook in ("on_checkpoint", "on_phase", "on_log")
+            for hook in ("on_checkpoint", "on_phase_start", "on_phase", "on_log")
         )
+        # Phase starts (`_phase_start`): the chunk lengths dispatched so far (the first of a length may compile),
+        # and the phases whose start was reported and whose end was not yet.
+        self._lengths: set[int] = set()
+        self._open: list[str] = []
         self.last_train: dict[str, Any] = {}
         self.eval_metrics: dict[str, Any] = {}
         self.evaluated_at: int | None = None
@@ -241,6 +245,11 @@ class Engine:
             done = getattr(self.backend, "until_reached", lambda step: False)
             while self.step < loop.max_steps and ctx.stop_reason is None and not done(self.step):
                 n = self.next_chunk()
+                # A chunk length not dispatched yet: its program may compile.
+                foreseen = n not in self._lengths and self._may_compile()
+                if foreseen:
+                    self._lengths.add(n)
+                    self._phase_start("compiling")
                 t0 = time.perf_counter()
                 if self.resident:  # the chunk gathers its own batches on the device
                     data: Any = self.iterator.window(n)
@@ -257,6 +266,8 @@ class Engine:
                     metrics = self.backend.train(data, first)
                 # Compiles happen while dispatching: known now, before the chunk's own log decision.
                 compiled_now = CompileWatch.count - self.clock.eval_compiles != compiles
+                if foreseen and not compiled_now:  # JAX had the program (an earlier stage of the same structure)
+                    self._not_happened("compiling")
                 self._async = isinstance(metrics["loss"], jax.Array)
                 if self._deferred is not None:  # the previous log window: its chunk is done, this one is queued
                     self._flush_deferred()
@@ -376,12 +387,61 @@ class Engine:
         for cb in self.callbacks:
             cb.on_log(self.ctx, record)
 
-    def _phase(self, phase: str, duration_s: float) -> None:
-        """Report the end of a phase: first the stepping span it interrupts, then `phase` itself."""
+    def _phase_start(self, phase: str) -> None:
+        """Report the start of a phase: first the stepping span it ends, then a ``phase_start`` record,
+        `Callback.on_phase_start` and the progress display (design/progress.md).
+
+        Only where a phase may take long: before the first dispatch of each chunk length (``compiling``: the one
+        that compiles, unless JAX has the program already), before an evaluation, when a checkpoint is taken. No
+        host sync and nothing compiled: a log record deferred past the previous dispatch is written first (one
+        wait for that chunk, at a new chunk length only), so the records keep the order they have without
+        deferring.
+        """
+        if self._deferred is not None:
+            self._flush_deferred()
+        self._end_span()
+        if phase != "stepping":
+            self._open.append(phase)
+        self._emit(
+            {"type": "phase_start", "context": "train", "step": self.step, "epoch": self.ctx.epoch, "phase": phase}
+        )
+        for cb in self.callbacks:
+            cb.on_phase_start(self.ctx, phase)
+        if self.progress is not None:
+            self.progress.phase_started(phase, self.step, self.ctx.epoch)
+
+    def _may_compile(self) -> bool:
+        """Whether the backend's dispatches may compile: after the first, whether it dispatched through JAX (its loss
+        is a JAX array); before, unless it steps in Python (``fuses_steps = False``: Lightning runs torch)."""
+        return self._async if self._lengths else bool(getattr(self.backend, "fuses_steps", True))
+
+    def _not_happened(self, phase: str) -> None:
+        """A started `phase` that did nothing (a dispatch that compiled nothing, a checkpoint its retention does not
+        keep): the stage is stepping again, which a ``stepping`` start says in place of the phase's end."""
+        self._open.remove(phase)
+        self._phase_start("stepping")
+
+    def _end_span(self) -> None:
+        """Report the open stepping span's end (consecutive dispatches that compiled nothing), if it has steps."""
         clock = self.clock
-        if phase != "stepping" and clock.span_steps:
+        if clock.span_steps:
             span_s, clock.span_s, clock.span_steps = clock.span_s, 0.0, 0
             self._phase("stepping", span_s)
+
+    def _phase(self, phase: str, duration_s: float) -> None:
+        """Report the end of a phase: first the stepping span it interrupts, then `phase` itself.
+
+        A phase that reports its start and was not foreseen (a compile in a later dispatch of a known chunk length,
+        a new program mid-stage) gets its start now, so every end of one has a start before it.
+        """
+        if phase in STARTED_PHASES and phase not in self._open:
+            self._phase_start(phase)
+        if phase != "stepping":
+            self._end_span()
+        if phase in self._open:
+            self._open.remove(phase)
+        elif phase in ("done", "failed"):
+            self._open.clear()
         record = {"type": "phase", "context": "train", "step": self.step, "epoch": self.ctx.epoch}
         self._emit({**record, "phase": phase, "duration_s": duration_s})
         for cb in self.callbacks:
@@ -448,6 +508,8 @@ class Engine:
         elif self._saved:
             self.clock.checkpoint_s += seconds
             self._phase("checkpointing", seconds)
+        elif "checkpointing" in self._open:  # taken, then not kept (its retention): nothing was written
+            self._not_happened("checkpointing")
 
     def _finish_save(self) -> None:
         """The rest of a save begun at the previous chunk; the engine's state (step, records, callbacks) is still
@@ -462,6 +524,8 @@ class Engine:
         self.clock.checkpoint_s += seconds
         if self._saved:
             self._phase("checkpointing", begun + seconds)
+        elif "checkpointing" in self._open:
+            self._not_happened("checkpointing")
 
     def _params(self) -> dict[str, Any]:
         from pipekit._yaml import to_plain
@@ -580,6 +644,9 @@ class Engine:
         """
         if self._deferred is not None:  # its record is written before the checkpoint, as without deferring
             self._flush_deferred()
+        # A checkpoint is being taken: its phase starts (before the callbacks' state is copied below, so a
+        # callback's state in the checkpoint is what it was after it heard of the start, as in a run going on).
+        self._phase_start("checkpointing")
         values = _on_host(self.window)
         pending: list[list[Any]] = [[s, {k: float(v) for k, v in m.items()}] for (s, _), m in zip(self.window, values)]
         for step, metrics in pending:
@@ -614,8 +681,7 @@ class Engine:
         """A validation pass at this step: a record, the progress line and (with `observe`) the callbacks'
         `on_eval_end`; without `observe` nothing the run goes on from changes (a stop's display)."""
         loop = self.loop
-        if self.progress is not None:
-            self.progress.set_phase("evaluating")
+        self._phase_start("evaluating")
         t0, compiles = time.perf_counter(), CompileWatch.count
         metrics = evaluate(self.backend, loop.val_dataset, loop.eval_batch_size or loop.batch_size, loop)
         seconds = time.perf_counter() - t0
@@ -648,6 +714,7 @@ class Engine:
         if self._restored is not None:
             out = self._restored_metrics(out)
         if loop.test_dataset is not None:
+            self._phase_start("evaluating")
             t0 = time.perf_counter()
             metrics = evaluate(self.backend, loop.test_dataset, loop.eval_batch_size or loop.batch_size, loop)
             seconds = time.perf_counter() - t0

@@ -13,7 +13,7 @@ from .._models import ModelOp, Transfer
 from ..backends._registry import check_backend_name, get_backend
 from ..callbacks._base import Callback
 from ..data._dataset import TrainingDataset
-from ..losses._losses import Loss
+from ..losses._losses import Loss, as_loss
 from ..optim._recipes import GradientRule, ParamGroup
 from ..tracking._metrics import Metric
 from ..tracking._writers import MetricWriter
@@ -131,8 +131,9 @@ class TrainingLoop(StatefulOperator):
             `NumpyroModel`, ...).
         dataset: The training data, a `TrainingDataset` (docs/datasets.md).
         val_dataset: Evaluated every `eval_every_n_steps` steps and at the end, logged under `validate`.
-        loss: A `Loss` operator (`MSE`, `CrossEntropy`, `Composite`, your own subclass); set `loss` or `task`, not
-            both.
+        loss: A `Loss` operator (`MSE`, `CrossEntropy`, `Composite`, your own subclass) or, from Python, any
+            callable ``loss(predicted, target)`` (wrapped in a `LossFunction`, which has no YAML form); set `loss`
+            or `task`, not both.
         task: A backend-native objective instead of `loss`: a sampler kernel (`NUTS`, `HMC`, `MALA`; in YAML too)
             or an Equinox `TrainTask` (Python only).
         optimizer_config: The optimizer, its schedule and their settings (design/optimizers.md).
@@ -283,7 +284,10 @@ class TrainingLoop(StatefulOperator):
 
     @classmethod
     def fill_fields(cls, given: dict[str, Any]) -> dict[str, Any]:
-        """`preset` fills every field the call (or the file) leaves out (`Operator.fill_fields`; docs/recipes.md)."""
+        """`preset` fills every field the call (or the file) leaves out (`Operator.fill_fields`; docs/recipes.md);
+        a `loss` given as a plain callable becomes a `LossFunction` (`as_loss`)."""
+        if "loss" in given:
+            given = {**given, "loss": as_loss(given["loss"], "TrainingLoop.loss")}
         return fill_from_preset(given)
 
     def non_default_fields(self) -> dict[str, Any]:

@@ -127,7 +127,8 @@ class HookCall:
         may_wait: A save due now may be finished after the next chunk is dispatched: the backend dispatches its
             chunks through JAX (its loss is a JAX array: the call may return before the device is done), the
             stage goes on (not its last step, no stop asked for), and no callback hears of saves, phases or
-            records (`on_checkpoint`, `on_phase`, `on_log`), where `ctx.model` would already be the next chunk's.
+            records (`on_checkpoint`, `on_phase_start`, `on_phase`, `on_log`), where `ctx.model` would already be
+            the next chunk's.
             The hook then takes the state now and returns the rest of the save.
         restored: Tell the engine that `restore_best` loaded the checkpoint of a step, with that checkpoint's
             metadata: the stage's final metrics become that step's.

@@ -22,6 +22,9 @@ from typing import Any, TextIO
 
 #: The phases a stage goes through; `Callback.on_phase` and ``{"type": "phase"}`` records name one of them.
 PHASES = ("compiling", "stepping", "evaluating", "checkpointing", "done", "failed")
+#: The phases whose start is reported too (`Callback.on_phase_start`, ``{"type": "phase_start"}`` records), before
+#: they run: those that may take long. ``stepping`` starts only in place of one of them that did nothing.
+STARTED_PHASES = ("compiling", "evaluating", "checkpointing")
 
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: How many seconds of recent steady stepping the displayed steps/s and ETA average over.
@@ -239,6 +242,7 @@ class Progress:
         self.step_s: float | None = None
         self.phase = "compiling"
         self.compiled_once = False
+        self.compile_announced = False
         self.last_draw = 0.0
         self.t0 = time.perf_counter()
         self._bar: Any = None
@@ -333,6 +337,21 @@ class Progress:
     def set_phase(self, phase: str) -> None:
         self.phase = phase
         self._refresh()
+
+    def phase_started(self, phase: str, step: int, epoch: int) -> None:
+        """A phase starts (`STARTED_PHASES`, or ``stepping`` again): the bar shows it (``[compiling]``) while it
+        runs. Off a terminal, the stage's first compile and each evaluation get a line as they start, so a log
+        says what a long silence is; a checkpoint does not (saves are frequent, and usually short)."""
+        self.phase = phase
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._refresh()
+        elif phase == "compiling" and not self.compile_announced:
+            self.compile_announced = True
+            self.line(f"{self.stage}: step {step} | compiling")
+        elif phase == "evaluating":
+            self.line(f"{self.stage}: step {step} epoch {epoch} | evaluating")
 
     def compiled(self, seconds: float) -> None:
         """A dispatch compiled: the first time, say how long it took (later, small compiles are only counted)."""

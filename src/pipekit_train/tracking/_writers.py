@@ -4,7 +4,8 @@ A record is a plain dict::
 
     {"type": "metrics", "context": "train", "step": 100, "epoch": 1, "loss": 0.25}
 
-``type`` is ``"params"``, ``"metrics"``, ``"phase"``, ``"finish"`` or another word a caller chooses;
+``type`` is ``"params"``, ``"metrics"``, ``"phase_start"``, ``"phase"``, ``"finish"`` or another word a caller chooses
+(docs/metrics.md lists the loop's records and their keys);
 ``context`` is ``"train"``, ``"validate"``, ``"test"`` or ``"time"``; every other key is a value (numbers, strings,
 and nested dicts for parameters). A writer is an operator: its fields are its configuration and go to YAML with
 the pipeline. What it holds while a run is open (a file, an event writer) lives in private attributes, never in

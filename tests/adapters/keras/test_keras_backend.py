@@ -358,6 +358,24 @@ def test_kl_gives_the_equinox_value_on_the_same_outputs():
     assert got == pytest.approx(want, rel=1e-5)
 
 
+def _plain_l1(predicted, target):
+    return jnp.mean(jnp.abs(predicted - target))
+
+
+def test_a_loss_given_as_a_plain_function_trains_in_the_keras_step(tmp_path):
+    """The Keras backend calls the loss inside its JAX step: a plain function trains as the same Loss subclass."""
+    from pipekit_train import Loss
+
+    class ClassL1(Loss, register=False):
+        def __call__(self, predicted, target):
+            return jnp.mean(jnp.abs(predicted - target))
+
+    by_function, _ = _train(_loop(loss=_plain_l1), tmp_path / "f")
+    by_class, _ = _train(_loop(loss=ClassL1()), tmp_path / "c")
+    same = [np.array_equal(a, b) for a, b in zip(by_function.weights().values(), by_class.weights().values())]
+    assert same and all(same)
+
+
 @pytest.mark.parametrize("loss", [MSE(), CrossEntropy(), Composite(components=((1.0, CrossEntropy()),)), NLL()])
 def test_to_keras_loss_gives_the_same_scalar(loss):
     if isinstance(loss, NLL):

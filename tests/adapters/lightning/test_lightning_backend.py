@@ -329,6 +329,20 @@ def test_a_loss_without_a_torch_version_is_refused_before_training():
         check(loop, None, "stage0")
 
 
+def _jax_l1(predicted, target):
+    return jnp.mean(jnp.abs(predicted - target))
+
+
+def test_a_loss_given_as_a_plain_function_is_refused_before_training_saying_where_it_runs():
+    loop = _loop(loss=_jax_l1)
+    with pytest.raises(
+        pipekit.ConfigError,
+        match=r"backend 'lightning' cannot train with LossFunction\(.*_jax_l1\), a loss given as a plain function: "
+        r"such a loss runs inside the JAX step of the equinox and keras backends; here write it as a Loss subclass",
+    ):
+        check(loop, None, "stage0")
+
+
 # Optimizers -----------------------------------------------------------------------------------------------------
 def _params():
     torch.manual_seed(0)

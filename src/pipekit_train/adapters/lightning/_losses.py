@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from pipekit import ConfigError, ShapeError
 
-from ...losses._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss
+from ...losses._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss, LossFunction
 from ...optim._schedules import fixed_value
 
 __all__ = ["register_torch_loss", "to_torch_loss", "torch_loss_types"]
@@ -25,6 +25,11 @@ __all__ = ["register_torch_loss", "to_torch_loss", "torch_loss_types"]
 TorchLoss = Callable[[Any, Any], Any]
 _MAPPERS: dict[type, Callable[[Any], TorchLoss]] = {}
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+_MSG_FUNCTION = (
+    "backend 'lightning' cannot train with {loss!r}, a loss given as a plain function: such a loss runs inside the "
+    "JAX step of the equinox and keras backends; here write it as a Loss subclass and give it a torch version "
+    "(pipekit_train.adapters.lightning.register_torch_loss)"
+)
 
 
 def register_torch_loss(loss_type: type) -> Callable[[Callable[[Any], TorchLoss]], Callable[[Any], TorchLoss]]:
@@ -68,6 +73,8 @@ def to_torch_loss(loss: Loss) -> TorchLoss:
     """
     if not isinstance(loss, Loss):
         raise ConfigError(f"to_torch_loss expects a pipekit_train Loss, got {type(loss).__name__}")
+    if isinstance(loss, LossFunction):
+        raise ConfigError(_MSG_FUNCTION.format(loss=loss))
     for cls in type(loss).__mro__:
         mapper = _MAPPERS.get(cls)
         if mapper is not None:
