@@ -33,7 +33,12 @@ if TYPE_CHECKING:
 
 
 class Callback(Operator, register=False):
-    """Base class of callbacks. Subclasses are registered operators: give them fields, override hooks."""
+    """Base class of callbacks. Subclasses are registered operators: give them fields, override hooks.
+
+    Args:
+        order: Where the callback runs among the others at each hook: lower runs earlier (EMA, -10, swaps the
+            weights before the others see them).
+    """
 
     #: Lower runs earlier. Callbacks that change what others see (EMA swapping weights) run first.
     order: int = 0
