@@ -50,6 +50,17 @@ class Callback(Operator, register=False):
     #: called for every step, after the chunk).
     needs_every_step: ClassVar[bool | None] = None
 
+    @classmethod
+    def frozen_message(cls, name: str) -> str:
+        """What a hook that assigns ``self.NAME = ...`` is told: a callback is configuration; what changes during
+        a run is its state (`initial_state`, `TrainContext.state_of`), which checkpoints save and resumes restore."""
+        owner = cls._pipekit_name or cls.__name__
+        return (
+            f"callback {owner} assigned self.{name}, but a callback is frozen (its fields are its configuration): "
+            f"keep what changes during a run in its state, ctx.state_of(self)[{name!r}] = ... (start it in "
+            "initial_state(); checkpoints save it and a resume restores it)"
+        )
+
     def initial_state(self) -> dict[str, Any]:
         """The JSON-able run-time state this callback starts a run with."""
         return {}
