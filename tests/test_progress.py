@@ -352,3 +352,40 @@ def test_at_80_columns_the_bar_keeps_the_step_counter_once_validation_metrics_ap
     last = bars[-1]
     assert len(last) <= 80 and " 300/1000 epoch 4 | loss 0.1 | val " in last, last
     assert re.search(r"\d:\d\d:\d\d ETA 0:00:07$", last), last
+
+
+def test_while_evaluating_the_bar_shows_the_step_of_the_loss_it_shows(tmp_path: Path, monkeypatch):
+    """At a step that logs and evaluates, the record (with its loss) is written before the evaluation and the bar's
+    step moved only after it: the bar showed step 5 beside step 10's loss while evaluating. What the display holds
+    each time a phase begins is recorded by a spy, and compared with the records written."""
+    from pipekit_train.tracking._writers import read_jsonl
+
+    seen: list[tuple[str, int, float | None]] = []
+
+    class Spy(Progress):
+        def set_phase(self, phase: str) -> None:
+            seen.append((phase, self.step, self.loss))
+            super().set_phase(phase)
+
+    monkeypatch.setattr("pipekit_train.stage.engine.Progress", Spy)
+    monkeypatch.delenv("CI", raising=False)
+    data = _data()
+    loop = TrainingLoop(
+        model_op=MODEL,
+        dataset=data,
+        val_dataset=data.replace(shuffle=False),
+        loss=MSE(),
+        optimizer_config={"name": "sgd", "lr": 0.01},
+        max_steps=20,
+        batch_size=16,
+        log_every_n_steps=5,
+        eval_every_n_steps=10,
+    )
+    with run_settings(run_dir=str(tmp_path / "run"), store=False):
+        loop.run()
+    loss = {
+        r["step"]: r["loss"]
+        for r in read_jsonl(tmp_path / "run" / "stage0" / "metrics.jsonl")
+        if r["type"] == "metrics" and r["context"] == "train"
+    }
+    assert [(step, shown) for phase, step, shown in seen if phase == "evaluating"] == [(10, loss[10]), (20, loss[20])]

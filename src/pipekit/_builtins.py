@@ -30,6 +30,9 @@ class Tap(Operator):
     Sinks are registered by name with `pipekit.register_sink`, so a YAML file can only reach functions the
     program registered. ``"print"`` is built in.
 
+    Args:
+        sink: The name of a registered sink (`pipekit.register_sink`); ``"print"`` prints the carrier.
+
     Example:
         >>> import pipekit
         >>> seen = []
@@ -93,6 +96,10 @@ class AssertShape(Operator):
     `shapes` maps a leaf path (as `array_leaves` spells it) to the expected shape; ``None`` in a shape matches
     any size. `dtypes` maps a leaf path to a dtype name. A missing leaf, a wrong shape or a wrong dtype raises
     `ShapeError` naming the leaf, what was expected and what was found.
+
+    Args:
+        shapes: ``{leaf path: shape}``; ``None`` in a shape matches any size. Omitted: no shape is checked.
+        dtypes: ``{leaf path: dtype name}`` (``float32``). Omitted: no dtype is checked.
 
     Example:
         >>> import numpy as np, pipekit

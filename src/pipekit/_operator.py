@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from . import _registry
-from ._errors import ConfigError
+from ._errors import ConfigError, PipekitError
 from ._types import check_field
 
 field = dataclasses.field
@@ -90,6 +90,19 @@ def _filling_init(cls: type[Operator], init: Any) -> Any:
     return __init__
 
 
+class FrozenOperatorError(PipekitError, dataclasses.FrozenInstanceError):
+    """An attribute of an operator was assigned or deleted: operators are frozen (`Operator.frozen_message` says
+    what to do instead). A `dataclasses.FrozenInstanceError` too, as the assignment to any frozen dataclass."""
+
+
+def _frozen_setattr(self: Operator, name: str, value: Any) -> None:
+    raise FrozenOperatorError(type(self).frozen_message(name))
+
+
+def _frozen_delattr(self: Operator, name: str) -> None:
+    raise FrozenOperatorError(type(self).frozen_message(name))
+
+
 @typing.dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field,))
 class Operator:
     """A frozen, typed, keyword-constructed configuration value that can be applied to a carrier.
@@ -121,6 +134,9 @@ class Operator:
     def __init_subclass__(cls, *, name: str | None = None, register: bool = True, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)(cls)
+        # The dataclass's own refusal reads "cannot assign to field 'x'": say whose and what to do instead.
+        type.__setattr__(cls, "__setattr__", _frozen_setattr)
+        type.__setattr__(cls, "__delattr__", _frozen_delattr)
         if cls.fill_fields.__func__ is not Operator.fill_fields.__func__:  # type: ignore[attr-defined]
             setattr(cls, "__init__", _filling_init(cls, cls.__init__))  # noqa: B010  # the dataclass's own
         cls._pipekit_name = None
@@ -196,6 +212,20 @@ class Operator:
             if _canonical(value) != _canonical(default) or type(value) is not type(default):
                 out[f.name] = value
         return out
+
+    @classmethod
+    def frozen_message(cls, name: str) -> str:
+        """The one-line error for code that assigns (or deletes) attribute `name` of an operator of this type."""
+        owner = cls._pipekit_name or cls.__name__
+        if name in {f.name for f in dataclasses.fields(cls)}:  # type: ignore[arg-type]
+            return (
+                f"{owner}.{name} cannot be assigned: an operator is frozen (its fields are its whole configuration); "
+                f"make a changed copy with .replace({name}=...)"
+            )
+        return (
+            f"{owner} cannot hold a new attribute {name!r}: an operator is frozen (its fields are its whole "
+            "configuration, and it has no other state)"
+        )
 
     def replace(self, **changes: Any) -> typing.Self:
         """A copy with some fields changed (the operator itself never changes)."""

@@ -16,6 +16,9 @@ class Sequential(StatefulOperator):
     carry-state: a stage receives the state its predecessor returned (this is how the model trained by a
     pretraining `TrainingLoop` reaches the finetuning one). Plain operators pass the state through untouched.
 
+    Args:
+        stages: The operators to apply, in order (at least one); a stage may itself be a `Sequential`.
+
     Example:
         >>> import pipekit
         >>> class Add(pipekit.Operator):

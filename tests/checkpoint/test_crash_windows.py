@@ -56,6 +56,60 @@ def test_a_damaged_record_of_an_unlisted_step_is_ignored_not_trusted(tmp_path: P
     assert row["steps"] == [10]
 
 
+# A real process SIGKILLs itself once the manifest listing step 20 (and no longer step 10, which Last(n=1) drops) is
+# written, before step 10 is deleted: the window between the manifest update and the retention's deletions.
+KILLED_BEFORE_THE_DELETION = """\
+import os, signal, sys
+import numpy as np
+import pipekit_train.checkpoint._checkpointer as checkpointer
+from pipekit_train import Checkpointer, Last
+
+def killed(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+checkpointer.retire = checkpointer._delete_step = killed
+with Checkpointer(sys.argv[1], keep=(Last(n=1),), async_save=False) as ckpt:
+    for step in (10, 20):
+        ckpt.save(step, state={"w": np.full(3, step, np.float32)}, data_iter={"i": step}, meta={})
+"""
+
+
+def test_a_kill_between_the_manifest_and_the_retention_names_that_cause(tmp_path: Path):
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_BEFORE_THE_DELETION, str(tmp_path / "ck")],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        timeout=120,
+    )
+    assert killed.returncode == -9, killed.stderr.decode()
+    manifest = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    assert [e["step"] for e in manifest["entries"]] == [20] and manifest["dropping"] == [10]
+    assert (tmp_path / "ck" / "10" / "commit_success.txt").exists()
+    with pytest.warns(PipekitTrainWarning) as seen:
+        ckpt = Checkpointer(tmp_path / "ck", keep=(Last(n=1),), async_save=False)
+    (message,) = [str(w.message) for w in seen]
+    assert message == (
+        f"{tmp_path / 'ck'}: step(s) [10] were dropped by the retention policy (keep) but are still on disk (a stop "
+        "after manifest.json was updated, before they were deleted); listed again until keep deletes them (a resumed "
+        "run does so once its checkpoint is accepted)"
+    )
+    with ckpt:
+        assert ckpt.steps() == [10, 20] and ckpt.prune() == [10] and ckpt.steps() == [20]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name.isdigit()) == ["20"]
+
+
+def test_a_save_stopped_before_its_manifest_update_is_named_as_such(tmp_path: Path):
+    _saved(tmp_path / "ck")
+    _forget(tmp_path / "ck", 20)
+    with pytest.warns(PipekitTrainWarning, match=r"\[20\] were committed but missing from manifest.json \(a stop right "
+                      r"after the save, before the manifest was updated\)"):  # fmt: skip
+        Checkpointer(tmp_path / "ck", keep=(Last(n=3),), async_save=False).close()
+    (tmp_path / "ck" / "manifest.json").unlink()
+    no_manifest = r"\(there was no readable manifest.json: deleted, damaged, or a stop before its first write\)"
+    missing = rf"\[10, 20\] were committed but missing from manifest.json {no_manifest}"
+    with pytest.warns(PipekitTrainWarning, match=missing):
+        Checkpointer(tmp_path / "ck", keep=(Last(n=3),), async_save=False).close()
+
+
 @pytest.mark.parametrize(("layout", "marker"), [("flat", "commit_success.txt"), ("orbax", "_CHECKPOINT_METADATA")])
 def test_restore_latest_names_a_newer_step_whose_commit_marker_is_gone(tmp_path: Path, layout: str, marker: str):
     with Checkpointer(tmp_path / "ck", keep=(Last(n=3),), async_save=False, layout=layout) as ckpt:

@@ -327,3 +327,124 @@ def test_force_resume_continues_a_changed_finished_stage_from_its_last_checkpoin
     with pytest.warns(PipekitTrainWarning, match=r"--force-resume: stage 's' continues from step 20"):
         _, artifact = _resume_finished(tmp_path, force=True, callbacks=(CKPT,), max_steps=30)
     assert artifact.backend_info["steps"] == 30
+
+
+# The checkpoint cadence -------------------------------------------------------------------------------------------
+# With fused steps, chunks end at checkpoint steps (stage/chunks.py): a cadence is compared only where it shapes the
+# chunks (`_resume.cadence_shapes_chunks`), so a change that is accepted resumes into the uninterrupted run's chunks.
+
+
+def _chunks(loop: Any, every: int | None) -> list[tuple[int, int]]:
+    """``(first, last)`` of every chunk the engine cuts `loop`'s steps into, with checkpoints every `every` steps:
+    the engine's own `_periods`, `chunk_plan` and `next_chunk`, on a stand-in holding what they read."""
+    from types import SimpleNamespace
+
+    from pipekit_train.stage.chunks import chunk_plan
+    from pipekit_train.stage.engine import Engine
+
+    class Cutter:
+        _periods, _boundaries, next_chunk = Engine._periods, Engine._boundaries, Engine.next_chunk
+
+    cutter = Cutter()
+    cutter.loop, cutter.backend, cutter.step = loop, None, 0  # type: ignore[attr-defined]
+    cutter.hooks = SimpleNamespace(boundaries=lambda: [every] if every else [])  # type: ignore[attr-defined]
+    cutter.chunks = chunk_plan(loop, cutter._periods(), True, 1, ())  # type: ignore[attr-defined]
+    out = []
+    while cutter.step < loop.max_steps:  # type: ignore[attr-defined]
+        n = cutter.next_chunk()
+        out.append((cutter.step, cutter.step + n))  # type: ignore[attr-defined]
+        cutter.step += n  # type: ignore[attr-defined]
+    return out
+
+
+def test_a_cadence_taken_as_shaping_no_chunk_never_does():
+    """Over a grid of cadences, fusion settings and schedules: whenever `cadence_shapes_chunks` says a cadence
+    shapes nothing, the engine cuts exactly the chunks it cuts with no checkpoint at all (the rule is safe); and it
+    lets most cadences that are multiples of a boundary through (the rule is useful)."""
+    from types import SimpleNamespace
+
+    from pipekit_train.checkpoint._resume import cadence_shapes_chunks
+
+    free = checked = 0
+    for setting in ("auto", 2, 4, 6):
+        for log, val, spe, max_steps in [(5, None, None, 40), (4, 6, None, 48), (10, None, 7, 70), (3, 9, 12, 36)]:
+            loop = SimpleNamespace(
+                steps_per_call=setting,
+                log_every_n_steps=log,
+                val_dataset=object() if val else None,
+                eval_every_n_steps=val or 0,
+                steps_per_epoch=spe,
+                max_steps=max_steps,
+            )
+            plain = _chunks(loop, None)
+            for every in range(1, 2 * max_steps + 1):
+                checked += 1
+                if not cadence_shapes_chunks(loop, every):
+                    free += 1
+                    assert _chunks(loop, every) == plain, (setting, log, val, spe, max_steps, every)
+    assert checked == 4 * (80 + 96 + 140 + 72) and free > checked // 4
+
+
+def _traced(monkeypatch: pytest.MonkeyPatch, trace: Path, loop: TrainingLoop) -> tuple[Any, list[dict[str, Any]]]:
+    """`loop.run()` with the resume probe tracing every chunk into `trace`: its artifact and the chunks it ran."""
+    import json
+
+    monkeypatch.setenv("PIPEKIT_RESUME_PROBE", json.dumps({"trace": str(trace)}))
+    try:
+        _, artifact = loop.run()
+    finally:
+        monkeypatch.delenv("PIPEKIT_RESUME_PROBE")
+    return artifact, [json.loads(line) for line in trace.read_text().splitlines()]
+
+
+class StopAfterEval(Callback, register=False):
+    """Stops the run after the evaluation of `step`: unlike `StopAt` (`on_step_end`), it lets the steps fuse."""
+
+    step: int = 10
+
+    def on_eval_end(self, ctx: Any, metrics: Any) -> None:
+        if ctx.step == self.step:
+            ctx.request_stop("test")
+
+    def fingerprint(self) -> None:
+        return None
+
+
+def test_a_cadence_change_that_shapes_no_chunk_resumes_bitwise_into_the_same_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Fused (`auto`: chunks of 5 between the log, eval and checkpoint steps), stopped at step 10 with checkpoints
+    every 5, resumed with checkpoints every 10: every chunk (its steps, and the digest of every state leaf, the data
+    position and the callbacks' state after it) is the uninterrupted every-10 run's, and so are the weights."""
+    import json
+
+    every10 = Checkpoint(every_n_steps=10, keep=(Last(n=1),), async_save=False)
+    with run_settings(run_dir=str(tmp_path / "r"), store=False):
+        _traced(monkeypatch, tmp_path / "a.jsonl", _loop(callbacks=(CKPT, StopAfterEval())))
+    with run_settings(run_dir=str(tmp_path / "r"), store=False, resume="auto"):
+        resumed, after = _traced(monkeypatch, tmp_path / "b.jsonl", _loop(callbacks=(every10,)))
+    with run_settings(run_dir=str(tmp_path / "whole"), store=False):
+        whole, chunks = _traced(monkeypatch, tmp_path / "c.jsonl", _loop(callbacks=(every10,)))
+    before = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+
+    def key(record: dict[str, Any]) -> tuple[Any, ...]:
+        return record["first"], record["step"], json.dumps(record["state"], sort_keys=True), record["data"]
+
+    assert [(r["first"], r["step"]) for r in chunks] == [(0, 5), (5, 10), (10, 15), (15, 20)]
+    assert [key(r) for r in before] + [key(r) for r in after] == [key(r) for r in chunks]
+    assert resumed.trained_model_hash == whole.trained_model_hash
+
+
+def test_a_cadence_change_that_shapes_the_chunks_is_refused(interrupted: Path, tmp_path: Path):
+    import shutil
+
+    run_dir = tmp_path / "r"
+    shutil.copytree(interrupted, run_dir)
+    (run_dir / ".lock").unlink(missing_ok=True)
+    every4 = Checkpoint(every_n_steps=4, keep=(Last(n=1),), async_save=False)  # cuts at 4, 8, 12, 16: not boundaries
+    diff = r'- "checkpoint_every": "shapes no chunk \(a multiple of a boundary\)",\n\+ "checkpoint_every": 4,'
+    with (
+        pytest.raises(CheckpointMismatchError, match=rf"(?s)configuration changed.*{diff}"),
+        run_settings(run_dir=str(run_dir), store=False, resume="auto"),
+    ):
+        _loop(callbacks=(every4,)).run()

@@ -140,6 +140,38 @@ def test_average_best_k_and_explicit_steps(trained, tmp_path, capsys):
     assert "(steps 25, 30)" in capsys.readouterr().out
 
 
+def test_average_rebuilds_a_deleted_manifest_as_a_resume_does(trained, tmp_path, capsys):
+    """Its manifest deleted, a run's checkpoint directory is still found (from the stage or the run directory); the
+    manifest is rebuilt from the committed steps with the warning a resume gives, and the average is the same."""
+    import shutil
+    import warnings
+
+    from pipekit_train import PipekitTrainWarning
+
+    run_dir = tmp_path / "exp1"
+    shutil.copytree(trained["run_dir"], run_dir)
+    ckdir = run_dir / "fit" / "checkpoints"
+    (ckdir / "manifest.json").unlink()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert _cli("average", str(run_dir), "--last", "3", "-o", str(tmp_path / "avg")) == 0
+    steps = [e.step for e in trained["entries"]]
+    assert [str(w.message) for w in seen if issubclass(w.category, PipekitTrainWarning)] == [
+        f"{ckdir}: step(s) {steps} were committed but missing from manifest.json (there was no readable manifest.json: "
+        "deleted, damaged, or a stop before its first write); the manifest lists them again"
+    ]
+    assert f"averaged 3 checkpoint(s) of {ckdir} (steps 20, 25, 30)" in capsys.readouterr().out
+    rebuilt = Checkpointer(ckdir)  # no warning: the manifest was written again
+    assert rebuilt.steps() == [e.step for e in trained["entries"]] and rebuilt.monitor == "validate/loss"
+    assert rebuilt.best_step() == Checkpointer(trained["ckdir"]).best_step()
+    averaged = _flat(Checkpointer(tmp_path / "avg").restore("latest")[0])
+    assert _cli("average", str(trained["ckdir"]), "--last", "3", "-o", str(tmp_path / "ref")) == 0
+    reference = _flat(Checkpointer(tmp_path / "ref").restore("latest")[0])
+    assert averaged.keys() == reference.keys()
+    for path, value in averaged.items():
+        np.testing.assert_array_equal(value, reference[path], err_msg=path)
+
+
 def test_runs_lists_the_run_with_its_best_score(trained, capsys):
     run_id = json.loads((trained["run_dir"] / "run.json").read_text())["run_id"]
     best = min((e for e in trained["entries"] if e.score is not None), key=lambda e: (e.score, e.step))
@@ -190,7 +222,7 @@ def _two_checkpoint_dirs(root: Path) -> Path:
         (["average", "{run}", "--best", "two", "-o", "{out}"], 2, r"--best must be a positive int, got 'two'"),
         (["average", "{run}", "--steps", "20,x", "-o", "{out}"], 2, r"--steps must be a comma-separated list"),
         (["average", "{tmp}/missing", "--last", "3", "-o", "{out}"], 2, r"missing: no such directory"),
-        (["average", "{empty}", "--last", "3", "-o", "{out}"], 2, r"holds no checkpoints \(no manifest.json"),
+        (["average", "{empty}", "--last", "3", "-o", "{out}"], 2, r"holds no checkpoints \(no committed step"),
         (["average", "{two}", "--last", "2", "-o", "{out}"], 2, r"holds 2 checkpoint directories \(.*a/checkpoints"),
         (["average", "{run}", "--steps", "7,30", "-o", "{out}"], 2, r"step\(s\) \[7\] are not committed .* \[.*30\]"),
         (["average", "{two}/a", "--best", "1", "-o", "{out}"], 2, r"picks no checkpoint in .*a/checkpoints"),

@@ -38,6 +38,21 @@ def test_fields_are_typed_frozen_and_keyword_only():
         Affine(2.0)  # type: ignore[misc]
 
 
+def test_assigning_to_an_operator_says_whose_field_and_what_to_do():
+    import dataclasses
+
+    from pipekit import PipekitError
+
+    op = Affine(scale=2)
+    with pytest.raises(PipekitError, match=r"^Affine.scale cannot be assigned: .* frozen .*replace\(scale="):
+        op.scale = 3.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"^Affine cannot hold a new attribute 'cache'"):
+        op.cache = {}  # type: ignore[attr-defined]
+    with pytest.raises(PipekitError, match=r"^Affine.shift cannot be assigned"):
+        del op.shift
+    assert op == Affine(scale=2)
+
+
 def test_wrong_type_names_field_rule_and_value():
     with pytest.raises(ConfigError, match=r"Affine\.scale must be float, got 'big'"):
         Affine(scale="big")  # type: ignore[arg-type]

@@ -272,6 +272,14 @@ def test_describe_shows_documented_meanings_and_kinds():
     assert "Not registered as a type of its own" in kind and "MSE" in kind
 
 
+@pytest.mark.parametrize("name,cls", ALL_TYPES, ids=[n for n, _ in ALL_TYPES])
+def test_every_registered_operator_documents_every_field(name, cls):
+    """`pipekit-train describe NAME` has a meaning for every field (EMA's column was empty): each field is in an
+    ``Args:`` / ``Attributes:`` section of the class's docstring or a base's (`Callback.order` for every callback)."""
+    undocumented = [info.name for info in fields_of(cls) if not info.meaning]
+    assert not undocumented, f"{name}: document {undocumented} in its docstring's Args: section"
+
+
 def test_describe_an_unknown_name_suggests_the_closest():
     with pytest.raises(ConfigError, match=r"unknown operator type 'TrainingLop' \(did you mean 'TrainingLoop'"):
         pipekit.describe("TrainingLop")

@@ -202,6 +202,12 @@ def test_a_run_resumed_on_fewer_processes_and_devices_draws_the_same_batches(
     # One process with 2 devices continues (no --force-resume), stopped after step 8; then one device finishes.
     out = _run(work, run, "--resume", "auto", devices=2, env={"STOP_AT": "8"})
     assert out.returncode == 143, out.stderr[-3000:]
+    # Said on one line, though the stage has `progress: false` (the elastic resume is a warning, not a bar's line).
+    notice = (
+        "pipekit-train: warning: fit: elastic resume at step 4 on 2 devices (1 process), written on 4 devices "
+        "(2 processes): the same batches, weights within float rounding (docs/reliability.md)"
+    )
+    assert out.stderr.splitlines().count(notice) == 1, out.stderr[-3000:]
     assert _run_here(work, run, "--resume", "auto") == 0
 
     # The same global batches, record id for record id: 12 steps, 4 batches per epoch.

@@ -35,7 +35,12 @@ if TYPE_CHECKING:
 
 
 class Callback(Operator, register=False):
-    """Base class of callbacks. Subclasses are registered operators: give them fields, override hooks."""
+    """Base class of callbacks. Subclasses are registered operators: give them fields, override hooks.
+
+    Args:
+        order: Where the callback runs among the others at each hook: lower runs earlier (EMA, -10, swaps the
+            weights before the others see them).
+    """
 
     #: Lower runs earlier. Callbacks that change what others see (EMA swapping weights) run first.
     order: int = 0
@@ -46,6 +51,17 @@ class Callback(Operator, register=False):
     #: callback that only records the per-step metrics sets ``False`` and keeps the steps fused (it is still
     #: called for every step, after the chunk).
     needs_every_step: ClassVar[bool | None] = None
+
+    @classmethod
+    def frozen_message(cls, name: str) -> str:
+        """What a hook that assigns ``self.NAME = ...`` is told: a callback is configuration; what changes during
+        a run is its state (`initial_state`, `TrainContext.state_of`), which checkpoints save and resumes restore."""
+        owner = cls._pipekit_name or cls.__name__
+        return (
+            f"callback {owner} assigned self.{name}, but a callback is frozen (its fields are its configuration): "
+            f"keep what changes during a run in its state, ctx.state_of(self)[{name!r}] = ... (start it in "
+            "initial_state(); checkpoints save it and a resume restores it)"
+        )
 
     def initial_state(self) -> dict[str, Any]:
         """The JSON-able run-time state this callback starts a run with."""

@@ -32,6 +32,12 @@ class EarlyStopping(Callback):
 
     The stop is recorded as the run's stop reason (``early stopping: ...``); the stage then ends normally, so a
     `Sequential` goes on to its next stage.
+
+    Args:
+        monitor: The validation metric watched (``validate/loss``, ``validate/accuracy``, ...).
+        mode: ``"min"`` if a lower `monitor` is better, ``"max"`` if a higher one is.
+        patience: Validation passes without an improvement before the stage stops (>= 1).
+        min_delta: How much `monitor` must beat its best by to count as an improvement (>= 0).
     """
 
     monitor: str = "validate/loss"
@@ -73,6 +79,16 @@ class ReduceLROnPlateau(Callback):
     (relative, or absolute with ``threshold_mode: abs``); after more than `patience` passes without one, the
     learning-rate scale is multiplied by `factor` (never below `min_scale`) and `cooldown` passes follow in which
     bad passes are not counted. The scale multiplies the optimizer's schedule and is checkpointed.
+
+    Args:
+        monitor: The validation metric watched.
+        mode: ``"min"`` if a lower `monitor` is better, ``"max"`` if a higher one is.
+        factor: What the learning-rate scale is multiplied by at a plateau, in (0, 1).
+        patience: Validation passes without an improvement tolerated before a reduction (>= 0).
+        cooldown: Validation passes after a reduction in which bad passes are not counted (>= 0).
+        min_scale: The learning-rate scale never goes below this (>= 0).
+        threshold: How much a value must beat the best by to be an improvement.
+        threshold_mode: ``"rel"``: `threshold` is relative to the best; ``"abs"``: absolute.
     """
 
     monitor: str = "validate/loss"
@@ -145,6 +161,12 @@ class EMA(Callback):
     `decay` may be a schedule (``decay: {type: Cosine, start: 0.9, end: 0.999, steps: 2000}``): a short memory
     while the weights move fast, a long one later. It is evaluated in the compiled step at the traced step (no
     recompile, exact on resume) and logged as ``schedule/ema_decay``; every value it takes must be in (0, 1).
+
+    Args:
+        decay: The EMA's ``d``, in (0, 1), or a `Schedule` of it over the steps.
+        warmup: Use ``min(decay, (1 + t) / (10 + t))`` at step ``t``: a short memory at the start.
+        evaluate_with_ema: Validate (and so pick best checkpoints and stop early) with the EMA weights.
+        return_ema: The stage returns the EMA weights instead of the raw ones.
     """
 
     decay: float | Schedule = 0.999

@@ -137,13 +137,31 @@ class Checkpointer:
         self.monitor: str = monitor or header.get("monitor") or "validate/loss"
         self.mode: Mode = mode or header.get("mode") or "min"
         self._entries: dict[int, ManifestEntry] = entries
-        if unlisted:  # a crash after a commit, before the manifest listed it: list it now, and say so
-            warnings.warn(
-                f"{self.directory}: step(s) {unlisted} were committed but missing from {MANIFEST} (a crash right "
-                "after the save); the manifest lists them again",
-                PipekitTrainWarning,
-                stacklevel=2,
-            )
+        if unlisted:  # committed but not listed: list them now, and say why they were not
+            # A stop between a manifest write and the deletions it announced (`_write_listed`'s ``dropping``) leaves
+            # steps `keep` had dropped; any other was committed by a save stopped before its manifest write.
+            dropping = set(header.get("dropping") or ())
+            dropped, missed = [s for s in unlisted if s in dropping], [s for s in unlisted if s not in dropping]
+            if missed:
+                cause = (
+                    "a stop right after the save, before the manifest was updated"
+                    if header
+                    else f"there was no readable {MANIFEST}: deleted, damaged, or a stop before its first write"
+                )
+                warnings.warn(
+                    f"{self.directory}: step(s) {missed} were committed but missing from {MANIFEST} ({cause}); the "
+                    "manifest lists them again",
+                    PipekitTrainWarning,
+                    stacklevel=2,
+                )
+            if dropped:
+                warnings.warn(
+                    f"{self.directory}: step(s) {dropped} were dropped by the retention policy (keep) but are still "
+                    f"on disk (a stop after {MANIFEST} was updated, before they were deleted); listed again until "
+                    "keep deletes them (a resumed run does so once its checkpoint is accepted)",
+                    PipekitTrainWarning,
+                    stacklevel=2,
+                )
             header = {"monitor": self.monitor, "mode": self.mode, "keep": [repr(s) for s in self.keep]}
             with contextlib.suppress(OSError):  # a read-only directory is still read correctly from memory
                 if is_primary():  # several processes: process 0 writes what they share
@@ -516,7 +534,7 @@ class Checkpointer:
             retained, doomed = self._retention(entries)
             try:
                 if is_primary():  # several processes: process 0 writes the manifest and deletes, after Orbax's commit
-                    self._write_listed(retained)
+                    self._write_listed(retained, doomed)
             except OSError as e:
                 self._entries[entry.step] = entry  # listed by the next manifest write that succeeds
                 if self.layout == "flat":  # the commit's rename (`write_flat` left its fsync to this write)
@@ -549,7 +567,7 @@ class Checkpointer:
                 return []
             try:
                 if is_primary():
-                    self._write_listed(retained)
+                    self._write_listed(retained, doomed)
             except OSError as e:
                 logger.warning("could not update %s in %s (%s); nothing was deleted", MANIFEST, self.directory, e)
                 return []
@@ -571,8 +589,12 @@ class Checkpointer:
         retained = sorted((e for e in entries if e.step in kept), key=_step)
         return retained, sorted(e.step for e in entries if e.step not in kept)
 
-    def _write_listed(self, retained: list[ManifestEntry]) -> None:
-        header = {"monitor": self.monitor, "mode": self.mode, "keep": [repr(s) for s in self.keep]}
+    def _write_listed(self, retained: list[ManifestEntry], doomed: list[int]) -> None:
+        """Write the manifest listing `retained`; ``dropping`` names `doomed`, the steps deleted right after, so a
+        stop before their deletion is told from a save that never reached the manifest (`__init__`)."""
+        header: dict[str, Any] = {"monitor": self.monitor, "mode": self.mode, "keep": [repr(s) for s in self.keep]}
+        if doomed:
+            header["dropping"] = doomed
         _with_io_retry(lambda: _write_manifest(self.directory, header, retained))
 
     def _delete(self, doomed: list[int]) -> None:

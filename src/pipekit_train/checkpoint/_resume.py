@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 import re
 import signal
 import threading
@@ -108,11 +109,49 @@ def fingerprint(loop: Any) -> dict[str, Any]:
             out["mesh"]["num_processes"] = topology["num_processes"]
     if compute_dtype(loop.precision) is not None:
         out["precision"] = compute_dtype(loop.precision)
-    # Fused chunks end at checkpoint steps: the cadence shapes the compiled calls (`auto` fuses too).
+    # Fused chunks end at checkpoint steps: the cadence may shape the compiled calls (`auto` fuses too). It is
+    # recorded as it is; a resume compares it only where it shapes them (`comparable`).
     if loop.steps_per_call == "auto" or loop.steps_per_call > 1:
         checkpoint = loop.checkpoint_settings
         out["checkpoint_every"] = checkpoint.every_n_steps if checkpoint is not None else None
     return out
+
+
+def cadence_shapes_chunks(loop: Any, every: int) -> bool:
+    """Whether checkpoints every `every` steps change how the engine cuts `loop`'s steps into compiled calls
+    (`stage.chunks`). They do not when every multiple of `every` before `max_steps` is a boundary anyway (`every`
+    is a multiple of the log cadence, of the evaluation cadence with validation data, of `steps_per_epoch`, of an
+    integer `steps_per_call` or of `max_steps`, or at least `max_steps`) and, with `auto`, the chunk size it
+    resolves to does not move (`every` is a multiple of the other periods' common divisor and no shorter than the
+    shortest of them)."""
+    setting = loop.steps_per_call
+    if setting != "auto" and int(setting) <= 1:
+        return False
+    periods = [loop.log_every_n_steps, loop.max_steps]
+    if loop.val_dataset is not None:
+        periods.append(loop.eval_every_n_steps)
+    if loop.steps_per_epoch:
+        periods.append(loop.steps_per_epoch)
+    periods = [int(p) for p in periods if p]
+    cuts = periods if setting == "auto" else [*periods, int(setting)]
+    if not (every >= loop.max_steps or any(every % p == 0 for p in cuts)):
+        return True
+    return setting == "auto" and not (every % math.gcd(*periods) == 0 and every >= min(periods))
+
+
+def comparable(recorded: dict[str, Any] | None, loop: Any) -> dict[str, Any]:
+    """A fingerprint as a resume under `loop` compares it: a checkpoint cadence that shapes no chunk of `loop`
+    (`cadence_shapes_chunks`) reads as `SHAPES_NO_CHUNK`, so a change between such cadences resumes into exactly
+    the chunks the uninterrupted run with the new cadence makes, while any other change of it is refused."""
+    out = dict(recorded or {})
+    every = out.get("checkpoint_every")
+    if isinstance(every, int) and not cadence_shapes_chunks(loop, every):
+        out["checkpoint_every"] = SHAPES_NO_CHUNK
+    return out
+
+
+#: What `comparable` shows for a checkpoint cadence whose steps are chunk boundaries anyway (in a refusal's diff).
+SHAPES_NO_CHUNK = "shapes no chunk (a multiple of a boundary)"
 
 
 def _diff(saved: dict[str, Any], now: dict[str, Any], then: str = "checkpoint") -> str:
@@ -222,7 +261,8 @@ class CheckpointHooks:
                 raise
         # Another device or process count alone is an elastic resume (`_elastic`): accepted and recorded.
         self._elastic(meta, step)
-        saved, now = without_topology(meta.get("fingerprint")), without_topology(self.fingerprint)
+        saved = without_topology(comparable(meta.get("fingerprint"), self.loop))
+        now = without_topology(comparable(self.fingerprint, self.loop))
         if saved != now and self.force:
             self.forced = _diff(saved, now)
             warnings.warn(

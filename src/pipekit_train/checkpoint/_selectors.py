@@ -99,6 +99,10 @@ class Best(Selector):
     of the latest 20. `among` is for choosing what to load or average; `Checkpoint.keep` refuses it, because
     retention would apply it to what is left after earlier deletions rather than to everything written.
 
+    Args:
+        k: How many checkpoints to pick (>= 1).
+        among: Rank only what this selector picks (``Last(n=20)``); not allowed in `Checkpoint.keep`.
+
     Example:
         >>> from pipekit_train.checkpoint._selectors import Best, ManifestEntry
         >>> entries = [ManifestEntry(step=s, score=v) for s, v in [(1, 0.5), (2, 0.2), (3, None), (4, 0.3)]]
@@ -127,6 +131,9 @@ class Best(Selector):
 class Last(Selector):
     """The `n` checkpoints with the highest steps, scored or not.
 
+    Args:
+        n: How many of the latest checkpoints to pick (>= 1).
+
     Example:
         >>> from pipekit_train.checkpoint._selectors import Last, ManifestEntry
         >>> sorted(Last(n=2).select([ManifestEntry(step=s) for s in (10, 30, 20)], "min"))
@@ -145,6 +152,9 @@ class Last(Selector):
 
 class Every(Selector):
     """Every checkpoint whose step is a multiple of `n` (a sparse, permanent history).
+
+    Args:
+        n: Pick the checkpoints whose step is a multiple of this (>= 1).
 
     Example:
         >>> from pipekit_train.checkpoint._selectors import Every, ManifestEntry
@@ -172,6 +182,9 @@ class Average(Operator):
     Float leaves are averaged; integer leaves (counters, PRNG key data) come from the newest picked checkpoint.
     The directory must still hold every picked checkpoint, so keep them while training, e.g.
     ``Checkpoint(keep=(Best(k=3), Last(n=10)))`` for ``Average(selector=Last(n=10))``.
+
+    Args:
+        selector: Which checkpoints to average (`Best`, `Last`, `Every`).
     """
 
     selector: Selector

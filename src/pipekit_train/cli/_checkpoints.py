@@ -46,12 +46,22 @@ def parse_steps(text: str) -> list[int]:
     return [int(p) for p in parts]
 
 
+def _is_checkpoint_dir(directory: Path, names: Sequence[str] | None = None) -> bool:
+    """Whether `directory` holds checkpoints: a ``manifest.json``, or a committed step whose manifest was lost
+    (a resume or restore rebuilds it, and so does `cmd_average`)."""
+    from ..checkpoint._layout import _uncommitted_reason
+
+    if names is None:
+        names = os.listdir(directory) if directory.is_dir() else []
+    return _MANIFEST in names or any(n.isdigit() and _uncommitted_reason(directory / n) is None for n in names)
+
+
 def _checkpoint_dirs(root: Path) -> list[Path]:
-    """The directories holding a ``manifest.json`` under `root`, never looking inside checkpoint steps."""
+    """The checkpoint directories under `root` (`_is_checkpoint_dir`), never looking inside checkpoint steps."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
-        if _MANIFEST in filenames:
+        if _is_checkpoint_dir(Path(dirpath), [*filenames, *dirnames]):
             found.append(Path(dirpath))
             dirnames[:] = [d for d in dirnames if not d.split(".", 1)[0].isdigit()]
     return found
@@ -62,13 +72,13 @@ def resolve_checkpoint_dir(path: str) -> Path:
     where = Path(path)
     if not where.is_dir():
         raise CommandError(f"{path}: no such directory")
-    if (where / _MANIFEST).is_file():
+    if _is_checkpoint_dir(where):
         return where
-    if (where / "checkpoints" / _MANIFEST).is_file():
+    if _is_checkpoint_dir(where / "checkpoints"):
         return where / "checkpoints"
     found = _checkpoint_dirs(where)
     if not found:
-        raise CommandError(f"{path} holds no checkpoints (no {_MANIFEST} in it or below it)")
+        raise CommandError(f"{path} holds no checkpoints (no committed step or {_MANIFEST} in it or below it)")
     if len(found) > 1:
         names = ", ".join(str(d) for d in found)
         raise CommandError(f"{path} holds {len(found)} checkpoint directories ({names}); name one of them")
@@ -94,6 +104,12 @@ def cmd_average(args: argparse.Namespace) -> int:
     else:
         steps = parse_steps(args.steps)
     source = resolve_checkpoint_dir(args.source)
+    if not (source / _MANIFEST).is_file():  # rebuilt from the committed steps and written, as a resume does
+        from ..checkpoint._average import _selection
+        from ..checkpoint._checkpointer import Checkpointer
+
+        _, monitor, mode = _selection(source.absolute())  # the metric the steps were scored under
+        Checkpointer(source, monitor=monitor, mode=mode, async_save=False).close()
     out = Path(args.out).absolute()
     picked, _ = _pick(source.absolute(), steps)  # resolved once, so what is printed is what is averaged
     from .._lock import enclosing_run_dir, run_dir_lock

@@ -10,11 +10,12 @@ stop on SIGINT (130) or SIGTERM (143); 141 when the reader of standard output we
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn, TextIO
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 #: The exit code when standard output is a pipe whose reader went away (128 + SIGPIPE, as a shell reports it).
@@ -102,6 +103,40 @@ def report_error(prog: str, e: BaseException, *, collapse: bool = True) -> int:
     return code
 
 
+@contextlib.contextmanager
+def one_line_warnings(prog: str = "pipekit-train") -> Iterator[None]:
+    """Within: print each `PipekitTrainWarning` as ``PROG: warning: MESSAGE``, the way `report_error` prints errors
+    (no Python ``file:line: Category:`` header, no source line; a message that holds lines of its own, a forced
+    resume's configuration diff, keeps them below its first). Under ``--debug``, and for other packages' warnings,
+    Python's own format (it says where the warning was raised)."""
+    import warnings
+
+    previous = warnings.showwarning
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        from pipekit_train._warnings import PipekitTrainWarning
+
+        if not issubclass(category, PipekitTrainWarning) or debug_enabled():
+            previous(message, category, filename, lineno, file, line)
+            return
+        # As Python's own printer: a closed or missing stream loses the warning, nothing else.
+        with contextlib.suppress(OSError, ValueError):
+            (file or sys.stderr).write(f"{prog}: warning: {str(message).strip()}\n")
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
 def silence_stdout() -> None:
     """Point standard output at /dev/null, so that Python's flush at exit does not report a broken pipe again."""
     try:
@@ -156,4 +191,5 @@ def run_commands(add_commands: Callable[[Any], object], argv: Sequence[str] | No
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse has printed the usage error (or --help)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    return int(args.func(args))
+    with one_line_warnings():
+        return int(args.func(args))

@@ -533,7 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     end = argv.index("--") if "--" in argv else len(argv)
     debug_before, _common.DEBUG = _common.DEBUG, "--debug" in argv[:end]
     try:  # for this call only: a caller's later commands in this process print one line again
-        return _parse_and_run([a for i, a in enumerate(argv) if not (i < end and a == "--debug")])
+        with _common.one_line_warnings():  # warnings are one line too, like errors
+            return _parse_and_run([a for i, a in enumerate(argv) if not (i < end and a == "--debug")])
     finally:
         _common.DEBUG = debug_before
 

@@ -96,7 +96,14 @@ class Schedule(Operator, register=False):
 
 
 class _Ramp(Schedule, register=False):
-    """From `start` at step `begin` to `end` at step ``begin + steps``, constant before and after."""
+    """From `start` at step `begin` to `end` at step ``begin + steps``, constant before and after.
+
+    Args:
+        start: The value at step `begin` and before.
+        end: The value at step ``begin + steps`` and after.
+        steps: The length of the ramp, in steps (>= 1).
+        begin: The step the ramp starts at (>= 0).
+    """
 
     start: float
     end: float
@@ -239,6 +246,9 @@ class Piecewise(Schedule):
 
 class Constant(Schedule):
     """The same value at every step (a placeholder that keeps a field's form while you tune the others).
+
+    Args:
+        value: The value at every step.
 
     Example:
         >>> Constant(value=0.5)(123)

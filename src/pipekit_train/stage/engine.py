@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from .._probe import from_env as probe_from_env
+from .._warnings import PipekitTrainWarning
 from ..callbacks._base import Callback, TrainContext
 from ..scale._distributed import is_primary, local_rows
 from ..tracking._progress import STARTED_PHASES, CompileWatch, PhaseClock, Progress, model_summary
@@ -231,8 +233,8 @@ class Engine:
             else:
                 progress.resumed(self.step, getattr(self.hooks, "directory", None))
                 note = getattr(self.hooks, "topology_note", None)
-                if note:  # an elastic resume (`checkpoint._elastic`)
-                    progress.line(note)
+                if note and self.primary:  # an elastic resume (`checkpoint._elastic`): a notice, whatever `progress`
+                    warnings.warn(note, PipekitTrainWarning, stacklevel=2)
             summary = self._model_summary()
             if summary is not None:
                 ctx.artifact_fields["model_summary"] = summary

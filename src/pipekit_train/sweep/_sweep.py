@@ -217,6 +217,9 @@ class SweepPruning(Callback):
 
     A sweep with ``prune:`` adds it to the last training stage of each trial. Outside a sweep's trial it does
     nothing, so a recorded trial's pipeline reproduces as an ordinary run. Not part of the resume fingerprint.
+
+    Args:
+        metric: The validation metric reported to the pruner at each validation.
     """
 
     metric: str = "validate/loss"

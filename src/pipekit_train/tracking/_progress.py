@@ -386,6 +386,8 @@ class Progress:
         if not self.enabled:
             return
         self.loss = loss
+        if step > self.step:  # written before `update` of its chunk (a log step that evaluates next): show them as one
+            self.step, self.epoch = step, epoch
         if self._bar is not None:
             self._refresh()
         elif step - self.last_print >= self.every or step >= self.total:

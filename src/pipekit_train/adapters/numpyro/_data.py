@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,7 +67,7 @@ def check_sites(model_op: Any, data: Mapping[str, Any], stage: str) -> dict[str,
     try:
         trace = _site_kinds(spec.fn, model_op.model_kwargs(data))
     except Exception as e:  # the model itself failed on this data
-        raise ConfigError(f"{where}: the model failed on the stage's data: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"{where}: the model failed on the stage's data: {describe_error(e)}") from None
     observed = [n for n, s in trace.items() if s["type"] == "sample" and s.get("is_observed")]
     if not observed:
         raise ConfigError(
@@ -89,13 +90,16 @@ def check_sites(model_op: Any, data: Mapping[str, Any], stage: str) -> dict[str,
 def _site_kinds(fn: Any, kwargs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """What the checks read of the model's trace (each site's type, whether observed, whether discrete).
 
-    The model is traced abstractly (`jax.eval_shape`: nothing is computed or compiled; run eagerly, every
+    The model is traced as NumPyro's own initialisation traces it: seeded, with every latent site's value
+    substituted by ``init_to_uniform`` (a distribution without ``sample``, such as ``ImproperUniform``, is never
+    sampled). It is traced abstractly (`jax.eval_shape`: nothing is computed or compiled; run eagerly, every
     distribution's sampling and log-density is a small program XLA compiles on the stage's first run, about half a
     second for eight schools). A model that needs concrete values (Python control flow on an array) cannot be traced
     so and is run eagerly, as before; a model that fails eagerly too raises that error.
     """
     import jax
     from numpyro import handlers
+    from numpyro.infer import init_to_uniform
 
     arrays = {k: v for k, v in kwargs.items() if isinstance(v, (np.ndarray, jax.Array))}
     rest = {k: v for k, v in kwargs.items() if k not in arrays}
@@ -104,7 +108,8 @@ def _site_kinds(fn: Any, kwargs: Mapping[str, Any]) -> dict[str, dict[str, Any]]
     def trace(arrays: Mapping[str, Any]) -> None:
         kinds.clear()
         with handlers.block():
-            sites = handlers.trace(handlers.seed(fn, jax.random.PRNGKey(0))).get_trace(**arrays, **rest)
+            seeded = handlers.substitute(handlers.seed(fn, jax.random.PRNGKey(0)), substitute_fn=init_to_uniform)
+            sites = handlers.trace(seeded).get_trace(**arrays, **rest)
         for name, site in sites.items():
             sample = site["type"] == "sample"
             kinds[name] = {
@@ -118,3 +123,28 @@ def _site_kinds(fn: Any, kwargs: Mapping[str, Any]) -> dict[str, dict[str, Any]]
     except Exception:
         trace(arrays)
     return kinds
+
+
+def describe_error(e: BaseException) -> str:
+    """``Type: first line of the message``; for an exception without a message (NumPyro raises a bare
+    ``NotImplementedError`` from a distribution without ``sample``), ``Type raised at file:line in function``, the
+    innermost frame of its traceback (a path inside an installed package shown from the package's name, one under
+    the working directory relative to it)."""
+    import traceback
+
+    text = str(e).strip()
+    if text:
+        return f"{type(e).__name__}: {text.splitlines()[0]}"
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return f"{type(e).__name__} (no message)"
+    last = frames[-1]
+    path = last.filename
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            path = path.rsplit(marker, 1)[1]
+            break
+    else:
+        cwd = os.getcwd() + os.sep
+        path = path[len(cwd) :] if path.startswith(cwd) else path
+    return f"{type(e).__name__} (no message) raised at {path}:{last.lineno} in {last.name}"

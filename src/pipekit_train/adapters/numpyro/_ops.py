@@ -82,6 +82,18 @@ class _Kernel(Operator, register=False):
     """What every sampler kernel shares: how many iterations, chains, which draws are kept, where chains start.
 
     One loop step is one iteration of every chain, so a stage's ``max_steps`` is ``num_warmup + num_samples``.
+
+    Args:
+        num_warmup: Adaptation iterations (their draws are discarded).
+        num_samples: Iterations after warm-up; ``None`` takes ``max_steps - num_warmup``.
+        num_chains: Chains, run vectorized on one device.
+        thinning: Keep every ``thinning``-th draw.
+        target_accept_prob: The acceptance probability the step size adapts to.
+        dense_mass: Adapt a dense mass matrix instead of a diagonal one.
+        step_size: The initial step size.
+        init_strategy: Where chains start (NumPyro's ``init_to_*``); a previous SVI stage's median overrides it.
+        until: Sample until converged: ``{r_hat_max, ess_bulk_min, ess_tail_min}`` (at least one), checked every
+            ``check_every`` draws (spaced by ``check_growth``), within ``max_draws`` (docs/bayesian.md).
     """
 
     num_warmup: int = 500
@@ -214,6 +226,9 @@ class _ELBO(Loss, register=False):
     """The negative ELBO as the SVI stage's loss; `num_particles` Monte-Carlo samples per step.
 
     It is not called on ``(predicted, target)``: the ``numpyro-svi`` backend hands it to NumPyro's `SVI`.
+
+    Args:
+        num_particles: Monte-Carlo samples of the ELBO per step (>= 1).
     """
 
     num_particles: int = 1

@@ -23,7 +23,7 @@ from pipekit import ConfigError, PipekitError
 
 from ...optim._optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
 from ...scale._mesh import mesh_plan
-from ._data import check_data, check_sites, full_data
+from ._data import check_data, check_sites, describe_error, full_data
 from ._ops import _ELBO, GuideParams, NumpyroGuide
 
 SCALE = "_pipekit_obs_scale"
@@ -134,8 +134,7 @@ def _check_guide(op: NumpyroGuide, data: dict[str, Any], stage: str, init: Any) 
             )
     except Exception as e:
         raise ConfigError(
-            f"stage {stage!r}: guide {op.guide!r} does not fit model {op.model!r}: {type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}"
+            f"stage {stage!r}: guide {op.guide!r} does not fit model {op.model!r}: {describe_error(e)}"
         ) from None
     latent = {n for n, s in m_trace.items() if s["type"] == "sample" and not s.get("is_observed")}
     guided = {n for n, s in g_trace.items() if s["type"] == "sample" and not s.get("infer", {}).get("is_auxiliary")}
