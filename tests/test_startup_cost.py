@@ -359,13 +359,15 @@ class _NormalInits(eqx.Module):
     orthogonal: jax.Array
 
 
+# Sizes no other test builds: the builder's programs are cached by structure for the whole process, so a structure
+# another test built first (in the same xdist worker, in whatever order) would compile nothing here.
 @pytest.mark.parametrize(
     ("factory", "kwargs"),
     [
         ("mlp", {"in_size": 5, "out_size": 2, "width_size": 7, "depth": 2}),
         ("classifier", {"in_size": 6, "num_classes": 3, "hidden": (5,), "head_hidden": (4,)}),
-        ("cnn", {"image_size": 8, "out_size": 10}),
-        ("autoencoder", {"in_size": 16, "latent_size": 4, "hidden": [8]}),
+        ("cnn", {"image_size": 8, "out_size": 7}),
+        ("autoencoder", {"in_size": 13, "latent_size": 3, "hidden": [7]}),
         ("test_normal_inits", {"in_size": 9}),
     ],
 )
