@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipekit_train._signals import phase
+from pipekit_train._signals import command_finished, phase
 from pipekit_train.cli import _common
 from pipekit_train.cli._common import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError, report_error
 from pipekit_train.cli._imports import ENV_VAR as IMPORT_ENV_VAR
@@ -533,9 +533,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     end = argv.index("--") if "--" in argv else len(argv)
     debug_before, _common.DEBUG = _common.DEBUG, "--debug" in argv[:end]
     try:  # for this call only: a caller's later commands in this process print one line again
-        return _parse_and_run([a for i, a in enumerate(argv) if not (i < end and a == "--debug")])
+        code = _parse_and_run([a for i, a in enumerate(argv) if not (i < end and a == "--debug")])
     finally:
         _common.DEBUG = debug_before
+    command_finished(code)  # the command's handlers stay until the process exits: a signal now says it had finished
+    return code
 
 
 def _parse_and_run(argv: list[str]) -> int:
