@@ -160,18 +160,17 @@ def _command(
     (hook / "sitecustomize.py").write_text(AT_IMPORT)
     path = os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
 
-    def ignored() -> None:  # as a shell does for a background job when job control is off (``cmd &`` in a script)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
     start = [str(script)] if how == "script" else ["-m", "pipekit_train.cli"]
+    command = [sys.executable, *start, *argv]
+    if ignore_sigint:  # as a shell does for a background job when job control is off (``cmd &`` in a script)
+        command = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command]
     return subprocess.run(
-        [sys.executable, *start, *argv],
+        command,
         cwd=work,
         env={**os.environ, "JAX_PLATFORMS": "cpu", "SIGNAL_AT_IMPORT": at, "PYTHONPATH": path, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=ignored if ignore_sigint else None,
     )
 
 
@@ -202,3 +201,31 @@ def test_an_inherited_ignored_sigint_stays_ignored(tmp_path):
     assert out.returncode == 143 and len(out.stderr.splitlines()) == 1, out.stderr
     out = _command(work, "argparse:SIGINT", *argv, env=loaded)
     assert out.returncode == 130, out.stderr  # not ignored: it stops the command
+
+
+#: Named like the console script, so that Python started on it is the command: its handlers are installed by
+#: ``import pipekit_train``; a worker it spawns (which imports this file again, with the parent's ``sys.argv``) is
+#: not the command and keeps Python's own.
+SPAWNS = """
+import signal
+import pipekit_train
+
+def handler():
+    h = signal.getsignal(signal.SIGTERM)
+    return "default" if h == signal.SIG_DFL else getattr(h, "__name__", repr(h))
+
+if __name__ == "__main__":
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(handler(), pool.apply(handler))
+"""
+
+
+def test_only_the_command_itself_installs_its_handlers_at_import(tmp_path):
+    script = tmp_path / "pipekit-train"
+    script.write_text(SPAWNS)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.stdout.split() == ["_handler", "default"], out.stderr
+    library = "import sys; sys.argv[0] = 'pipekit-train'; import pipekit_train, signal; print(signal.getsignal(15)==0)"
+    out = subprocess.run([sys.executable, "-c", library], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "True", out.stderr  # imported by a program, not the command: SIG_DFL

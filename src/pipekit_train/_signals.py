@@ -57,18 +57,22 @@ _FINISHED: list[int] = []
 
 
 def _is_the_command() -> bool:
-    """Whether this process is the ``pipekit-train`` command: its console script, or ``python -m
-    pipekit_train.cli`` (while ``-m`` looks for its module, ``sys.argv[0]`` is ``"-m"``; ``sys.orig_argv`` says
-    which module)."""
-    argv0 = sys.argv[0] if sys.argv else ""
-    if argv0 == "-m":
-        args = sys.orig_argv
-        for i, arg in enumerate(args[1:], 1):
-            if arg.startswith("-m"):
-                module = arg[2:] or (args[i + 1] if i + 1 < len(args) else "")
-                return module == "pipekit_train.cli" or module.startswith("pipekit_train.cli.")
-        return False
-    return os.path.basename(argv0).removesuffix(".exe") == "pipekit-train"
+    """Whether this process is the ``pipekit-train`` command: Python was started on its console script, or with
+    ``-m pipekit_train.cli`` (``sys.orig_argv``, the interpreter's own command line: a process spawned by the
+    command, a ``multiprocessing`` worker that copies its ``sys.argv``, is not the command)."""
+    args = sys.orig_argv[1:]
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("-m"):
+            module = arg[2:] or (args[i + 1] if i + 1 < len(args) else "")
+            return module == "pipekit_train.cli" or module.startswith("pipekit_train.cli.")
+        if arg.startswith("-c") or arg == "-":
+            return False
+        if not arg.startswith("-"):  # the script
+            return os.path.basename(arg).removesuffix(".exe") == "pipekit-train"
+        i += 2 if arg in ("-X", "-W", "--check-hash-based-pycs") else 1
+    return False
 
 
 def stop_at_command_start() -> None:
