@@ -130,14 +130,17 @@ if __name__ == '__main__':
 #: (``MODULE:SIGNAL`` in ``$SIGNAL_AT_IMPORT``) when the import of MODULE begins: a signal at an exact instant of
 #: start-up, however fast the machine.
 AT_IMPORT = """
-import os, sys
+import atexit, os, sys
 module, name = os.environ["SIGNAL_AT_IMPORT"].split(":")
+signum = {"SIGINT": 2, "SIGTERM": 15}[name]
 sent = []
 def hook(event, args):
     if event == "import" and args[0] == module and not sent:
         sent.append(True)
-        os.kill(os.getpid(), {"SIGINT": 2, "SIGTERM": 15}[name])
+        os.kill(os.getpid(), signum)
 sys.addaudithook(hook)
+if module == "atexit":  # the last exit handler: the interpreter is ending, after the command returned
+    atexit.register(os.kill, os.getpid(), signum)
 """
 
 #: Modules the command imports on its way to `main`, in order: from the first thing ``import pipekit_train`` imports
@@ -186,6 +189,15 @@ def test_a_signal_in_the_first_instants_of_the_command_is_one_line_and_128_plus_
             f"pipekit-train: stopped by {sig} before training; nothing was kept: the same command runs again"
         ]
         assert out.stdout == "" and not (work / "runs").exists()  # nothing left behind
+
+
+def test_a_signal_while_the_command_exits_says_it_had_finished(tmp_path):
+    work = _workspace(tmp_path, "fit")
+    out = _command(work, "atexit:SIGTERM", "run", "pipe.yaml", "--print-config")
+    assert out.returncode == 143 and "type: TrainingLoop" in out.stdout, out.stderr
+    assert out.stderr.splitlines() == [
+        "pipekit-train: stopped by SIGTERM while exiting; the command had finished (exit code 0)"
+    ]
 
 
 def test_an_inherited_ignored_sigint_stays_ignored(tmp_path):

@@ -14,7 +14,8 @@ or ``python -m pipekit_train.cli``), so a signal while the command's modules loa
 too, never a ``KeyboardInterrupt`` traceback or a silent death by SIGTERM. Imported as a library nothing is
 installed. Only Python's own start-up and the search for the ``pipekit_train`` package come before. For that, this
 module imports nothing at its top that Python has not loaded already (``_signal`` and ``_thread`` are the C halves
-of `signal` and `threading`); the rest is imported when needed.
+of `signal` and `threading`); the rest is imported when needed. The handlers stay until the process ends: a signal
+after the command returned (the interpreter's exit) says the command had finished, with its exit code.
 
 `stop_on_signals` (around each command) adds a watcher: a signal is noticed by the main thread's handler when the
 main thread runs Python code, and otherwise (the main thread inside a long call into XLA, a compile) by a watcher
