@@ -1,13 +1,50 @@
-"""Shared test setup: JAX on CPU, quiet progress, runs written under a temporary directory."""
+"""Shared test setup: JAX on CPU, quiet progress, runs written under a temporary directory, and nothing read from
+what the machine's other users, the developer's shell or home directory hold (`_private_machine_state`)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from typing import Any, ClassVar
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest
+#: Environment variables the code under test (or a library it drives) reads, which a developer's shell, a CI job or
+#: a git hook may set: each would change what a test sees (a $PIPEKIT_IMPORT, $MLFLOW_TRACKING_URI or $RAY_ADDRESS
+#: pointing elsewhere, $JAX_ENABLE_X64 or $XLA_FLAGS changing numbers or devices, a $GIT_DIR or $GIT_INDEX_FILE of
+#: the hook's repository). Removed for the whole run, before JAX is imported; a test that needs one sets it.
+_FROM_THE_SHELL = ("PIPEKIT_", "MLFLOW_", "RAY_", "JAX_", "XLA_", "GIT_", "KERAS_", "MPL", "MATPLOTLIB")
+
+
+def _private_machine_state() -> None:
+    """Clear `_FROM_THE_SHELL` (but ``JAX_PLATFORMS``) and point what libraries read from shared places at one
+    private directory per test process: Ray's temporary directory (``/tmp/ray/ray_current_cluster``, left by any
+    Ray user of the machine, names a cluster ``ray.init`` would join; short, for Ray's socket paths), Keras' and
+    Matplotlib's configuration (``~/.keras/keras.json``, ``~/.config/matplotlib``), git's global and system
+    configuration (``~/.gitconfig``: a ``commit.gpgsign`` there breaks the tests' commits), and Ray's token file
+    (``~/.ray``: ``RAY_AUTH_MODE=disabled``). Subprocesses inherit all of it."""
+    for name in list(os.environ):
+        if name.startswith(_FROM_THE_SHELL) and name != "JAX_PLATFORMS":
+            del os.environ[name]
+    private = tempfile.mkdtemp(prefix="pk-")
+    atexit.register(shutil.rmtree, private, True)
+    for sub in ("ray", "keras", "matplotlib"):
+        os.mkdir(os.path.join(private, sub))
+    os.environ.update(
+        RAY_TMPDIR=os.path.join(private, "ray"),
+        RAY_AUTH_MODE="disabled",
+        KERAS_HOME=os.path.join(private, "keras"),
+        MPLCONFIGDIR=os.path.join(private, "matplotlib"),
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_CONFIG_NOSYSTEM="1",
+    )
+
+
+_private_machine_state()
+
+import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

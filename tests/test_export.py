@@ -234,21 +234,19 @@ class _OwnInference(ModelOp, register=False):
         return lambda x: x * 2
 
 
-def test_inference_function_contract() -> None:
+def test_inference_function_contract(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="no weights bound"):
         inference_function(MODEL)
     with pytest.raises(ExportError, match=r"backend 'no-such-backend'.*has no JAX inference function"):
         inference_function(_NoInference().bind(object()))
     assert inference_function(_OwnInference().bind(object()))(3) == 6
-    bound = load_model(_any_uri())
+    bound = load_model(_any_uri(tmp_path / "registry"))
     assert np.asarray(inference_function(bound)(np.ones((2, 4), np.float32))).shape == (2, 2)
 
 
-def _any_uri() -> str:
-    """A model URI of a freshly built MLP, stored in a throwaway registry."""
-    import tempfile
-
+def _any_uri(root: Path) -> str:
+    """A model URI of a freshly built MLP, stored in a throwaway registry at `root` (the test's own directory)."""
     from pipekit_train import LocalModelRegistry
 
-    registry = LocalModelRegistry(tempfile.mkdtemp())
+    registry = LocalModelRegistry(str(root))
     return str(registry.locator(registry.put(MODEL.bind(MODEL.build(0)))))

@@ -114,3 +114,130 @@ def test_a_signal_while_the_main_thread_is_inside_native_code_still_ends_the_pro
     assert err.strip().splitlines() == [
         "pipekit-train: stopped by SIGINT before training; nothing was kept: the same command runs again"
     ]
+
+
+#: The console script pip writes for ``pipekit-train = "pipekit_train.cli:main"`` (its template, word for word).
+CONSOLE_SCRIPT = """\
+#!{python}
+import sys
+from pipekit_train.cli import main
+if __name__ == '__main__':
+    sys.argv[0] = sys.argv[0].removesuffix('.exe')
+    sys.exit(main())
+"""
+
+#: ``sitecustomize`` for the command's process (Python imports it at start-up): it signals the process itself
+#: (``MODULE:SIGNAL`` in ``$SIGNAL_AT_IMPORT``) when the import of MODULE begins: a signal at an exact instant of
+#: start-up, however fast the machine.
+AT_IMPORT = """
+import atexit, os, sys
+module, name = os.environ["SIGNAL_AT_IMPORT"].split(":")
+signum = {"SIGINT": 2, "SIGTERM": 15}[name]
+sent = []
+def hook(event, args):
+    if event == "import" and args[0] == module and not sent:
+        sent.append(True)
+        os.kill(os.getpid(), signum)
+sys.addaudithook(hook)
+if module == "atexit":  # the last exit handler: the interpreter is ending, after the command returned
+    atexit.register(os.kill, os.getpid(), signum)
+"""
+
+#: Modules the command imports on its way to `main`, in order: from the first thing ``import pipekit_train`` imports
+#: after `_signals` (the first line of the console script, ``from pipekit_train.cli import main``, starts there) to
+#: the last command module; then `main` parses and runs (`phase("loaded")` is the next named point). An import's
+#: audit event comes before its parent package is imported: the event of ``pipekit_train.cli`` (or of
+#: ``pipekit_train._signals``) is earlier than any code of the package, Python's own start-up.
+EARLY = ("pipekit_train._lazy", "pipekit_train.cli._main", "argparse", "pipekit_train.cli._sweep")
+
+
+def _command(
+    work: Path, at: str, *argv: str, ignore_sigint: bool = False, env: dict[str, str] | None = None, how: str = "script"
+) -> subprocess.CompletedProcess[str]:
+    """``pipekit-train ARGV`` in `work`, started as the console script pip writes (``how="script"``) or as ``python -m
+    pipekit_train.cli``, signalled at the import `at` names (`AT_IMPORT`)."""
+    script = work / "pipekit-train"
+    script.write_text(CONSOLE_SCRIPT.format(python=sys.executable))
+    hook = work / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(AT_IMPORT)
+    path = os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+    start = [str(script)] if how == "script" else ["-m", "pipekit_train.cli"]
+    command = [sys.executable, *start, *argv]
+    if ignore_sigint:  # as a shell does for a background job when job control is off (``cmd &`` in a script)
+        command = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command]
+    return subprocess.run(
+        command,
+        cwd=work,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "SIGNAL_AT_IMPORT": at, "PYTHONPATH": path, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("module", EARLY)
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_in_the_first_instants_of_the_command_is_one_line_and_128_plus_the_signal(tmp_path, module, sig):
+    """From the console script's first line on, before `main` runs: no traceback, no silent death by the signal."""
+    work = _workspace(tmp_path, "fit")
+    for how in ("script", "-m"):
+        out = _command(work, f"{module}:{sig}", "run", "pipe.yaml", "--run-dir", "runs/exp", "--no-store", how=how)
+        assert out.returncode == 128 + getattr(signal, sig), (how, out.returncode, out.stderr)
+        assert out.stderr.splitlines() == [
+            f"pipekit-train: stopped by {sig} before training; nothing was kept: the same command runs again"
+        ]
+        assert out.stdout == "" and not (work / "runs").exists()  # nothing left behind
+
+
+def test_a_signal_while_the_command_exits_says_it_had_finished(tmp_path):
+    work = _workspace(tmp_path, "fit")
+    out = _command(work, "atexit:SIGTERM", "run", "pipe.yaml", "--print-config")
+    assert out.returncode == 143 and "type: TrainingLoop" in out.stdout, out.stderr
+    assert out.stderr.splitlines() == [
+        "pipekit-train: stopped by SIGTERM while exiting; the command had finished (exit code 0)"
+    ]
+
+
+def test_an_inherited_ignored_sigint_stays_ignored(tmp_path):
+    """A background job of a non-interactive shell starts with SIGINT ignored: the command keeps it so while it
+    starts and runs its command (SIGTERM still stops it)."""
+    work = _workspace(tmp_path, "fit")
+    argv = ("run", "pipe.yaml", "--print-config")  # loads the pipeline (``phase("loaded")``), prints it, exit 0
+    loaded = {"PIPEKIT_TEST_SIGNAL_AT": "loaded:SIGINT"}  # inside the command's `stop_on_signals`
+    for how, module in (("script", "pipekit_train._lazy"), ("-m", "argparse")):
+        out = _command(work, f"{module}:SIGINT", *argv, ignore_sigint=True, env=loaded, how=how)
+        assert out.returncode == 0 and out.stderr == "" and "type: TrainingLoop" in out.stdout, (how, out.stderr)
+    out = _command(work, "argparse:SIGTERM", *argv, ignore_sigint=True)
+    assert out.returncode == 143 and len(out.stderr.splitlines()) == 1, out.stderr
+    out = _command(work, "argparse:SIGINT", *argv, env=loaded)
+    assert out.returncode == 130, out.stderr  # not ignored: it stops the command
+
+
+#: Named like the console script, so that Python started on it is the command: its handlers are installed by
+#: ``import pipekit_train``; a worker it spawns (which imports this file again, with the parent's ``sys.argv``) is
+#: not the command and keeps Python's own.
+SPAWNS = """
+import signal
+import pipekit_train
+
+def handler():
+    h = signal.getsignal(signal.SIGTERM)
+    return "default" if h == signal.SIG_DFL else getattr(h, "__name__", repr(h))
+
+if __name__ == "__main__":
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(handler(), pool.apply(handler))
+"""
+
+
+def test_only_the_command_itself_installs_its_handlers_at_import(tmp_path):
+    script = tmp_path / "pipekit-train"
+    script.write_text(SPAWNS)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.stdout.split() == ["_handler", "default"], out.stderr
+    library = "import sys; sys.argv[0] = 'pipekit-train'; import pipekit_train, signal; print(signal.getsignal(15)==0)"
+    out = subprocess.run([sys.executable, "-c", library], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "True", out.stderr  # imported by a program, not the command: SIG_DFL

@@ -11,9 +11,13 @@ used. The top level holds what most programs need; every concept has its own sub
 backends, converters), `.stage` (the loop, its runner and engine) and `.adapters` (one package per backend).
 """
 
-from typing import TYPE_CHECKING, Any
+from ._signals import stop_at_command_start as _stop_at_command_start
 
-from ._lazy import attach as _attach
+_stop_at_command_start()  # first: in the `pipekit-train` command a signal is one line from here on (`_signals`)
+
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+from ._lazy import attach as _attach  # noqa: E402
 
 __version__ = "0.1.0"
 

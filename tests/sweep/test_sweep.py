@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -228,9 +232,24 @@ def test_sigkilled_driver_restarts_and_ends_with_the_same_table(tmp_path, xla_ca
         assert [a.sweep["trial"] for a in refs] == [0, 1]
 
 
-def test_ray_executor_on_a_local_ray_instance(tmp_path, xla_cache_env, monkeypatch):
-    ray = pytest.importorskip("ray")
+@pytest.fixture
+def ray_tmpdir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Ray's temporary directory for one test (``$RAY_TMPDIR``; short: Ray's socket paths under it must stay under
+    108 bytes), holding a stale ``ray/ray_current_cluster`` that names a dead address, as any other Ray user of the
+    machine may leave in ``/tmp/ray``: nothing may follow it."""
+    root = Path(tempfile.mkdtemp(prefix="ray-"))
+    (root / "ray").mkdir()
+    (root / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
+    monkeypatch.setenv("RAY_TMPDIR", str(root))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token file under the home directory
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+def test_ray_executor_on_a_local_ray_instance(tmp_path, xla_cache_env, monkeypatch, ray_tmpdir):
+    ray = pytest.importorskip("ray")
     from pipekit_train.sweep import RayExecutor
 
     for name, value in xla_cache_env.items():
@@ -243,11 +262,13 @@ def test_ray_executor_on_a_local_ray_instance(tmp_path, xla_cache_env, monkeypat
 
     CompileWatch.install()
     before = CompileWatch.count
-    # One CPU: one worker process runs both trials, one after the other (a second would import JAX again for
-    # nothing this test looks at; the trials still run outside the driver, as Ray tasks).
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # A private instance (never a cluster the machine's ray_current_cluster names). One CPU: one worker process runs
+    # both trials, one after the other (a second would import JAX again for nothing this test looks at; the trials
+    # still run outside the driver, as Ray tasks). `address: auto` uses the Ray this process is connected to.
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=str(ray_tmpdir))
     try:
         result = run_sweep(load_sweep(str(path)), str(tmp_path / "R"))
+        assert ray.is_initialized()  # the sweep did not disconnect what it did not connect
     finally:
         ray.shutdown()
     assert CompileWatch.count == before  # nothing trained in the driver's process: the trials ran in Ray's workers
@@ -260,3 +281,174 @@ def test_ray_executor_on_a_local_ray_instance(tmp_path, xla_cache_env, monkeypat
     # The same objectives as the in-process grid of the same pipeline (the 2x2 test's lr at seed 0 trains the same).
     local = run_sweep(load_sweep(str(path)).replace(executor=LocalExecutor()), str(tmp_path / "L"), store=False)
     assert [t["objective"] for t in local.trials] == [t["objective"] for t in result.trials]
+
+
+@pytest.mark.timeout(300)
+def test_ray_executor_auto_starts_a_local_ray_when_none_answers(ray_tmpdir):
+    """``address: auto`` with no Ray connected: the cluster ``ray start`` recorded if it answers, else a private
+    local instance, started for the sweep and stopped after it; an address where nothing answers is one line."""
+    ray = pytest.importorskip("ray")
+    from pipekit import ConfigError
+    from pipekit_train.sweep import RayExecutor
+    from pipekit_train.sweep._driver import _RayPool
+
+    assert not ray.is_initialized()
+    with pytest.raises(ConfigError, match=r"^Sweep.executor.address 127.0.0.1:1: no Ray cluster answers there \("):
+        _RayPool(RayExecutor(address="127.0.0.1:1"))  # at once, not after Ray's minutes of retries
+    assert not ray.is_initialized()
+    with _RayPool(RayExecutor(address="auto")):  # the stale ray_current_cluster names 127.0.0.1:1: not followed
+        assert ray.is_initialized()
+        assert len(list((ray_tmpdir / "ray").glob("session_2*"))) == 1  # its own, in this test's directory
+        assert ray.get(ray.remote(num_cpus=0)(lambda: 41 + 1).remote()) == 42
+    assert not ray.is_initialized()
+
+
+def _sweep_command(path: Path, run_dir: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    """``pipekit-train sweep PATH --run-dir RUN_DIR`` in a fresh process (the test's store), bounded in time."""
+    cmd = [sys.executable, "-m", "pipekit_train.cli", "sweep", str(path), "--run-dir", str(run_dir), *extra]
+    return subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+
+
+def test_sigint_between_two_trials_names_the_sweep_and_the_command_that_continues_it(tmp_path, xla_cache_env, capsys):
+    sweep = "name: paused\ngrid: {optimizer_config.lr: [0.003, 0.03]}\nobjective: {metric: validate/loss}\n"
+    path = _files(tmp_path, width=3, steps=10, every=5, sweep=sweep)
+    run_dir = tmp_path / "D"
+    # The second trial's stage has begun (its run directory made and locked), nothing of it trained yet.
+    out = _sweep_command(path, run_dir, {**xla_cache_env, "PIPEKIT_TEST_SIGNAL_AT": "started:SIGINT:2"})
+    assert out.returncode == 130, out.stderr
+    continuing = f"pipekit-train sweep {path} --run-dir {run_dir}"
+    assert out.stderr.splitlines() == [
+        f"pipekit-train: sweep paused stopped by SIGINT outside training; continue it with: {continuing}"
+    ]
+    assert "trial 0: completed" in out.stdout and "trial 1" not in out.stdout
+    status = sweep_status(load_sweep(str(path)), str(run_dir))
+    assert [t["state"] for t in status.trials] == ["completed", "running"]
+    assert not os.path.exists(status.trials[1]["run_dir"])  # begun by the stopped process, nothing kept: removed
+    # The command it printed continues the sweep: trial 0 is not trained again.
+    capsys.readouterr()
+    assert main(continuing.split()[1:]) == 0
+    done = capsys.readouterr().out
+    assert "trial 1: completed" in done and "trial 0" not in done
+    assert [t["state"] for t in sweep_status(load_sweep(str(path)), str(run_dir)).trials] == ["completed"] * 2
+
+
+#: Two parameters (a kill can fall between their two suggestions); 4 trials: Optuna's TPE samples at random for
+#: the first ``min(4, trials)`` (`_optuna.study_of`), and from what finished after.
+OPTUNA = (
+    "name: {name}\nsampler: optuna\ntrials: {trials}\nseed: 3\n"
+    "space: {{optimizer_config.lr: {{log_uniform: [0.001, 0.1]}}, "
+    "optimizer_config.weight_decay: {{uniform: [0.0, 0.1]}}}}\n"
+    "objective: {{metric: validate/loss, mode: min}}\n"
+)
+
+
+def _study_rows(run_dir: Path, name: str) -> list[tuple[int, str, dict[str, Any], float | None]]:
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{run_dir / 'optuna.sqlite'}")
+    return [(t.number, t.state.name, t.params, t.value) for t in study.get_trials(deepcopy=False)]
+
+
+def _agree(run_dir: Path, path: Path, name: str) -> list[dict[str, Any]]:
+    """The sweep's ``--status`` table, after checking that it and Optuna's storage say the same of every trial: each
+    trial Optuna holds is a row with the same parameters and state (and value), numbered 0, 1, ... without a gap;
+    the only other rows are the ``pending`` trials not asked yet, after them."""
+    rows = sweep_status(load_sweep(str(path)), str(run_dir)).trials
+    study = _study_rows(run_dir, name) if (run_dir / "optuna.sqlite").exists() else []
+    assert [number for number, *_ in study] == list(range(len(study)))
+    states = {"RUNNING": "running", "COMPLETE": "completed", "PRUNED": "pruned", "FAIL": "failed"}
+    for (number, state, params, value), row in zip(study, rows, strict=False):
+        assert (row["number"], row["state"], row["params"]) == (number, states[state], params), (row, state, params)
+        if state == "COMPLETE":
+            assert row["objective"] == value
+    assert [(t["state"], t["params"]) for t in rows[len(study) :]] == [("pending", {})] * (len(rows) - len(study))
+    return rows
+
+
+def test_optuna_sweep_killed_and_restarted_ends_as_the_uninterrupted_one(tmp_path, xla_cache_env, capsys):
+    """The sampler's values are a function of the sweep's seed, the trial's number and the trials finished before
+    it, never of how many processes asked: no ghost trial, no trial trained twice, the same table."""
+    optuna = pytest.importorskip("optuna")
+    path = _files(tmp_path, width=2, steps=10, every=5, sweep=OPTUNA.format(name="restarted", trials=3))
+    reference = run_sweep(load_sweep(str(path)), str(tmp_path / "ref"), store=False)
+    run_dir = tmp_path / "D"
+    # Killed as the second trial's stage begins (SIGTERM outside training: the process ends at once, as a kill).
+    out = _sweep_command(path, run_dir, {**xla_cache_env, "PIPEKIT_TEST_SIGNAL_AT": "started:SIGTERM:2"}, "--no-store")
+    assert out.returncode == 143, out.stderr
+    assert [row["state"] for row in _agree(run_dir, path, "restarted")] == ["completed", "running", "pending"]
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("default")
+        assert main(["sweep", str(path), "--run-dir", str(run_dir), "--no-store"]) == 0
+    assert "trial 0" not in capsys.readouterr().out
+    final = _agree(run_dir, path, "restarted")
+    assert _table(reference) == [(t["params"], t["state"], t["objective"]) for t in final]
+    assert len({json.dumps(t["params"], sort_keys=True) for t in final}) == 3  # no trial asked twice
+    ref_study = optuna.load_study(study_name="restarted", storage=f"sqlite:///{tmp_path / 'ref' / 'optuna.sqlite'}")
+    assert _study_rows(run_dir, "restarted") == [
+        (t.number, t.state.name, t.params, t.value) for t in ref_study.get_trials(deepcopy=False)
+    ]
+
+
+#: Where the chain below kills the driver (SIGKILL at a named point, `_signals.phase`), one process after another,
+#: each continuing what the last left: the first trial asked, one of its two values asked, both asked but the trial
+#: not recorded, recorded and its stage begun, trained but its outcome not told, told but not recorded; then the
+#: second trial recorded before the third is asked.
+KILLS = (
+    "optuna-asked:SIGKILL:1",
+    "optuna-suggested:SIGKILL:1",
+    "trial-begun:SIGKILL:1",
+    "started:SIGKILL:1",
+    "trial-trained:SIGKILL:1",
+    "optuna-told:SIGKILL:1",
+    "optuna-recorded:SIGKILL:1",
+)
+
+
+@pytest.mark.slow
+def test_optuna_journal_and_study_agree_after_a_kill_at_every_point(tmp_path, xla_cache_env, capsys):
+    pytest.importorskip("optuna")
+    sweep = OPTUNA.format(name="chain", trials=5) + "prune: {warmup_steps: 0, startup_trials: 2}\n"
+    extra = "callbacks: [{type: Checkpoint, every_n_steps: 5, async_save: false}]\n"
+    path = _files(tmp_path, width=2, steps=10, every=5, extra=extra, sweep=sweep)
+    reference = run_sweep(load_sweep(str(path)), str(tmp_path / "ref"), store=False)
+    run_dir = tmp_path / "D"
+    seen = []
+    for where in KILLS:
+        out = _sweep_command(path, run_dir, {**xla_cache_env, "PIPEKIT_TEST_SIGNAL_AT": where}, "--no-store")
+        assert out.returncode == -signal.SIGKILL, (where, out.returncode, out.stderr)
+        seen.append([(t["state"], bool(t["params"])) for t in _agree(run_dir, path, "chain")])
+    assert seen[0][0] == ("running", False) and seen[1][0] == ("running", True)  # asked; then its first value
+    assert seen[5][0] == ("completed", True)  # told, not recorded: read as it ended (from its run directory)
+    assert seen[-1] == [("completed", True), ("completed", True), *[("pending", False)] * 3]
+    # Killed during the third trial's training, after one of its checkpoints (pruning reports at its validations).
+    cmd = [sys.executable, "-m", "pipekit_train.cli", "sweep", str(path), "--run-dir", str(run_dir), "--no-store"]
+    proc = subprocess.Popen(cmd, env={**os.environ, **xla_cache_env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        trials = json.loads((run_dir / "sweep.json").read_text())["trials"]
+        if len(trials) == 3 and trials[2]["state"] == "running":
+            ckpts = Path(trials[2]["run_dir"]) / "stage0" / "checkpoints"
+            if ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()):
+                proc.send_signal(signal.SIGKILL)
+                break
+        time.sleep(0.005)
+    proc.wait(timeout=120)
+    _agree(run_dir, path, "chain")
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("default")
+        assert main(["sweep", str(path), "--run-dir", str(run_dir), "--no-store"]) == 0
+    final = _agree(run_dir, path, "chain")
+    assert [(t["params"], t["state"], t["objective"]) for t in final] == _table(reference)
+    assert "pruned" in [t["state"] for t in final]  # the pruner's decisions are the uninterrupted run's too
+    assert [_trained(t["run_dir"]) for t in final] == [_trained(t["run_dir"]) for t in reference.trials]
+
+
+def _trained(trial_dir: str) -> tuple[str, Any]:
+    """A trial's weights (the model's content hash) and the train and validation metrics it logged, step by step."""
+    from pipekit_train.tracking import history
+
+    logged = history(trial_dir)[trial_dir]["stage0"]
+    final = json.loads((Path(trial_dir) / "stage0" / "final.json").read_text())
+    return final["model_uri"], {context: logged[context] for context in ("train", "validate")}

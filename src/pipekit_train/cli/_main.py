@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipekit_train._signals import phase
+from pipekit_train._signals import command_finished, phase
 from pipekit_train.cli import _common
 from pipekit_train.cli._common import EXIT_OK, EXIT_USAGE, OneLineParser, UsageError, report_error
 from pipekit_train.cli._imports import ENV_VAR as IMPORT_ENV_VAR
@@ -534,9 +534,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug_before, _common.DEBUG = _common.DEBUG, "--debug" in argv[:end]
     try:  # for this call only: a caller's later commands in this process print one line again
         with _common.one_line_warnings():  # warnings are one line too, like errors
-            return _parse_and_run([a for i, a in enumerate(argv) if not (i < end and a == "--debug")])
+            code = _parse_and_run([a for i, a in enumerate(argv) if not (i < end and a == "--debug")])
     finally:
         _common.DEBUG = debug_before
+    command_finished(code)  # the command's handlers stay until the process exits: a signal now says it had finished
+    return code
 
 
 def _parse_and_run(argv: list[str]) -> int:

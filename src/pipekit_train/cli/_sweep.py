@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -43,20 +44,38 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         objective = "-" if entry["objective"] is None else f"{entry['objective']:.6g}"
         print(f"trial {entry['number']}: {entry['state']} ({sweep.metric} = {objective})", flush=True)
 
+    from .._signals import note_continuation
     from ..stage.runner import TrainingInterrupted
 
+    again = continue_command(args, run_dir)
+    # A signal outside a trial's training (between two trials, a trial's start-up) names the sweep and this command,
+    # not the run directory of a trial (`_signals`): the journal and the trials' directories continue from there.
+    note_continuation(f"sweep {sweep.name}", again)
     try:
         result = run_sweep(sweep, run_dir, store=store, on_trial=said)
     except TrainingInterrupted as stop:  # after the trial's committed checkpoint: it resumes from there
         print(
-            f"pipekit-train: sweep stopped by {stop.reason} after a committed checkpoint; continue with:\n"
-            f"  pipekit-train sweep {args.sweep} --run-dir {run_dir}",
+            f"pipekit-train: sweep {sweep.name} stopped by {stop.reason} after a committed checkpoint; continue it "
+            f"with:\n  {again}",
             file=sys.stderr,
         )
         return 128 + stop.signum
     print(format_table(result, sweep.metric))
     print(f"\nsweep directory: {run_dir}")
     return EXIT_OK
+
+
+def continue_command(args: argparse.Namespace, run_dir: str) -> str:
+    """The command that continues this sweep: ``pipekit-train sweep FILE --run-dir DIR`` and the flags that change
+    what it records (``--store``, ``--no-store``, ``--import``), quoted for a shell."""
+    words = ["pipekit-train", "sweep", args.sweep, "--run-dir", run_dir]
+    if args.no_store:
+        words.append("--no-store")
+    elif args.store:
+        words += ["--store", args.store]
+    for name in args.imports or ():
+        words += ["--import", name]
+    return shlex.join(words)
 
 
 def add_sweep_commands(sub: Any) -> None:

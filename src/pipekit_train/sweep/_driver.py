@@ -1,13 +1,13 @@
 """Running a `Sweep`: pre-flight every trial, run each as an ordinary resumable run, keep a journal of the trials.
 
 The sweep's run directory holds ``sweep.json`` (the journal, rewritten atomically after every change of a trial's
-state), ``trials/<key>/`` (one ordinary run directory per trial, named by the trial's key) and, for
-``sampler: optuna``, ``optuna.sqlite`` (Optuna's RDB storage). A trial's key is the hash of its configuration (the
-pipeline's YAML after its parameters are set) and of its training data (`TrainingDataset.content_hash` of every
-training stage): a restarted sweep skips a trial whose key the journal holds as finished, and runs any other with
-``resume: auto`` in its own directory, so a half-trained trial continues bitwise from its last checkpoint and a
-finished one is taken as it is (never trained or recorded twice). Only the driver writes the journal; each trial's
-artifacts go to the store as any run's do.
+state; one entry per trial number), ``trials/<key>/`` (one ordinary run directory per trial, named by the trial's
+key) and, for ``sampler: optuna``, ``optuna.sqlite`` (Optuna's RDB storage). A trial's key is the hash of its
+configuration (the pipeline's YAML after its parameters are set) and of its training data
+(`TrainingDataset.content_hash` of every training stage): a restarted sweep skips a trial the journal holds as
+finished under the same key, and runs any other with ``resume: auto`` in its own directory, so a half-trained trial
+continues bitwise from its last checkpoint and a finished one is taken as it is (never trained or recorded twice).
+Only the driver writes the journal; each trial's artifacts go to the store as any run's do.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ import pipekit
 from pipekit import ConfigError, Operator, suggestion
 
 from .._jsonio import read_json, write_json
+from .._signals import phase
 from ._sweep import ACTIVE_PRUNER, RayExecutor, Sweep, SweepPruning
 
 JOURNAL = "sweep.json"
@@ -206,11 +208,16 @@ def preflight(sweep: Sweep, pipeline: Operator) -> list[dict[str, Any]]:
 
 # The journal -------------------------------------------------------------------------------------------------
 class Journal:
-    """``sweep.json``: the trials by number, rewritten atomically on every change (one writer: the driver)."""
+    """``sweep.json``: the trials by number, rewritten atomically on every change (one writer: the driver).
+
+    One entry per trial number: two trials with the same values (a search over choices or integers may ask for the
+    same ones again) are two entries with one key, and share that key's run directory (the second takes the
+    first's result as it is).
+    """
 
     def __init__(self, run_dir: str, sweep: Sweep) -> None:
         self.path = os.path.join(run_dir, JOURNAL)
-        self.trials: dict[str, dict[str, Any]] = {}  # by key
+        self.trials: dict[int, dict[str, Any]] = {}  # by number
         if os.path.exists(self.path):
             data = read_json(self.path, what="the sweep's journal", required=("sweep", "trials"))
             if data["sweep"] != sweep.name:
@@ -218,7 +225,7 @@ class Journal:
                     f"{self.path}: this run directory holds sweep {data['sweep']!r}, not {sweep.name!r}; "
                     "choose another --run-dir"
                 )
-            self.trials = {t["key"]: t for t in data["trials"]}
+            self.trials = {int(t["number"]): t for t in data["trials"]}
         self.sweep = sweep
 
     def save(self) -> None:
@@ -226,7 +233,7 @@ class Journal:
         write_json(self.path, {"sweep": self.sweep.name, "sampler": self.sweep.sampler, "trials": trials})
 
     def set(self, entry: dict[str, Any]) -> None:
-        self.trials[entry["key"]] = entry
+        self.trials[entry["number"]] = entry
         self.save()
 
 
@@ -268,8 +275,9 @@ def run_sweep(
             for number, params in enumerate(planned):
                 op = apply_params(pipeline, params, "Sweep.grid" if sweep.sampler == "grid" else "Sweep.space")
                 key = trial_key(op)
-                done = journal.trials.get(key)
-                if done is None or done["state"] not in ("completed", "pruned"):  # a failed trial runs again
+                done = journal.trials.get(number)
+                # A failed trial runs again; so does one whose configuration or data changed (another key).
+                if done is None or done["key"] != key or done["state"] not in ("completed", "pruned"):
                     todo.append((number, params, op, key))
             if sweep.parallel:
                 _run_in_workers(sweep, todo, run_dir, journal, store, on_trial)
@@ -315,7 +323,7 @@ def _run_in_workers(
                 entry = {**entry, "state": "failed", "error": str(error).splitlines()[0][:500]}
                 entry["artifact_ids"] = [a["artifact_id"] for a in trial_artifacts(entry["run_dir"])]
             else:
-                entry = {**entry, **_outcome(entry["run_dir"], sweep.metric)}
+                entry = {**entry, **outcome(entry["run_dir"], sweep.metric)}
             journal.set(entry)
             if on_trial is not None:
                 on_trial(entry)
@@ -348,7 +356,11 @@ class _ProcessPool:
 
 
 class _RayPool:
-    """``executor: {type: ray}``: each trial a Ray task asking for `RayExecutor.resources_per_trial`."""
+    """``executor: {type: ray}``: each trial a Ray task asking for `RayExecutor.resources_per_trial`.
+
+    Uses the Ray this process is connected to; else connects as `ray_address` says (a private local instance when
+    no cluster answers) and disconnects when the sweep ends (a local instance it started ends then).
+    """
 
     def __init__(self, executor: RayExecutor) -> None:
         try:
@@ -356,8 +368,12 @@ class _RayPool:
         except ImportError:
             raise ConfigError("Sweep.executor 'ray' needs Ray: pip install 'pipekit-train[ray]'") from None
         self.ray: Any = ray  # typed as Any: the `ray` extra may be missing where this is type-checked
+        self.connected = False
         if not ray.is_initialized():
-            ray.init(address=executor.address, log_to_driver=False)
+            address = ray_address(executor.address)
+            local: dict[str, Any] = {"include_dashboard": False} if address == "local" else {}
+            self.ray.init(address=address, log_to_driver=False, **local)
+            self.connected = True
         resources = dict(executor.resources_per_trial)
         options: dict[str, Any] = {"num_cpus": resources.pop("CPU", 1), "num_gpus": resources.pop("GPU", 0)}
         if resources:
@@ -368,7 +384,8 @@ class _RayPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass  # the cluster outlives the sweep (a local one started by ray.init ends with this process)
+        if self.connected:  # connected for this sweep: disconnected (a local instance it started ends)
+            self.ray.shutdown()
 
     def submit(self, *args: Any) -> Any:
         return self.task.remote(*args)
@@ -381,6 +398,62 @@ class _RayPool:
                 yield done, self.ray.get(done)
             except Exception as e:  # the task or its worker died
                 yield done, f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+
+
+def ray_address(address: str) -> str:
+    """What ``ray.init(address=...)`` is given for `RayExecutor.address`.
+
+    ``HOST:PORT`` as it is, once something answers there (else one line, before Ray retries for minutes).
+    ``auto``: ``$RAY_ADDRESS`` the same way; else the cluster ``ray start`` recorded (Ray's
+    ``ray_current_cluster`` file under ``$RAY_TMPDIR``, ``$TMPDIR`` or ``/tmp``, then ``ray/``) when it answers;
+    else ``"local"``: a private instance on this machine. A file left by a cluster that has stopped is not followed
+    (``ray.init(address="auto")`` would wait for it), and a cluster another process started without ``ray
+    start`` is not joined (Ray's ``auto`` joins any it finds running on the machine).
+    """
+    if address != "auto":
+        _must_answer(address, f"Sweep.executor.address {address}")
+        return address
+    named = os.environ.get("RAY_ADDRESS", "").strip()
+    if named and named not in ("auto", "local"):
+        _must_answer(named, f"$RAY_ADDRESS={named}")
+        return named
+    if named == "local":
+        return "local"
+    try:
+        with open(_ray_address_file()) as f:
+            recorded = f.read().strip()
+    except OSError:
+        return "local"
+    return recorded if recorded and _answers(recorded) is None else "local"
+
+
+def _ray_address_file() -> str:
+    """Where ``ray start`` records its cluster's address (Ray's own rule, `ray._common.utils.get_ray_address_file`)."""
+    base = os.environ.get("RAY_TMPDIR") or (os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None)
+    return os.path.join(base or "/tmp", "ray", "ray_current_cluster")
+
+
+def _answers(address: str) -> str | None:
+    """``None`` when something accepts a connection at ``HOST:PORT`` (a ``ray://`` client address is taken as it
+    is); else why not."""
+    import socket
+
+    if "://" in address:
+        return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return f"not HOST:PORT: {address!r}"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+            return None
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+def _must_answer(address: str, what: str) -> None:
+    why = _answers(address)
+    if why is not None:
+        raise ConfigError(f"{what}: no Ray cluster answers there ({why}); start one (ray start --head) or use 'auto'")
 
 
 def _worker_trial(yaml_text: str, trial_dir: str, resume: str, record: dict[str, Any]) -> str | None:
@@ -419,18 +492,24 @@ def run_trial(
     run_dir: str,
     journal: Journal,
     store: str | bool | None,
-    report: Callable[[int, float], bool] | None,
+    pruner: Any,
+    settle: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run one trial as an ordinary run with ``resume: auto`` in ``trials/<key>``; its journal entry."""
+    """Run one trial as an ordinary run with ``resume: auto`` in ``trials/<key>``; its journal entry.
+
+    `pruner` is the trial's pruner (`ACTIVE_PRUNER`; ``None``: no pruning); `settle` is called with the trial's
+    outcome before the journal records it (Optuna is told first: `_optuna`).
+    """
     from ..stage.runner import TrainingInterrupted, run_settings
 
+    phase("trial-begun")  # (tests: a signal or a kill before the journal says the trial runs)
     trial_dir = os.path.join(run_dir, "trials", key)
     entry = _entry(number, key, params, trial_dir)
     journal.set(entry)
-    if report is not None:
+    if pruner is not None:
         op = _with_pruning(op, sweep.metric)
     record = {"name": sweep.name, "trial": number, "params": params, "key": key}
-    token = ACTIVE_PRUNER.set(report)
+    token = ACTIVE_PRUNER.set(pruner)
     try:
         with run_settings(
             run_dir=trial_dir,
@@ -441,16 +520,18 @@ def run_trial(
             sweep=record,
         ):
             op.run()  # type: ignore[attr-defined]  # a TrainingLoop or a Sequential (pre-flight checked)
+        phase("trial-trained")  # (tests: a kill after the training, before its outcome is recorded)
     except TrainingInterrupted:
         raise  # SIGINT / SIGTERM: the trial stays `running` and resumes from its checkpoint next time
     except Exception as e:
         entry = {**entry, "state": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
         entry["artifact_ids"] = [a["artifact_id"] for a in trial_artifacts(trial_dir)]
-        journal.set(entry)
-        return entry
+    else:
+        entry = {**entry, **outcome(trial_dir, sweep.metric)}
     finally:
         ACTIVE_PRUNER.reset(token)
-    entry = {**entry, **_outcome(trial_dir, sweep.metric)}
+    if settle is not None:
+        settle(entry)
     journal.set(entry)
     return entry
 
@@ -479,7 +560,8 @@ def trial_artifacts(trial_dir: str) -> list[dict[str, Any]]:
     return sorted(records, key=lambda a: (a.get("started_at") or "", a["artifact_id"]))
 
 
-def _outcome(trial_dir: str, metric: str) -> dict[str, Any]:
+def outcome(trial_dir: str, metric: str) -> dict[str, Any]:
+    """What a trial's run directory says of it: ``state`` (completed, or pruned), ``objective``, ``artifact_ids``."""
     artifacts = trial_artifacts(trial_dir)
     objective = None
     for a in artifacts:
@@ -498,10 +580,16 @@ def sweep_status(sweep: Sweep, run_dir: str | None = None) -> SweepResult:
     """The table of `sweep`'s trials in `run_dir` as its journal holds it; planned trials not begun are ``pending``.
 
     A ``running`` trial is one that is running now, or whose driver stopped (running the sweep again resumes it).
+    An Optuna sweep adds the trials its study holds that the journal does not (asked by a driver that stopped
+    before recording them: ``running``, with the values asked so far); it and the study say the same of every trial.
     """
     run_dir = run_dir or default_run_dir(sweep)
     journal = Journal(run_dir, sweep)
     trials = sorted(journal.trials.values(), key=lambda t: t["number"])
+    if sweep.sampler == "optuna" and os.path.exists(os.path.join(run_dir, "optuna.sqlite")):
+        from ._optuna import study_trials
+
+        trials = study_trials(sweep, run_dir, journal.trials) or trials
     numbers = {t["number"] for t in trials}
     if sweep.sampler == "grid":
         assert sweep.grid is not None

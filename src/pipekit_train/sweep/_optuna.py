@@ -1,24 +1,42 @@
 """``sampler: optuna``: Optuna's TPE asks for each trial's values, its median pruner stops bad trials at validations.
 
 The study lives in Optuna's RDB storage on ``optuna.sqlite`` in the sweep's run directory (study name: the sweep's
-name), so a restarted driver loads it: trials the journal holds as running are resumed under their own Optuna trial
-(the same number and parameters), a trial Optuna holds as running that the journal never recorded (the driver died
-between asking and recording it) is told failed, and a finished trial whose result Optuna missed is told it.
-Optuna is imported only here (the ``sweep`` extra).
+name). It is the truth of which trials there are, the values each was asked and how each ended; the journal
+(``sweep.json``) holds the same trials under the same numbers with what the study does not (each trial's key, run
+directory and artifacts). A trial's outcome is told to Optuna first and recorded in the journal after, so after a
+kill at any moment the two differ at most by the one trial that was running, in one of two ways, and both
+`sweep_status` and a restarted driver read that trial as the study has it (`trials_of`):
+
+- a trial Optuna holds as running that the journal has not recorded (the driver stopped between asking and
+  recording it) is ``running``, with the values it was asked so far; a restarted driver continues it under its own
+  number with those values (a value not asked yet is asked then, as the first driver would have), like a trial the
+  journal holds as running (the driver stopped during it), which resumes from its checkpoint;
+- a trial Optuna was told of that the journal still holds as running (the driver stopped between the two) is
+  read as it ended, from its run directory; a restarted driver records it.
+
+What a trial is asked does not depend on how many drivers asked: each value is drawn by a TPE sampler seeded with
+``(seed, trial number, field path)`` (`_sampler`) from the trials finished before it, so a sweep stopped at any
+moment (SIGKILL included) and restarted asks the values an uninterrupted one asks, and ends with the same study
+and table. A trial resumed from its checkpoint reports each validation to the pruner once. Optuna is imported only
+here (the ``sweep`` extra).
 """
 
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipekit import ConfigError, Operator
 
-from ._driver import Journal, apply_params, run_trial, trial_key
+from .._signals import phase
+from ._driver import Journal, apply_params, outcome, run_trial, trial_key
 from ._sweep import Sweep
 
 _FINISHED = ("completed", "pruned", "failed")
+#: A trial's state in the journal for each of Optuna's (``WAITING``: enqueued, not used here).
+_STATES = {"RUNNING": "running", "WAITING": "running", "COMPLETE": "completed", "PRUNED": "pruned", "FAIL": "failed"}
 
 
 def _optuna() -> Any:
@@ -32,10 +50,22 @@ def _optuna() -> Any:
     return optuna
 
 
+def _storage(run_dir: str) -> str:
+    return "sqlite:///" + os.path.abspath(os.path.join(run_dir, "optuna.sqlite"))
+
+
+def _sampler(sweep: Sweep, number: int, path: str) -> Any:
+    """The TPE sampler that draws trial `number`'s value of `path`: seeded by ``(seed, number, path)``, so the draw
+    depends only on those and on the trials finished before (never on what else this process drew)."""
+    import numpy as np
+
+    seed = np.random.SeedSequence([sweep.seed, number, zlib.crc32(path.encode())]).generate_state(1)[0]
+    return _optuna().samplers.TPESampler(seed=int(seed), n_startup_trials=min(4, sweep.trials or 4))
+
+
 def study_of(sweep: Sweep, run_dir: str) -> Any:
     """The sweep's Optuna study in ``RUN_DIR/optuna.sqlite``, created or loaded."""
     optuna = _optuna()
-    storage = "sqlite:///" + os.path.abspath(os.path.join(run_dir, "optuna.sqlite"))
     prune = sweep.prune
     if prune is None:
         pruner = optuna.pruners.NopPruner()
@@ -45,18 +75,21 @@ def study_of(sweep: Sweep, run_dir: str) -> Any:
         )
     return optuna.create_study(
         study_name=sweep.name,
-        storage=storage,
-        sampler=optuna.samplers.TPESampler(seed=sweep.seed, n_startup_trials=min(4, sweep.trials or 4)),
+        storage=_storage(run_dir),
+        sampler=_sampler(sweep, 0, ""),  # replaced before each value is asked (`suggest`)
         pruner=pruner,
         direction="minimize" if sweep.mode == "min" else "maximize",
         load_if_exists=True,
     )
 
 
-def suggest(trial: Any, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The trial's values for `space`, asked of Optuna (each field path is an Optuna parameter name)."""
+def suggest(trial: Any, sweep: Sweep) -> dict[str, Any]:
+    """The trial's values for ``sweep.space``, asked of Optuna (each field path is an Optuna parameter name); a
+    value the trial was asked already (before a restart) comes back as it was."""
+    assert sweep.space is not None
     out: dict[str, Any] = {}
-    for path, dist in space.items():
+    for path, dist in sweep.space.items():
+        trial.study.sampler = _sampler(sweep, trial.number, path)
         ((kind, args),) = dist.items()
         if kind == "uniform":
             out[path] = trial.suggest_float(path, args[0], args[1])
@@ -66,18 +99,61 @@ def suggest(trial: Any, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any
             out[path] = trial.suggest_int(path, args[0], args[1])
         else:
             out[path] = trial.suggest_categorical(path, args)
+        phase("optuna-suggested")  # (tests: a kill between two values of one trial)
     return out
 
 
-def _tell(study: Any, number: int, entry: Mapping[str, Any]) -> None:
+def _tell(trial: Any, entry: Mapping[str, Any]) -> None:
+    """Tell Optuna how `trial` ended (a failed trial's error kept in its user attributes, for `trials_of`)."""
     from optuna.trial import TrialState
 
     if entry["state"] == "completed" and entry["objective"] is not None:
-        study.tell(number, entry["objective"], skip_if_finished=True)
+        trial.study.tell(trial.number, entry["objective"], skip_if_finished=True)
     elif entry["state"] == "pruned":
-        study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
+        trial.study.tell(trial.number, state=TrialState.PRUNED, skip_if_finished=True)
     else:
-        study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        trial.set_user_attr("error", entry.get("error") or "finished without a value of the objective")
+        trial.study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def trials_of(sweep: Sweep, study: Any, recorded: Mapping[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every trial of `study` as a journal entry: the journal's (`recorded`, by number) where it says what the study
+    says; a trial the journal has not recorded: ``running`` with the values asked so far; a trial the study finished
+    that the journal holds as running: its outcome, read from its run directory (see the module docstring)."""
+    out = []
+    for frozen in study.get_trials(deepcopy=False):
+        state = _STATES[frozen.state.name]
+        entry = recorded.get(frozen.number)
+        if entry is None:
+            entry = {
+                "number": frozen.number,
+                "key": None,
+                "params": dict(frozen.params),
+                "state": "running",
+                "objective": None,
+                "artifact_ids": [],
+                "run_dir": None,
+            }
+        elif state != "running" and entry["state"] == "running":  # told; the journal not written yet
+            ended = outcome(entry["run_dir"], sweep.metric)
+            if state == "failed":
+                error = frozen.user_attrs.get("error", "failed")
+                entry = {**entry, "state": "failed", "error": error, "artifact_ids": ended["artifact_ids"]}
+            else:
+                entry = {**entry, **ended, "state": state}
+        out.append(entry)
+    return out
+
+
+def study_trials(sweep: Sweep, run_dir: str, recorded: Mapping[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """`trials_of` the sweep's study in `run_dir` (``[]`` before the study was created): `sweep_status` reads the
+    trials of an Optuna sweep through it."""
+    optuna = _optuna()
+    try:
+        study = optuna.load_study(study_name=sweep.name, storage=_storage(run_dir))
+    except KeyError:  # the study was never created (the driver stopped before)
+        return []
+    return trials_of(sweep, study, recorded)
 
 
 def run_optuna(
@@ -94,31 +170,57 @@ def run_optuna(
 
     study = study_of(sweep, run_dir)
     assert sweep.space is not None and sweep.trials is not None
-    by_number = {t["number"]: t for t in journal.trials.values()}
+    # The journal and the study made to agree (see the module docstring) before anything is asked.
+    for entry in trials_of(sweep, study, journal.trials):
+        if entry["state"] != "running" and journal.trials.get(entry["number"]) != entry:
+            journal.set(entry)  # told, not recorded: recorded now
+    unfinished = []
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        entry = by_number.get(frozen.number)
-        if entry is None:  # asked, never recorded: nothing ran under it
-            study.tell(frozen.number, state=TrialState.FAIL)
-        elif entry["state"] in _FINISHED:  # recorded, not told
-            _tell(study, frozen.number, entry)
+        recorded = journal.trials.get(frozen.number)
+        if recorded is not None and recorded["state"] in _FINISHED:  # not told (a sweep begun before this order)
+            _tell(optuna.trial.Trial(study, frozen._trial_id), recorded)
+        else:  # asked (recorded running, or not recorded yet): continued under its own number
+            unfinished.append(frozen)
 
-    def one(trial: Any, params: dict[str, Any]) -> None:
+    def one(trial: Any, reported: dict[int, float]) -> None:
+        params = suggest(trial, sweep)
         op = apply_params(pipeline, params, "Sweep.space")
 
-        def report(step: int, value: float) -> bool:
-            trial.report(value, step)
-            return bool(trial.should_prune())
+        def settle(entry: dict[str, Any]) -> None:
+            _tell(trial, entry)
+            phase("optuna-told")  # (tests: a kill after Optuna was told, before the journal records it)
 
-        entry = run_trial(sweep, op, trial_key(op), trial.number, params, run_dir, journal, store, report)
-        _tell(study, trial.number, entry)
+        pruner = _Pruner(trial, reported)  # (without `prune:`, Optuna's NopPruner: values recorded, never acted on)
+        entry = run_trial(sweep, op, trial_key(op), trial.number, params, run_dir, journal, store, pruner, settle)
+        phase("optuna-recorded")
         if on_trial is not None:
             on_trial(entry)
 
-    frozen_by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    for entry in sorted(journal.trials.values(), key=lambda t: t["number"]):
-        if entry["state"] == "running":  # the driver stopped during it: continue it under its own Optuna trial
-            frozen = frozen_by_number[entry["number"]]
-            one(optuna.trial.Trial(study, frozen._trial_id), dict(entry["params"]))
+    for frozen in sorted(unfinished, key=lambda t: t.number):
+        study = study_of(sweep, run_dir)  # a fresh study object: what it caches of the trials is read now
+        one(optuna.trial.Trial(study, frozen._trial_id), dict(frozen.intermediate_values))
     while sum(t["state"] in _FINISHED for t in journal.trials.values()) < sweep.trials:
         trial = study.ask()
-        one(trial, suggest(trial, sweep.space))
+        phase("optuna-asked")  # (tests: a kill after Optuna made the trial, before any value is asked)
+        one(trial, {})
+
+
+class _Pruner:
+    """The pruner of one trial (`_sweep.ACTIVE_PRUNER`): its validations reported to Optuna, each step once (a trial
+    resumed from its checkpoint validates again what it had reported), and Optuna's median pruner asked."""
+
+    def __init__(self, trial: Any, reported: dict[int, float]) -> None:
+        self.trial = trial
+        self.reported = reported  # step -> value, as the study holds them
+
+    def report(self, step: int, value: float) -> bool:
+        if step not in self.reported:
+            self.trial.report(value, step)
+            self.reported[step] = value
+        return bool(self.trial.should_prune())
+
+    def pruned_at(self, step: int) -> float | None:
+        """The value reported at `step` when the trial was pruned there (its last report), else ``None``."""
+        if not self.reported or max(self.reported) != step or not self.trial.should_prune():
+            return None
+        return self.reported[step]

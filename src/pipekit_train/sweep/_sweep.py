@@ -41,8 +41,9 @@ class RayExecutor(Operator, name="ray"):
     1}}``; the ``ray`` extra). Grid and random sweeps.
 
     Attributes:
-        address: The Ray cluster: ``auto`` (the one this process is connected to, or the local one Ray finds or
-            starts) or ``HOST:PORT``.
+        address: The Ray cluster: ``auto`` (the one this process is connected to; else the one ``$RAY_ADDRESS`` or
+            ``ray start`` names, if it answers; else a private local instance, started for the sweep and stopped
+            after it) or ``HOST:PORT`` (refused in one line when nothing answers there). `_driver.ray_address`.
         resources_per_trial: What each trial's task asks of Ray (``{CPU: 1}``, ``{GPU: 1}``, custom resources).
     """
 
@@ -208,7 +209,8 @@ def check_distribution(path: str, dist: Any) -> None:
         raise ConfigError(f"{where}: {kind} bounds must be finite, got {args!r}")
 
 
-#: The pruning hook of the trial running in this thread: ``(report(step, value) -> prune?)``; ``None`` outside one.
+#: The pruner of the trial running in this thread (``None`` outside one): ``report(step, value) -> prune?`` and
+#: ``pruned_at(step) -> value or None`` (whether the trial was pruned at `step` already, by the value reported then).
 ACTIVE_PRUNER: contextvars.ContextVar[Any] = contextvars.ContextVar("pipekit_sweep_pruner", default=None)
 
 
@@ -217,6 +219,8 @@ class SweepPruning(Callback):
 
     A sweep with ``prune:`` adds it to the last training stage of each trial. Outside a sweep's trial it does
     nothing, so a recorded trial's pipeline reproduces as an ordinary run. Not part of the resume fingerprint.
+    A trial resumed from the checkpoint its pruning stop wrote (the driver was killed before the stage ended)
+    stops again at once, at the same step with the same status.
 
     Args:
         metric: The validation metric reported to the pruner at each validation.
@@ -227,9 +231,18 @@ class SweepPruning(Callback):
     def fingerprint(self) -> None:
         return None
 
+    def on_train_start(self, ctx: TrainContext) -> None:
+        pruner = ACTIVE_PRUNER.get()
+        value = pruner.pruned_at(int(ctx.step)) if pruner is not None and ctx.step > 0 else None
+        if value is not None:
+            ctx.request_stop(self._reason(ctx.step, value))
+
     def on_eval_end(self, ctx: TrainContext, metrics: Mapping[str, float]) -> None:
-        report = ACTIVE_PRUNER.get()
-        if report is None or self.metric not in metrics:
+        pruner = ACTIVE_PRUNER.get()
+        if pruner is None or self.metric not in metrics:
             return
-        if report(int(ctx.step), float(metrics[self.metric])):
-            ctx.request_stop(f"pruned by the sweep at step {ctx.step}: {self.metric}={metrics[self.metric]:.6g}")
+        if pruner.report(int(ctx.step), float(metrics[self.metric])):
+            ctx.request_stop(self._reason(ctx.step, float(metrics[self.metric])))
+
+    def _reason(self, step: int, value: float) -> str:
+        return f"pruned by the sweep at step {step}: {self.metric}={value:.6g}"
