@@ -201,3 +201,52 @@ def test_a_signal_in_the_last_chunk_lets_the_stage_finish_and_be_recorded(tmp_pa
     assert _outcome(tmp_path / "run") == reference
     _, state = _run(loop, tmp_path / "run", resume="auto")  # nothing left to train: the recorded stage
     assert state.artifact_id == stopped.value.artifact.artifact_id
+
+
+def test_a_stage_a_callback_stopped_and_killed_before_it_was_recorded_ends_there_again(tmp_path):
+    """Early stopping ended the stage at step s and wrote its stop checkpoint; a kill came before the artifact and
+    final.json. The resumed run ends at s with the same status and weights: it does not train on past the stop."""
+    loop = _loop("equinox", (EarlyStopping(patience=1, min_delta=0.5),))
+    model, artifact = _run(loop, tmp_path / "ref")
+    assert artifact.status.startswith("stopped: early stopping"), artifact.status
+    stopped_at = artifact.backend_info["steps"]
+    assert stopped_at < 48
+    cut = tmp_path / "cut"
+    _run(loop, cut)
+    for name in ("final.json", "artifact.json"):  # what the kill left unwritten
+        (cut / "stage0" / name).unlink()
+    (cut / "store.sqlite").unlink()
+    resumed, again = _run(loop, cut, resume="auto")
+    assert (again.status, again.backend_info["steps"]) == (artifact.status, stopped_at)
+    assert resumed.weights_hash() == model.weights_hash()
+
+
+class IntAt(TermAt, register=False):
+    """`TermAt`, with SIGINT."""
+
+    at: ClassVar[list[int]] = [0]
+
+    def on_step_end(self, ctx: Any, metrics: Mapping[str, Any]) -> None:
+        if self.at[0] and ctx.step == self.at[0]:
+            self.at[0] = 0
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_an_inherited_ignored_sigint_stays_ignored_while_training(tmp_path, tmp_path_factory):
+    """A background job of a shell runs with SIGINT ignored: training does not take it over, so a Ctrl+C meant
+    for the shell's foreground job does not stop it."""
+    reference = _reference("equinox", "ema", tmp_path_factory)
+    loop = _loop("equinox", CALLBACKS["ema"])
+    loop = loop.replace(callbacks=(*loop.callbacks, IntAt()))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        IntAt.at[0] = 8
+        _run(loop, tmp_path / "run")
+        assert IntAt.at[0] == 0  # it was sent
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # and is still ignored after the stage
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        IntAt.at[0] = 0
+    outcome = _outcome(tmp_path / "run")
+    outcome["callbacks"].pop("IntAt:0")
+    assert outcome == reference

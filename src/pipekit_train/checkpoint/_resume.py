@@ -161,6 +161,10 @@ def _diff(saved: dict[str, Any], now: dict[str, Any], then: str = "checkpoint") 
     return "\n".join(difflib.unified_diff(a, b, then, "this run", lineterm="", n=1))
 
 
+#: The stop reasons of a signal's stop: a checkpoint written with one is resumed from; any other ended the stage.
+_SIGNAL_NAMES = ("SIGINT", "SIGTERM")
+
+
 class _Signals:
     """SIGINT/SIGTERM → a flag the loop reads after each step; a second SIGINT aborts at once."""
 
@@ -173,6 +177,8 @@ class _Signals:
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         for sig in (signal.SIGINT, signal.SIGTERM):
+            if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # inherited ignored (a background job of a shell): Ctrl+C is not this process's to hear
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -211,6 +217,9 @@ class CheckpointHooks:
         self.stopping: str | None = None
         self.parent_ids: tuple[str, ...] = ()
         self.restored_meta: dict[str, Any] | None = None
+        # The stop a callback asked for (early stopping, pruning) that the resumed checkpoint was written at: the
+        # stage had ended there, and ends there again (a kill came before it was recorded).
+        self.resumed_stop: str | None = None
         self.backend: Any = None
         self.topology: dict[str, int] | None = topology_now(loop) if config else None
         self.topology_changes: list[dict[str, Any]] = []  # elastic resumes so far (`_elastic`)
@@ -294,6 +303,9 @@ class CheckpointHooks:
             keys = callback_keys(tuple(sorted(self.loop.callbacks, key=lambda c: c.order)))
             callbacks = {keys[int(k)]: v for k, v in callbacks.items() if int(k) < len(keys)}
         self.restored_meta = meta
+        reason = meta.get("stop_reason")
+        if reason and reason not in _SIGNAL_NAMES and self.extension is None:
+            self.resumed_stop = str(reason)
         if meta.get("fork"):
             self.fork = meta["fork"]
             self.parent_ids = (meta["fork"]["parent_artifact"],) if meta["fork"].get("parent_artifact") else ()

@@ -154,6 +154,8 @@ class Engine:
         restored = hooks.restored_meta if hooks is not None else None
         if restored:
             self.restore_records(restored)
+        if hooks is not None and hooks.resumed_stop:  # a callback had ended the stage at this checkpoint
+            self.ctx.request_stop(hooks.resumed_stop)
 
     # Schedule ----------------------------------------------------------------------------------------------
     def epoch_of(self, step: int) -> int:

@@ -147,6 +147,9 @@ class StageHooks(Protocol):
 
     parent_ids: tuple[str, ...]
     restored_meta: Mapping[str, Any] | None
+    #: After `restore`: the reason of a callback's stop (early stopping) that the resumed checkpoint was written at,
+    #: else ``None``. The engine ends the stage there at once, as it had.
+    resumed_stop: str | None
 
     def restore(self, backend: StepBackend) -> tuple[int, dict[str, Any] | None, dict[str, dict[str, Any]] | None]:
         """Before the first step: load a warm start and/or the checkpoint to resume; ``(step, data, callbacks)``."""

@@ -218,9 +218,3 @@ class _Pruner:
             self.trial.report(value, step)
             self.reported[step] = value
         return bool(self.trial.should_prune())
-
-    def pruned_at(self, step: int) -> float | None:
-        """The value reported at `step` when the trial was pruned there (its last report), else ``None``."""
-        if not self.reported or max(self.reported) != step or not self.trial.should_prune():
-            return None
-        return self.reported[step]

@@ -209,8 +209,7 @@ def check_distribution(path: str, dist: Any) -> None:
         raise ConfigError(f"{where}: {kind} bounds must be finite, got {args!r}")
 
 
-#: The pruner of the trial running in this thread (``None`` outside one): ``report(step, value) -> prune?`` and
-#: ``pruned_at(step) -> value or None`` (whether the trial was pruned at `step` already, by the value reported then).
+#: The pruner of the trial running in this thread (``None`` outside one): ``report(step, value) -> prune?``.
 ACTIVE_PRUNER: contextvars.ContextVar[Any] = contextvars.ContextVar("pipekit_sweep_pruner", default=None)
 
 
@@ -220,7 +219,7 @@ class SweepPruning(Callback):
     A sweep with ``prune:`` adds it to the last training stage of each trial. Outside a sweep's trial it does
     nothing, so a recorded trial's pipeline reproduces as an ordinary run. Not part of the resume fingerprint.
     A trial resumed from the checkpoint its pruning stop wrote (the driver was killed before the stage ended)
-    stops again at once, at the same step with the same status.
+    stops again at once, at the same step with the same status, as any stage a callback stopped does.
 
     Args:
         metric: The validation metric reported to the pruner at each validation.
@@ -230,12 +229,6 @@ class SweepPruning(Callback):
 
     def fingerprint(self) -> None:
         return None
-
-    def on_train_start(self, ctx: TrainContext) -> None:
-        pruner = ACTIVE_PRUNER.get()
-        value = pruner.pruned_at(int(ctx.step)) if pruner is not None and ctx.step > 0 else None
-        if value is not None:
-            ctx.request_stop(self._reason(ctx.step, value))
 
     def on_eval_end(self, ctx: TrainContext, metrics: Mapping[str, float]) -> None:
         pruner = ACTIVE_PRUNER.get()
