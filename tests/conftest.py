@@ -52,6 +52,9 @@ def _isolated_run_dirs(tmp_path, monkeypatch):
     """Each test writes runs, artifact stores and model registries under its own tmp dir."""
     monkeypatch.setenv("PIPEKIT_ARTIFACT_STORE", str(tmp_path / "store" / "artifacts.sqlite"))
     monkeypatch.setenv("PIPEKIT_MODEL_REGISTRY", str(tmp_path / "models"))
+    # `LogToExperiment` sets it for the process (MLflow's file store needs it): undone after each test, so it never
+    # reaches the next one (tests/test_machine_state.py checks what the tests' processes see).
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     monkeypatch.chdir(tmp_path)
     yield
 

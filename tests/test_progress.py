@@ -363,9 +363,9 @@ def test_while_evaluating_the_bar_shows_the_step_of_the_loss_it_shows(tmp_path: 
     seen: list[tuple[str, int, float | None]] = []
 
     class Spy(Progress):
-        def set_phase(self, phase: str) -> None:
+        def phase_started(self, phase: str, step: int, epoch: int) -> None:
             seen.append((phase, self.step, self.loss))
-            super().set_phase(phase)
+            super().phase_started(phase, step, epoch)
 
     monkeypatch.setattr("pipekit_train.stage.engine.Progress", Spy)
     monkeypatch.delenv("CI", raising=False)

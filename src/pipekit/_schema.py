@@ -12,10 +12,10 @@ Example:
     >>> print(field_table(pipekit.Tap))
     | field | type | default | meaning |
     | --- | --- | --- | --- |
-    | `sink` | `str` | `print` |  |
+    | `sink` | `str` | `print` | The name of a registered sink (`pipekit.register_sink`); `"print"` prints the carrier. |
     >>> doc = pipekit.schema({"Tap": pipekit.Tap})
-    >>> doc["$defs"]["Tap"]["properties"]["sink"]
-    {'type': 'string', 'default': 'print'}
+    >>> doc["$defs"]["Tap"]["properties"]["sink"]["default"]
+    'print'
 
 Why one file of about 500 lines: the JSON Schema, `describe` and the field table are three renderings of one
 reading of the operators' type hints and docstrings; keeping them together keeps the three in agreement.

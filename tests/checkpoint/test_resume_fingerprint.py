@@ -3,6 +3,8 @@ follows the callback, not its position."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from pipekit_train import (
     ParamGroup,
     PipekitTrainWarning,
     TrainingDataset,
+    TrainingInterrupted,
     TrainingLoop,
     run_settings,
 )
@@ -34,13 +37,15 @@ X = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
 
 
 class StopAt(Callback, register=False):
-    """Stops the first run at `step` (a graceful stop writes a checkpoint), like an interruption would."""
+    """Interrupts the first run at `step` with a real SIGTERM (a graceful stop writes a checkpoint to resume from).
+
+    Not `ctx.request_stop`: a stage a callback stopped has ended, and a resume ends it there again."""
 
     step: int = 10
 
     def on_step_end(self, ctx: Any, metrics: Any) -> None:
         if ctx.step == self.step:
-            ctx.request_stop("test")
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def fingerprint(self) -> None:
         return None
@@ -69,7 +74,7 @@ CKPT = Checkpoint(every_n_steps=5, keep=(Last(n=1),), async_save=False)
 
 def _interrupted(run_dir: Path, **overrides: Any) -> None:
     callbacks = (CKPT, StopAt(), *overrides.pop("callbacks", ()))
-    with run_settings(run_dir=str(run_dir), store=False):
+    with run_settings(run_dir=str(run_dir), store=False), pytest.raises(TrainingInterrupted):
         _loop(callbacks=callbacks, **overrides).run()
 
 
@@ -398,13 +403,14 @@ def _traced(monkeypatch: pytest.MonkeyPatch, trace: Path, loop: TrainingLoop) ->
 
 
 class StopAfterEval(Callback, register=False):
-    """Stops the run after the evaluation of `step`: unlike `StopAt` (`on_step_end`), it lets the steps fuse."""
+    """Interrupts the run (SIGTERM) after the evaluation of `step`: unlike `StopAt` (`on_step_end`), it lets the
+    steps fuse."""
 
     step: int = 10
 
     def on_eval_end(self, ctx: Any, metrics: Any) -> None:
         if ctx.step == self.step:
-            ctx.request_stop("test")
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def fingerprint(self) -> None:
         return None
@@ -419,7 +425,7 @@ def test_a_cadence_change_that_shapes_no_chunk_resumes_bitwise_into_the_same_chu
     import json
 
     every10 = Checkpoint(every_n_steps=10, keep=(Last(n=1),), async_save=False)
-    with run_settings(run_dir=str(tmp_path / "r"), store=False):
+    with run_settings(run_dir=str(tmp_path / "r"), store=False), pytest.raises(TrainingInterrupted):
         _traced(monkeypatch, tmp_path / "a.jsonl", _loop(callbacks=(CKPT, StopAfterEval())))
     with run_settings(run_dir=str(tmp_path / "r"), store=False, resume="auto"):
         resumed, after = _traced(monkeypatch, tmp_path / "b.jsonl", _loop(callbacks=(every10,)))

@@ -272,7 +272,11 @@ def test_describe_shows_documented_meanings_and_kinds():
     assert "Not registered as a type of its own" in kind and "MSE" in kind
 
 
-@pytest.mark.parametrize("name,cls", ALL_TYPES, ids=[n for n, _ in ALL_TYPES])
+#: The operators this project ships (others registered by test modules collected before this one are not ours).
+OWN_TYPES = [(n, c) for n, c in ALL_TYPES if c.__module__.split(".")[0] in ("pipekit", "pipekit_train")]
+
+
+@pytest.mark.parametrize("name,cls", OWN_TYPES, ids=[n for n, _ in OWN_TYPES])
 def test_every_registered_operator_documents_every_field(name, cls):
     """`pipekit-train describe NAME` has a meaning for every field (EMA's column was empty): each field is in an
     ``Args:`` / ``Attributes:`` section of the class's docstring or a base's (`Callback.order` for every callback)."""

@@ -218,8 +218,10 @@ class CheckpointHooks:
         self.parent_ids: tuple[str, ...] = ()
         self.restored_meta: dict[str, Any] | None = None
         # The stop a callback asked for (early stopping, pruning) that the resumed checkpoint was written at: the
-        # stage had ended there, and ends there again (a kill came before it was recorded).
+        # stage had ended there, and ends there again (a kill came before it was recorded). Not for a stage recorded
+        # as finished that runs again under a changed configuration (`keep_callback_stop` false, the runner's call).
         self.resumed_stop: str | None = None
+        self.keep_callback_stop = True
         self.backend: Any = None
         self.topology: dict[str, int] | None = topology_now(loop) if config else None
         self.topology_changes: list[dict[str, Any]] = []  # elastic resumes so far (`_elastic`)
@@ -304,7 +306,7 @@ class CheckpointHooks:
             callbacks = {keys[int(k)]: v for k, v in callbacks.items() if int(k) < len(keys)}
         self.restored_meta = meta
         reason = meta.get("stop_reason")
-        if reason and reason not in _SIGNAL_NAMES and self.extension is None:
+        if reason and reason not in _SIGNAL_NAMES and self.extension is None and self.keep_callback_stop:
             self.resumed_stop = str(reason)
         if meta.get("fork"):
             self.fork = meta["fork"]

@@ -379,6 +379,9 @@ def _run_locked(
     from .start import starting_model
 
     hooks = make_hooks(loop, info, settings)
+    # A stage recorded as finished that runs again (its configuration changed) continues its last checkpoint as the
+    # new configuration says, even past a callback's stop; only a stage stopped but never recorded ends there again.
+    hooks.keep_callback_stop = not os.path.exists(os.path.join(info.stage_dir, FINAL_FILE))
     if is_primary():
         _prefetch_deps_lock(info)
     try:

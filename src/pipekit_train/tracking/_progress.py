@@ -334,10 +334,6 @@ class Progress:
         for text in format_model_summary(summary):
             self.line(f"{self.stage}: {text}" if not text.startswith(" ") else text)
 
-    def set_phase(self, phase: str) -> None:
-        self.phase = phase
-        self._refresh()
-
     def phase_started(self, phase: str, step: int, epoch: int) -> None:
         """A phase starts (`STARTED_PHASES`, or ``stepping`` again): the bar shows it (``[compiling]``) while it
         runs. Off a terminal, the stage's first compile and each evaluation get a line as they start, so a log
