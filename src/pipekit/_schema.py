@@ -12,7 +12,7 @@ Example:
     >>> print(field_table(pipekit.Tap))
     | field | type | default | meaning |
     | --- | --- | --- | --- |
-    | `sink` | `str` | `print` | The name of a registered sink (`pipekit.register_sink`); `"print"` prints the carrier. |
+    | `sink` | `str` | `print` | A registered sink (`pipekit.register_sink`); `"print"` prints the carrier. |
     >>> doc = pipekit.schema({"Tap": pipekit.Tap})
     >>> doc["$defs"]["Tap"]["properties"]["sink"]["default"]
     'print'
