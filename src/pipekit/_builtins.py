@@ -31,7 +31,7 @@ class Tap(Operator):
     program registered. ``"print"`` is built in.
 
     Args:
-        sink: The name of a registered sink (`pipekit.register_sink`); ``"print"`` prints the carrier.
+        sink: A registered sink (`pipekit.register_sink`); ``"print"`` prints the carrier.
 
     Example:
         >>> import pipekit
