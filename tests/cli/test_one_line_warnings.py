@@ -21,31 +21,29 @@ def _damaged(root: Path) -> Path:
     return manifest
 
 
-def test_a_warning_prints_as_one_line_like_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    manifest = _damaged(tmp_path)
-    shown_before = warnings.showwarning
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")  # as a user's interpreter shows them (pytest's settings would raise it)
-        assert main(["runs", str(tmp_path)]) == 0
-    assert warnings.showwarning is shown_before  # put back when the command returns
-    err = capsys.readouterr().err
-    assert err.splitlines() == [
-        f"pipekit-train: warning: {manifest} is unreadable (Expecting property name enclosed in double quotes: line 1 "
-        "column 2 (char 1)); rebuilding the list from the checkpoints themselves"
-    ]
+UNREADABLE = (
+    "{manifest} is unreadable (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
+    "rebuilding the list from the checkpoints themselves"
+)
 
 
-def test_a_subcommand_run_as_a_module_prints_warnings_the_same_way(tmp_path, capsys):
+@pytest.mark.parametrize("entry", ["pipekit-train", "module"])
+def test_a_warning_prints_as_one_line_like_an_error_and_a_caller_recording_warnings_still_gets_it(tmp_path, entry):
+    """In-process (a notebook, a test suite): the command formats its warnings as one line and leaves where they go
+    alone, so a caller recording them (``catch_warnings(record=True)``, ``pytest.warns``) still gets them."""
     from pipekit_train.cli._checkpoints import main as checkpoints_main
 
     manifest = _damaged(tmp_path)
-    with warnings.catch_warnings():
+    command = main if entry == "pipekit-train" else checkpoints_main
+    formatter = warnings.formatwarning
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert checkpoints_main(["runs", str(tmp_path)]) == 0
-    assert capsys.readouterr().err.splitlines() == [
-        f"pipekit-train: warning: {manifest} is unreadable (Expecting property name enclosed in double quotes: line 1 "
-        "column 2 (char 1)); rebuilding the list from the checkpoints themselves"
-    ]
+        assert command(["runs", str(tmp_path)]) == 0
+    assert warnings.formatwarning is formatter  # put back when the command returns
+    assert [str(w.message) for w in caught] == [UNREADABLE.format(manifest=manifest)]
+    with one_line_warnings():
+        shown = warnings.formatwarning(caught[0].message, caught[0].category, caught[0].filename, caught[0].lineno)
+    assert shown == f"pipekit-train: warning: {UNREADABLE.format(manifest=manifest)}\n"
 
 
 def test_the_installed_command_prints_one_line_and_debug_keeps_pythons_format(tmp_path):
@@ -72,13 +70,9 @@ def test_the_installed_command_prints_one_line_and_debug_keeps_pythons_format(tm
                                                "the list from the checkpoints themselves"]  # fmt: skip
 
 
-def test_other_warnings_go_to_pythons_printer_and_a_message_of_several_lines_keeps_them(capsys):
-    passed_on: list[tuple[str, type[Warning]]] = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = lambda message, category, *rest: passed_on.append((str(message), category))
-        with one_line_warnings():
-            warnings.warn("from another package", DeprecationWarning, stacklevel=1)
-            warnings.warn("changed:\n- a\n+ b", PipekitTrainWarning, stacklevel=1)
-    assert passed_on == [("from another package", DeprecationWarning)]
-    assert capsys.readouterr().err == "pipekit-train: warning: changed:\n- a\n+ b\n"
+def test_other_warnings_keep_pythons_format_and_a_message_of_several_lines_keeps_them():
+    with one_line_warnings():
+        other = warnings.formatwarning("from another package", DeprecationWarning, "lib.py", 3)
+        ours = warnings.formatwarning(PipekitTrainWarning("changed:\n- a\n+ b"), PipekitTrainWarning, "x.py", 1)
+    assert other.startswith("lib.py:3: DeprecationWarning: from another package")
+    assert ours == "pipekit-train: warning: changed:\n- a\n+ b\n"

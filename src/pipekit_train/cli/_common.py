@@ -15,7 +15,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 #: The exit code when standard output is a pipe whose reader went away (128 + SIGPIPE, as a shell reports it).
@@ -108,33 +108,28 @@ def one_line_warnings(prog: str = "pipekit-train") -> Iterator[None]:
     """Within: print each `PipekitTrainWarning` as ``PROG: warning: MESSAGE``, the way `report_error` prints errors
     (no Python ``file:line: Category:`` header, no source line; a message that holds lines of its own, a forced
     resume's configuration diff, keeps them below its first). Under ``--debug``, and for other packages' warnings,
-    Python's own format (it says where the warning was raised)."""
+    Python's own format (it says where the warning was raised).
+
+    Only the format changes (`warnings.formatwarning`), not where warnings go: a caller recording them
+    (``warnings.catch_warnings(record=True)``, ``pytest.warns``) around an in-process `main` still gets them."""
     import warnings
 
-    previous = warnings.showwarning
+    previous = warnings.formatwarning
 
-    def show(
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None:
+    def format_warning(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+    ) -> str:
         from pipekit_train._warnings import PipekitTrainWarning
 
         if not issubclass(category, PipekitTrainWarning) or debug_enabled():
-            previous(message, category, filename, lineno, file, line)
-            return
-        # As Python's own printer: a closed or missing stream loses the warning, nothing else.
-        with contextlib.suppress(OSError, ValueError):
-            (file or sys.stderr).write(f"{prog}: warning: {str(message).strip()}\n")
+            return previous(message, category, filename, lineno, line)
+        return f"{prog}: warning: {str(message).strip()}\n"
 
-    warnings.showwarning = show
+    warnings.formatwarning = format_warning
     try:
         yield
     finally:
-        warnings.showwarning = previous
+        warnings.formatwarning = previous
 
 
 def silence_stdout() -> None:
