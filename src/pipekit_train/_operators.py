@@ -7,7 +7,10 @@ points of their own.
 
 from __future__ import annotations
 
-from . import _models, callbacks, checkpoint, data  # noqa: F401
+from . import _models  # noqa: F401
+from . import callbacks  # noqa: F401
+from . import checkpoint  # noqa: F401
+from . import data  # noqa: F401
 from .losses import _losses  # noqa: F401
 from .stage import loop  # noqa: F401
 from .sweep import _sweep  # noqa: F401
