@@ -496,7 +496,7 @@ def time_saves() -> None:
     its thread: taking the state (`CheckpointHooks.after_chunk` returning the rest of the save, before the next
     dispatch) and the rest (`CheckpointHooks._save`, after that dispatch: the non-finite check, the meta,
     `Checkpointer.save`, waiting for the previous save if it is still being written); or all of it at once."""
-    from pipekit_train.checkpoint import _resume
+    from pipekit_train.engine import _hooks as _resume
 
     hooks = _resume.CheckpointHooks
     if getattr(hooks._save, "_timed", False):

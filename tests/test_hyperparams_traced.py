@@ -1,4 +1,4 @@
-"""Hyperparameters are values, not programs: the optimizer's numbers live in its state (optim/_optax.py).
+"""Hyperparameters are values, not programs: the optimizer's numbers live in its state (backends/_optax.py).
 
 Two stages or a sweep that differ only in numbers compile the train step once; the numbers still decide the
 result (bitwise the numbers of plain optax), and a checkpoint's numbers give way to the configuration's.
@@ -25,8 +25,8 @@ from pipekit_train import (
     run_settings,
 )
 from pipekit_train.adapters.equinox._steps import CompileCounter, train_chunk
-from pipekit_train.optim import _optax as pk_optax
-from pipekit_train.optim._optax import (
+from pipekit_train.backends import _optax as pk_optax
+from pipekit_train.backends._optax import (
     Hyperparams,
     LrScaleState,
     StructuredOptimizer,

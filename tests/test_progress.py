@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipekit_train import MSE, ArraySource, EarlyStopping, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
-from pipekit_train.stage.engine import NonFiniteLossError
+from pipekit_train.engine._loop import NonFiniteLossError
 from pipekit_train.tracking._progress import PhaseClock, Progress, plain_output
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -367,7 +367,7 @@ def test_while_evaluating_the_bar_shows_the_step_of_the_loss_it_shows(tmp_path: 
             seen.append((phase, self.step, self.loss))
             super().phase_started(phase, step, epoch)
 
-    monkeypatch.setattr("pipekit_train.stage.engine.Progress", Spy)
+    monkeypatch.setattr("pipekit_train.engine._loop.Progress", Spy)
     monkeypatch.delenv("CI", raising=False)
     data = _data()
     loop = TrainingLoop(

@@ -27,12 +27,12 @@ if TYPE_CHECKING:
     from pipekit import ShapeError as ShapeError
 
     from ._jsonio import DamagedFileError as DamagedFileError
-    from ._models import ModelOp as ModelOp
-    from ._models import Transfer as Transfer
     from ._warnings import PipekitTrainWarning as PipekitTrainWarning
     from .backends import BackendError as BackendError
     from .backends import available_backends as available_backends
     from .backends import register_backend as register_backend
+    from .backends._model import ModelOp as ModelOp
+    from .backends._model import Transfer as Transfer
     from .callbacks import Callback as Callback
     from .checkpoint import Checkpoint as Checkpoint
     from .checkpoint import CheckpointError as CheckpointError

@@ -7,10 +7,12 @@ points of their own.
 
 from __future__ import annotations
 
-from . import _models  # noqa: F401
-from . import callbacks  # noqa: F401
-from . import checkpoint  # noqa: F401
-from . import data  # noqa: F401
+from . import (
+    callbacks,  # noqa: F401
+    checkpoint,  # noqa: F401
+    data,  # noqa: F401
+)
+from .backends import _model as _models  # noqa: F401
 from .losses import _losses  # noqa: F401
 from .stage import loop  # noqa: F401
 from .sweep import _sweep  # noqa: F401

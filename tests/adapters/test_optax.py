@@ -13,8 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from pipekit import ConfigError, PipekitError
-from pipekit_train.optim._config import check_optimizer_config
-from pipekit_train.optim._optax import (
+from pipekit_train.backends._optax import (
     LrScaleState,
     build_optimizer,
     build_schedule,
@@ -22,6 +21,7 @@ from pipekit_train.optim._optax import (
     learning_rate_at,
     set_lr_scale,
 )
+from pipekit_train.optim._config import check_optimizer_config
 
 NAMES = ["adamw", "adam", "sgd", "lion", "rmsprop"]
 SCHEDULES = ["constant", "warmup_cosine", "onecycle", "exponential"]

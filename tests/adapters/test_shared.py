@@ -1,4 +1,4 @@
-"""The supervised backends' shared pre-flight (`adapters/_shared.py`): a loss's declared target contract, checked on
+"""The supervised backends' shared pre-flight (`backends/_shared.py`): a loss's declared target contract, checked on
 abstract shapes, an exception in a user's own loss code told apart from a shape mismatch, the factory registry and
 the Transfer path walk."""
 
@@ -17,11 +17,11 @@ import pytest
 
 from pipekit import ConfigError, ShapeError
 from pipekit_train import TrainingDataset, TrainingLoop
-from pipekit_train.adapters._shared import MISSING, FactoryRegistry, resolve_path
 from pipekit_train.adapters.equinox import EquinoxModel
 from pipekit_train.adapters.equinox._model import FACTORIES as EQUINOX
 from pipekit_train.adapters.keras._model import FACTORIES as KERAS
 from pipekit_train.adapters.lightning._model import FACTORIES as LIGHTNING
+from pipekit_train.backends._shared import MISSING, FactoryRegistry, resolve_path
 from pipekit_train.data import ArraySource
 from pipekit_train.losses import MSE, NLL, SAME_SHAPE_FLOATING, Composite, CrossEntropy, Loss
 from pipekit_train.stage.preflight import check
@@ -182,7 +182,7 @@ def test_the_three_supervised_backends_share_one_registry_type_and_the_builtin_z
 
 
 def test_a_registry_refuses_another_factory_under_a_taken_name():
-    registry = FactoryRegistry("ToyModel", "toy factory", "pipekit_train.adapters._shared")
+    registry = FactoryRegistry("ToyModel", "toy factory", "pipekit_train.backends._shared")
 
     def one(size: int): ...
 

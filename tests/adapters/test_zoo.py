@@ -13,8 +13,8 @@ if importlib.util.find_spec("keras") is None or importlib.util.find_spec("torch"
     # not importorskip: Keras must not be imported before the adapter sets its backend
     pytest.skip("the keras and lightning extras are not installed", allow_module_level=True)
 
-from pipekit_train.adapters._zoo import ZOO, Conv, Dense, Flatten, describe
 from pipekit_train.backends._convert import convert_model, registered_converters
+from pipekit_train.backends._zoo import ZOO, Conv, Dense, Flatten, describe
 
 pytestmark = pytest.mark.xdist_group("zoo")  # one worker (--dist loadgroup): the twelve models are built once
 

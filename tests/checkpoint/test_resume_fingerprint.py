@@ -335,7 +335,7 @@ def test_force_resume_continues_a_changed_finished_stage_from_its_last_checkpoin
 
 
 # The checkpoint cadence -------------------------------------------------------------------------------------------
-# With fused steps, chunks end at checkpoint steps (stage/chunks.py): a cadence is compared only where it shapes the
+# With fused steps, chunks end at checkpoint steps (engine/_chunks.py): a cadence is compared only where it shapes the
 # chunks (`_resume.cadence_shapes_chunks`), so a change that is accepted resumes into the uninterrupted run's chunks.
 
 
@@ -344,8 +344,8 @@ def _chunks(loop: Any, every: int | None) -> list[tuple[int, int]]:
     the engine's own `_periods`, `chunk_plan` and `next_chunk`, on a stand-in holding what they read."""
     from types import SimpleNamespace
 
-    from pipekit_train.stage.chunks import chunk_plan
-    from pipekit_train.stage.engine import Engine
+    from pipekit_train.engine._chunks import chunk_plan
+    from pipekit_train.engine._loop import Engine
 
     class Cutter:
         _periods, _boundaries, next_chunk = Engine._periods, Engine._boundaries, Engine.next_chunk
@@ -368,7 +368,7 @@ def test_a_cadence_taken_as_shaping_no_chunk_never_does():
     lets most cadences that are multiples of a boundary through (the rule is useful)."""
     from types import SimpleNamespace
 
-    from pipekit_train.checkpoint._resume import cadence_shapes_chunks
+    from pipekit_train.engine._hooks import cadence_shapes_chunks
 
     free = checked = 0
     for setting in ("auto", 2, 4, 6):

@@ -21,7 +21,7 @@ from pipekit_train import (
     run_settings,
 )
 from pipekit_train.adapters.equinox._steps import CompileCounter, train_chunk
-from pipekit_train.optim._lr_find import suggest
+from pipekit_train.sweep._lr_find import suggest
 
 
 def _data(n: int = 256) -> TrainingDataset:

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
+    from ..engine._loop import Engine as Engine
+    from ..engine._loop import run_steps as run_steps
+    from ..engine._protocol import AdapterResult as AdapterResult
+    from ..engine._protocol import EngineSnapshot as EngineSnapshot
+    from ..engine._protocol import StageHooks as StageHooks
+    from ..engine._protocol import StepBackend as StepBackend
     from ..optim._config import check_schedule as check_schedule
     from ..optim._config import resolve_optimizer_config as resolve_optimizer_config
-    from ..stage.engine import Engine as Engine
-    from ..stage.engine import run_steps as run_steps
     from ..stage.loop import RunInfo as RunInfo
-    from ..stage.steps import AdapterResult as AdapterResult
-    from ..stage.steps import EngineSnapshot as EngineSnapshot
-    from ..stage.steps import StageHooks as StageHooks
-    from ..stage.steps import StepBackend as StepBackend
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())

@@ -10,7 +10,7 @@ A backend is **one object**, named by its entry point in the ``pipekit_train.bac
    one place a model is initialised. Where the stage starts from (fresh, carried over, converted from another
    backend, transferred) is decided by the core (`pipekit_train.stage.start`), never by the adapter.
 3. `Backend.start`: the one call that hands the stage to the backend. It returns the `StepBackend` the engine
-   drives (its step methods are documented on `pipekit_train.stage.steps.StepBackend`).
+   drives (its step methods are documented on `pipekit_train.engine._protocol.StepBackend`).
 
 `capabilities` says what the backend honours; pre-flight refuses a stage that asks for anything else, naming the
 capability and the backends that have it.
@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from .._models import ModelOp
+    from ..engine._protocol import StepBackend
     from ..stage.loop import TrainerCarryState, TrainingLoop
-    from ..stage.steps import StepBackend
+    from ._model import ModelOp
 
 __all__ = ["CAPABILITIES", "CONTRACT", "Backend", "LazyBackend"]
 

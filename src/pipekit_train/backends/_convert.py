@@ -2,7 +2,7 @@
 
 A stage of one backend refuses the model of another unless a converter is registered for the pair (and the source
 model's factory). Backends register their converters when their package is imported (the built-in factories convert
-in all six directions among Equinox, Keras and Lightning: `pipekit_train.adapters._zoo`). A converter takes a bound
+in all six directions among Equinox, Keras and Lightning: `pipekit_train.backends._zoo`). A converter takes a bound
 model operator and returns a bound one of the other backend.
 """
 

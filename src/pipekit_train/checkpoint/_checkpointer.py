@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 from pipekit import ConfigError
 
-from .._probe import at_save
 from .._warnings import PipekitTrainWarning
+from ..engine._probe import at_save
 from ..scale._distributed import barrier, is_primary, process_count
 from ._errors import (
     CheckpointError,

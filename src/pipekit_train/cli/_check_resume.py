@@ -4,8 +4,8 @@ exactly?
 It runs the pipeline once uninterrupted and once more as a chain of runs: the first is killed at a planned point,
 each next one resumes (``run --resume auto``, the same command) and is killed at the next point, the last one
 finishes. That is N + 2 runs of the pipeline. The kills are real signals a process sends itself
-(``$PIPEKIT_RESUME_PROBE``, `pipekit_train._probe`): a mix of SIGKILL and SIGTERM, one SIGKILL inside a checkpoint
-write (the arrays written, nothing committed), and one in the last stage of a `Sequential`.
+(``$PIPEKIT_RESUME_PROBE``, `pipekit_train.engine._probe`): a mix of SIGKILL and SIGTERM, one SIGKILL inside a
+checkpoint write (the arrays written, nothing committed), and one in the last stage of a `Sequential`.
 
 Every run writes a trace: after each dispatched chunk, digests of the state tree leaf by leaf (weights, optimizer
 state with the learning-rate scale, EMA, a sampler's key), the data position, each callback's checkpointed state,
@@ -314,7 +314,7 @@ class _Runner:
         probe: dict[str, Any] = {"trace": str(trace)}
         if kill is not None:
             probe["kill"] = kill.spec()
-        from .._probe import ENV_VAR
+        from ..engine._probe import ENV_VAR
 
         command = [sys.executable, "-m", "pipekit_train.cli", "run", self.args.pipeline, "--run-dir", str(run_dir)]
         command += ["--no-store", *(["--resume", "auto"] if resume else [])]

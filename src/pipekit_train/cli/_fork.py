@@ -24,7 +24,7 @@ __all__ = ["reproduce_recorded"]
 def _retrain(store: Any, artifact_id: str, run_dir: str | None, settings: dict[str, Any]) -> Any:
     """Train the stages leading to `artifact_id` again (the parent of a fork first); the last stage's artifact."""
     from pipekit import Sequential
-    from pipekit_train.checkpoint._fork import resolve_fork
+    from pipekit_train.engine._fork import resolve_fork
     from pipekit_train.provenance._reproduce import check_data_unchanged, pipeline_of
     from pipekit_train.stage.runner import run_settings
 

@@ -1,7 +1,7 @@
 """The ``pipekit-train lr-find`` command: an exponential learning-rate sweep over a copy of one training stage.
 
 ``lr-find PIPELINE.yaml [--stage N|NAME] [--min-lr 1e-6] [--max-lr 1] [--steps 100] [--plot FILE] [--from-run DIR]``
-prints a table of the sweep and the suggested learning rate (`pipekit_train.optim._lr_find`), and with ``--plot`` draws
+prints a table of the sweep and the suggested learning rate (`pipekit_train.sweep._lr_find`), and with ``--plot`` draws
 the curve (needs the ``plot`` extra). It records nothing: no run directory, no checkpoint, no artifact. Exit codes:
 0 done, 2 a mistake in what was asked (one line on standard error), 1 a failure.
 """
@@ -19,7 +19,7 @@ __all__ = ["add_lr_find_commands", "main"]
 
 def cmd_lr_find(args: argparse.Namespace) -> int:
     """Sweep the learning rate of one stage and print the table and the suggestion."""
-    from ..optim._lr_find import lr_find
+    from ..sweep._lr_find import lr_find
     from ._imports import import_modules, requested_imports
     from ._main import _load_pipeline, _preflight
 

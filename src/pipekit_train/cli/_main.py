@@ -280,7 +280,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         check_pipeline_topologies(op, args.run_dir)
     fork = None
     if args.fork:  # the checkpoint a fork starts from is found (or refused) before anything is compiled
-        from pipekit_train.checkpoint._fork import resolve_fork
+        from pipekit_train.engine._fork import resolve_fork
         from pipekit_train.stage.preflight import training_stages
 
         first = training_stages(op)[:1]

@@ -2,7 +2,7 @@
 
 `resolve_optimizer_config` is the one reading of the keys (names, rules, which keys apply to which optimizer and
 schedule); each backend maps the result onto its framework (the JAX backends through
-`pipekit_train.optim._optax`). ``design/optimizers.md`` has the keys and why.
+`pipekit_train.backends._optax`). ``design/optimizers.md`` has the keys and why.
 """
 
 from __future__ import annotations

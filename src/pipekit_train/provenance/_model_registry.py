@@ -37,7 +37,7 @@ import numpy as np
 import pipekit
 from pipekit import PipekitError
 
-from .._models import ModelOp, weights_digest
+from ..backends._model import ModelOp, weights_digest
 
 __all__ = [
     "LocalModelRegistry",

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
+    from ..engine._protocol import NonFiniteLossError as NonFiniteLossError
+    from ..engine._protocol import NonFiniteWeightsError as NonFiniteWeightsError
     from .extension import Extension as Extension
     from .extension import extend as extend
     from .loop import TrainerCarryState as TrainerCarryState
@@ -21,7 +23,5 @@ if TYPE_CHECKING:
     from .runner import RunSettings as RunSettings
     from .runner import TrainingInterrupted as TrainingInterrupted
     from .runner import run_settings as run_settings
-    from .steps import NonFiniteLossError as NonFiniteLossError
-    from .steps import NonFiniteWeightsError as NonFiniteWeightsError
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import pipekit
 from pipekit import CarryState, ConfigError, StatefulOperator, field
 
-from .._models import ModelOp, Transfer
+from ..backends._model import ModelOp, Transfer
 from ..backends._registry import check_backend_name, get_backend
 from ..callbacks._base import Callback
 from ..data._dataset import TrainingDataset

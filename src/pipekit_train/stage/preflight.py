@@ -25,8 +25,8 @@ from pipekit import ConfigError, Operator, Sequential
 from .._signals import phase
 
 if TYPE_CHECKING:
-    from .._models import ModelOp
     from ..backends._contract import Backend
+    from ..backends._model import ModelOp
     from .loop import TrainerCarryState, TrainingLoop
     from .start import Route
 

@@ -25,11 +25,11 @@ import pipekit
 from .._jsonio import DamagedFileError, read_json, write_json
 from .._lock import DirectoryNotWritableError, check_writable, run_dir_lock
 from .._signals import note_run_dir, phase
+from ..engine._protocol import NonFiniteWeightsError, first_nonfinite
 from ..scale._distributed import allgather, barrier, initialize_distributed, is_primary, primary_holds
 from .carry import handoff
 from .loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
 from .preflight import StagePlan, check
-from .steps import NonFiniteWeightsError, first_nonfinite
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def _changed_since_finished(info: RunInfo, loop: TrainingLoop, artifact: Any, st
     Without a checkpoint to resume, ``False`` (take it as it is) when nothing that changes its result changed (the
     same fingerprint), else refused with the fingerprint's diff: it is never trained again from scratch."""
     from ..checkpoint._errors import CheckpointMismatchError
-    from ..checkpoint._resume import _diff, fingerprint
+    from ..engine._hooks import _diff, fingerprint
 
     directory = loop.checkpoint_directory(info.stage_dir)
     if loop.checkpoint_settings is not None and os.path.isdir(directory) and any(os.scandir(directory)):
@@ -375,7 +375,7 @@ def _run_locked(
     os.makedirs(info.stage_dir, exist_ok=True)
     if is_primary():
         _write_run_meta(info.run_dir, info.run_id, settings)
-    from ..checkpoint._resume import make_hooks
+    from ..engine._hooks import make_hooks
     from .start import starting_model
 
     hooks = make_hooks(loop, info, settings)
@@ -462,7 +462,7 @@ def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, ho
 
     import numpy as np
 
-    from .engine import run_steps
+    from ..engine._loop import run_steps
 
     running = getattr(step_backend, "running", None)
     with running() if running is not None else nullcontext():

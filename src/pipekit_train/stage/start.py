@@ -21,8 +21,8 @@ from pipekit import ConfigError
 from ..backends._convert import convert_model, converted_architecture, find_converter, refuse_foreign
 
 if TYPE_CHECKING:
-    from .._models import ModelOp
     from ..backends._contract import Backend
+    from ..backends._model import ModelOp
     from .loop import TrainerCarryState, TrainingLoop
 
 __all__ = ["Route", "route", "starting_model"]

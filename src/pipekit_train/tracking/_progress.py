@@ -120,7 +120,7 @@ def _top_level(path: str) -> str:
 
     A list of submodules counts each element (an MLP's ``layers[0]``, ``layers[1]``) as its own top-level part.
     """
-    from .._models import parse_path
+    from ..backends._model import parse_path
 
     try:
         steps = parse_path(path.lstrip("."))

@@ -15,7 +15,7 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError
 
-from ...optim._optax import (
+from ...backends._optax import (
     build_optimizer,
     get_lr_scale,
     learning_rate_at,
@@ -24,10 +24,10 @@ from ...optim._optax import (
     restart_schedule,
     set_lr_scale,
 )
+from ...backends._shared import check_input_and_target_keys, check_loss_fits
 from ...scale._mesh import mesh_plan
 from ...scale._precision import compute_dtype
 from ...stage.loop import stage_name
-from .._shared import check_input_and_target_keys, check_loss_fits
 from ._carry import carry_in, continue_optimizer_state
 from ._recipe_step import StepRecipe
 from ._steps import (

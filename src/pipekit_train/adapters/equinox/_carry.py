@@ -9,7 +9,7 @@ import jax
 
 from pipekit import ConfigError
 
-from ...optim._optax import FrozenUntilState, LrScaleState, reset_anchor
+from ...backends._optax import FrozenUntilState, LrScaleState, reset_anchor
 from ...stage.carry import carry_settings, check_carry_source, match_by_path, read_final_state, wants_checkpoint
 from ._steps import combine, partition
 

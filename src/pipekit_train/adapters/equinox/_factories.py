@@ -1,6 +1,6 @@
 """The built-in Equinox factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier``.
 
-Their kwargs and layers are the backend-neutral descriptions in `pipekit_train.adapters._zoo`; `build` makes
+Their kwargs and layers are the backend-neutral descriptions in `pipekit_train.backends._zoo`; `build` makes
 Equinox layers from a description. Registering them imports neither JAX nor Equinox (a pipeline file naming
 ``factory: mlp`` is checked without them); `build` imports `_modules` (Equinox, JAX) when it runs.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._zoo import ZOO, Architecture, factory
+from ...backends._zoo import ZOO, Architecture, factory
 from ._model import register_model
 
 __all__ = ["build"]

@@ -16,8 +16,8 @@ import numpy as np
 
 from pipekit import ConfigError, field
 
-from ..._models import ModelOp
-from .._shared import FactoryRegistry
+from ...backends._model import ModelOp
+from ...backends._shared import FactoryRegistry
 
 __all__ = ["EquinoxModel", "register_model", "registered_models"]
 

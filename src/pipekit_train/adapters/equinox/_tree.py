@@ -13,8 +13,8 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError
 
-from ..._models import ModelOp, Transfer, parse_path
-from .._shared import MISSING, resolve_path
+from ...backends._model import ModelOp, Transfer, parse_path
+from ...backends._shared import MISSING, resolve_path
 
 __all__ = ["apply_transfer", "batched_call", "check_fits", "check_input", "fill", "weights"]
 

@@ -16,9 +16,9 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError
 
-from ...optim._optax import learning_rate_at
+from ...backends._optax import learning_rate_at
+from ...backends._shared import check_input_and_target_keys, check_loss_fits
 from ...scale._mesh import mesh_plan
-from .._shared import check_input_and_target_keys, check_loss_fits
 from ._env import import_keras
 from ._model import KerasModel, KerasState
 from ._steps import program

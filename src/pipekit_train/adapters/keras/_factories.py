@@ -1,6 +1,6 @@
 """The built-in Keras factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier`` (the Equinox backend's kwargs).
 
-Their kwargs and layers are the backend-neutral descriptions in `pipekit_train.adapters._zoo`; `build` makes Keras
+Their kwargs and layers are the backend-neutral descriptions in `pipekit_train.backends._zoo`; `build` makes Keras
 layers (the model classes in `_layers`) from a description. Cheap to import: the signatures are what `KerasModel`
 checks its ``kwargs`` against when a pipeline is read, and Keras is imported only when a factory runs.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._zoo import ZOO, Architecture, factory
+from ...backends._zoo import ZOO, Architecture, factory
 from ._model import register_keras_model
 
 __all__ = ["build"]

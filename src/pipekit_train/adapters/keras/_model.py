@@ -19,8 +19,8 @@ import numpy as np
 
 from pipekit import field
 
-from ..._models import ModelOp
-from .._shared import FactoryRegistry
+from ...backends._model import ModelOp
+from ...backends._shared import FactoryRegistry
 
 __all__ = ["KerasModel", "KerasState", "register_keras_model", "registered_keras_models"]
 

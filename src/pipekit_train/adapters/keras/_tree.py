@@ -20,8 +20,8 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError
 
-from ..._models import Transfer, parse_path
-from .._shared import MISSING, resolve_path
+from ...backends._model import Transfer, parse_path
+from ...backends._shared import MISSING, resolve_path
 from ._env import import_keras
 from ._model import FACTORIES, KerasModel, KerasState
 

@@ -9,7 +9,7 @@ repository's ``adapters/README.md``; ``docs/backends.md`` says what it supports.
 
 Also public: `to_torch_loss` / `register_torch_loss` (a pipekit loss as a torch function), `build_torch_optimizer`
 (an ``optimizer_config`` for ``torch.optim``), and the converters of every built-in factory Equinox ⇄ torch and
-Keras ⇄ torch (`pipekit_train.adapters._zoo`).
+Keras ⇄ torch (`pipekit_train.backends._zoo`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..._lazy import attach as _attach
+from ...backends import _zoo as _zoo  # registers the built-in converters (imports no framework)
 from ...backends._contract import LazyBackend
-from .. import _zoo as _zoo  # registers the built-in converters (imports no framework)
 from ._model import TorchModel as TorchModel
 from ._model import register_torch_model as register_torch_model
 from ._model import registered_torch_models as registered_torch_models

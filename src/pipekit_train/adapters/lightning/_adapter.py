@@ -22,8 +22,8 @@ from torch import nn
 
 from pipekit import ConfigError, ShapeError
 
+from ...backends._shared import check_input_and_target_keys, check_loss_fits
 from ...optim._schedules import fixed_value
-from .._shared import check_input_and_target_keys, check_loss_fits
 from ._losses import split, to_torch_loss
 from ._model import TorchModel
 from ._optimizers import TorchOptimizer, check_torch_optimizer_config, schedule_table

@@ -1,6 +1,6 @@
 """The built-in torch factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier`` (the Equinox backend's kwargs).
 
-Their kwargs and layers are the backend-neutral descriptions in `pipekit_train.adapters._zoo`; `build` makes torch
+Their kwargs and layers are the backend-neutral descriptions in `pipekit_train.backends._zoo`; `build` makes torch
 modules (`_layers`) from a description: ``layers[i]`` in order, ``Linear`` weights ``(out, in)`` as Equinox's.
 Cheap to import: the signatures are what `TorchModel` checks its ``kwargs`` against when a pipeline is read, and
 torch is imported only when a factory runs.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._zoo import ZOO, Architecture, factory
+from ...backends._zoo import ZOO, Architecture, factory
 from ._model import register_torch_model
 
 __all__ = ["build"]

@@ -17,8 +17,8 @@ import numpy as np
 
 from pipekit import field
 
-from ..._models import ModelOp
-from .._shared import FactoryRegistry
+from ...backends._model import ModelOp
+from ...backends._shared import FactoryRegistry
 
 __all__ = ["TorchModel", "register_torch_model", "registered_torch_models"]
 

@@ -68,7 +68,7 @@ def schedule_table(config: Mapping[str, Any], max_steps: int) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
-    from ...optim._optax import build_schedule
+    from ...backends._optax import build_schedule
 
     fn = build_schedule(config, max_steps=max_steps)
     values = np.asarray(jax.vmap(fn)(jnp.arange(max_steps + 1)), np.float64)
@@ -153,7 +153,7 @@ class TorchOptimizer:
         step -= self.segment_start
         if 0 <= step < len(self.table):
             return float(self.table[step])
-        from ...optim._optax import learning_rate_at
+        from ...backends._optax import learning_rate_at
 
         return learning_rate_at(self.config, step, self.max_steps)
 

@@ -17,8 +17,8 @@ from torch import nn
 
 from pipekit import ConfigError, ShapeError
 
-from ..._models import Transfer, parse_path
-from .._shared import MISSING, resolve_path
+from ...backends._model import Transfer, parse_path
+from ...backends._shared import MISSING, resolve_path
 from ._model import FACTORIES, TorchModel
 
 __all__ = [

@@ -15,7 +15,7 @@ import numpy as np
 
 from pipekit import ConfigError, Operator, ShapeError, field, suggestion
 
-from ..._models import ModelOp
+from ...backends._model import ModelOp
 from ...losses._losses import Loss
 from ._registry import get_numpyro_model
 

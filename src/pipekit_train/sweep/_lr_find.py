@@ -139,7 +139,7 @@ def select_stage(op: Operator, stage: int | str | None) -> tuple[int, list[Any]]
 def _sweep_copy(loop: Any, steps: int) -> tuple[Any, list[str]]:
     """The stage as the sweep runs it: a constant learning rate of 1.0 (the multiplier sets the rate), `steps`
     steps, no callbacks, no `carry` or `init_from`, and groups that unfreeze later training from the start."""
-    from ._recipes import ParamGroup
+    from ..optim._recipes import ParamGroup
 
     notes = []
     config = {k: v for k, v in loop.optimizer_config.items() if k not in _SCHEDULE_KEYS}

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends._convert import register_converter
+from ._convert import register_converter
 from ._shared import BUILTIN_FACTORIES, cnn_feature_size
 
 __all__ = [
@@ -146,7 +146,7 @@ def _stack(path: Path, sizes: Sequence[int], activation: str) -> list[Layer]:
 
 
 def _check_activation(activation: str) -> str:
-    from .._models import check_activation
+    from ._model import check_activation
 
     return check_activation(activation)
 

@@ -32,11 +32,11 @@ import optax
 
 from pipekit import ConfigError, PipekitError
 
-from ._config import resolve_optimizer_config, schedule_numbers
-from ._recipes import param_path
+from ..optim._config import resolve_optimizer_config, schedule_numbers
+from ..optim._recipes import param_path
 
 if TYPE_CHECKING:
-    from ._recipes import ParamGroup
+    from ..optim._recipes import ParamGroup
 
 __all__ = [
     "FrozenUntilState",
@@ -579,7 +579,7 @@ def build_optimizer(
     if accum > 1:
         optimizer = optax.MultiSteps(optimizer, every_k_schedule=accum).gradient_transformation()
     structure = (
-        "pipekit_train.optim._optax/1",
+        "pipekit_train.backends._optax/1",
         cfg["name"],
         cfg["schedule"],
         bool(cfg.get("momentum")),

@@ -96,7 +96,7 @@ def tree_digests(tree: Any) -> dict[str, str]:
     import jax
     import jax.numpy as jnp
 
-    from .checkpoint._layout import _path_name
+    from ..checkpoint._layout import _path_name
 
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:

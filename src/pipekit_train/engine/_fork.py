@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._errors import CheckpointError, CheckpointMismatchError
+from ..checkpoint._errors import CheckpointError, CheckpointMismatchError
 
 __all__ = ["ForkPoint", "resolve_fork", "restore_fork"]
 
@@ -93,7 +93,7 @@ def resolve_fork(spec: str, first_stage: str | None, own_checkpoint_dir: str | N
     ``checkpoint_dir`` its recorded configuration set. `own_checkpoint_dir` (the forking first stage's
     ``checkpoint_dir``) must not be that folder: the fork would write its steps among the parent's.
     """
-    from ._checkpointer import Checkpointer
+    from ..checkpoint._checkpointer import Checkpointer
 
     match = _SPEC.match(spec)
     if match is None:
@@ -175,8 +175,8 @@ def restore_fork(
     `CheckpointHooks.restore` returns: (the step, the data position, the callbacks' state)."""
     import pipekit
 
+    from ..checkpoint._checkpointer import Checkpointer
     from ..scale._distributed import local_data_state
-    from ._checkpointer import Checkpointer
 
     source = Checkpointer(Path(point.checkpoint_dir), async_save=False)
     try:

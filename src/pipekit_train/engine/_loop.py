@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from .._probe import from_env as probe_from_env
 from .._warnings import PipekitTrainWarning
 from ..callbacks._base import Callback, TrainContext
 from ..scale._distributed import is_primary, local_rows
 from ..tracking._progress import STARTED_PHASES, CompileWatch, PhaseClock, Progress, model_summary
 from ..tracking._writers import JsonLinesWriter, MetricWriter, NullWriter
-from .chunks import AUTO_CHUNK_BYTES, AUTO_MAX_STEPS, ChunkPlan, callback_keys, chunk_plan, needs_every_step
-from .steps import (
+from ._chunks import AUTO_CHUNK_BYTES, AUTO_MAX_STEPS, ChunkPlan, callback_keys, chunk_plan, needs_every_step
+from ._probe import from_env as probe_from_env
+from ._protocol import (
     AdapterResult,
     EngineSnapshot,
     HookCall,
@@ -38,7 +38,7 @@ from .steps import (
     first_nonfinite,
     now_iso,
 )
-from .window import _columns, _LazyStepMetrics, _on_host
+from ._window import _columns, _LazyStepMetrics, _on_host
 
 __all__ = [
     "AUTO_CHUNK_BYTES",

@@ -41,12 +41,12 @@ from .._warnings import PipekitTrainWarning
 from ..scale._distributed import agree, barrier, gather_data_state, is_primary, local_data_state, process_count
 
 if TYPE_CHECKING:
-    from ..stage.steps import HookCall
-from ._checkpointer import Checkpointer
-from ._elastic import refusal, saved_topology, topology_now, topology_text, without_topology
-from ._errors import CheckpointError, CheckpointMismatchError
-from ._layout import HeldState, _path_name
-from ._settings import Checkpoint
+    from ._protocol import HookCall
+from ..checkpoint._checkpointer import Checkpointer
+from ..checkpoint._elastic import refusal, saved_topology, topology_now, topology_text, without_topology
+from ..checkpoint._errors import CheckpointError, CheckpointMismatchError
+from ..checkpoint._layout import HeldState, _path_name
+from ..checkpoint._settings import Checkpoint
 
 #: Configuration that must not change between a checkpoint and the run resuming it.
 _FINGERPRINT_FIELDS = (
@@ -300,7 +300,7 @@ class CheckpointHooks:
         ckpt.prune()
         callbacks = dict(meta.get("callbacks", {}))
         if callbacks and all(k.isdigit() for k in callbacks):  # written by 0.1, by position in the sorted list
-            from ..stage.chunks import callback_keys
+            from ._chunks import callback_keys
 
             keys = callback_keys(tuple(sorted(self.loop.callbacks, key=lambda c: c.order)))
             callbacks = {keys[int(k)]: v for k, v in callbacks.items() if int(k) < len(keys)}
@@ -366,7 +366,7 @@ class CheckpointHooks:
     def _set_aside_uncommitted(self, latest: int | None) -> None:
         """Step directories newer than the latest committed checkpoint never committed (a crash during the save):
         say which and why, and move them aside, so the resumed run can write those steps again."""
-        from ._layout import _never_committed, _uncommitted_after
+        from ..checkpoint._layout import _never_committed, _uncommitted_after
 
         resumed = f"resuming from step {latest}" if latest is not None else "starting fresh"
         for child, reason in _uncommitted_after(Path(self.directory), latest):
@@ -443,7 +443,7 @@ class CheckpointHooks:
         assert self.checkpointer is not None and self.config is not None
         snap = call.snapshot()
         if self.loop.stop_on_nonfinite:
-            from ..stage.steps import NonFiniteWeightsError, first_nonfinite
+            from ._protocol import NonFiniteWeightsError, first_nonfinite
 
             if held is None:
                 weights = call.backend.weights_tree()
@@ -521,8 +521,8 @@ class CheckpointHooks:
             )
         averaged = re.fullmatch(r"average\((last|best)=(\d+)\)", which)
         if averaged is not None:  # DIR@average(last=3): the uniform mean of those checkpoints' weights
-            from ._average import average_checkpoints
-            from ._selectors import Average, Best, Last
+            from ..checkpoint._average import average_checkpoints
+            from ..checkpoint._selectors import Average, Best, Last
 
             count = int(averaged.group(2))
             selector = Last(n=count) if averaged.group(1) == "last" else Best(k=count)

@@ -114,7 +114,7 @@ class FactoryRegistry:
 
     def check_kwargs(self, name: str, kwargs: dict[str, Any]) -> None:
         """Refuse an unknown factory, or `kwargs` it cannot take or lacks; a built-in's ``activation`` is checked."""
-        from .._models import check_activation, check_factory_kwargs
+        from ._model import check_activation, check_factory_kwargs
 
         params = list(inspect.signature(self.get(name)).parameters.values())[self.leading :]
         check_factory_kwargs(self.owner, name, params, kwargs)
