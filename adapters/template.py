@@ -29,7 +29,7 @@ import numpy as np
 
 import pipekit_train
 from pipekit import ConfigError, ShapeError
-from pipekit_train import ModelOp
+from pipekit_train.backends import Backend, ModelOp, StepBackend
 
 NAME = "my-backend"  # TODO: your backend's name (what `TrainingLoop.backend` says)
 
@@ -78,7 +78,7 @@ class MyModel(ModelOp):
         return np.asarray(x, np.float32) @ module["w"] + module["b"]  # TODO: your framework's forward pass
 
 
-class MyBackend:
+class MyBackend(StepBackend):
     """The `StepBackend` the engine drives: it owns the weights and the optimizer state between steps."""
 
     def __init__(self, loop: Any, model: MyModel, optimizer: dict[str, Any]) -> None:
@@ -181,7 +181,7 @@ def _optimizer(loop: Any) -> dict[str, Any]:
     return config
 
 
-class MyBackendSpec:
+class MyBackendSpec(Backend):
     """The backend object: everything the training core calls (``adapters/README.md``)."""
 
     name = NAME

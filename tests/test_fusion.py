@@ -201,10 +201,11 @@ def test_a_callback_that_stops_at_a_step_stops_exactly_there_under_auto():
 
 
 def test_backends_that_cannot_fuse_say_so():
-    """Lightning steps torch in Python: `auto` is one step per call there (the engine reads `fuses_steps`)."""
+    """Lightning steps torch in Python: `auto` is one step per call there (the engine asks `fuses_steps()`)."""
     pytest.importorskip("torch")
     from pipekit_train.adapters.equinox._adapter import EquinoxBackend
     from pipekit_train.adapters.lightning._adapter import TorchBackend
+    from pipekit_train.backends import StepBackend
 
-    assert TorchBackend.fuses_steps is False
-    assert getattr(EquinoxBackend, "fuses_steps", True) is True
+    assert TorchBackend.fuses_steps is not StepBackend.fuses_steps and TorchBackend.fuses_steps(None) is False  # type: ignore[arg-type]
+    assert EquinoxBackend.fuses_steps is StepBackend.fuses_steps  # the default: True

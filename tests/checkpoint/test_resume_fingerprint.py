@@ -351,7 +351,8 @@ def _chunks(loop: Any, every: int | None) -> list[tuple[int, int]]:
         _periods, _boundaries, next_chunk = Engine._periods, Engine._boundaries, Engine.next_chunk
 
     cutter = Cutter()
-    cutter.loop, cutter.backend, cutter.step = loop, None, 0  # type: ignore[attr-defined]
+    backend = SimpleNamespace(chunk_periods=lambda: [], next_boundary=lambda step: None)  # the StepBackend defaults
+    cutter.loop, cutter.backend, cutter.step = loop, backend, 0  # type: ignore[attr-defined]
     cutter.hooks = SimpleNamespace(boundaries=lambda: [every] if every else [])  # type: ignore[attr-defined]
     cutter.chunks = chunk_plan(loop, cutter._periods(), True, 1, ())  # type: ignore[attr-defined]
     out = []

@@ -83,13 +83,12 @@ def _example_model(backend: str, in_size: int, out_size: int) -> Any:
     from ..backends._registry import get_backend
 
     adapter = get_backend(backend)
-    make = getattr(adapter, "example_model", None)
-    if not callable(make):
+    model = adapter.example_model(in_size, out_size)
+    if model is None:
         raise AssertionError(
             f"{backend}: {adapter!r} has no example_model(in_size, out_size); the conformance kit trains the model "
             "it returns (see adapters/README.md, 'The backend object')"
         )
-    model = make(in_size, out_size)
     model_backend = getattr(model, "backend", None)
     assert model_backend == backend, (
         f"{backend}: example_model({in_size}, {out_size}) returned {model!r}, a model of backend {model_backend!r}"
@@ -123,9 +122,7 @@ def _problem(backend: str, **overrides: Any) -> Any:
         backend=backend,
         progress=False,
     )
-    own = getattr(get_backend(backend), "example_fields", None)
-    if own is not None:  # a backend that trains another way: its own loss, task or optimizer on the same data
-        fields.update(own())
+    fields.update(get_backend(backend).example_fields())  # a backend that trains another way: its own loss, task
     fields.update(overrides)
     return TrainingLoop(**fields)
 
@@ -315,12 +312,11 @@ def check_transfers_by_paths(backend: str, tmp: Path) -> None:
     from ..backends._registry import get_backend
 
     adapter = get_backend(backend)
-    make = getattr(adapter, "example_transfer", None)
-    assert callable(make), (
+    paths = adapter.example_transfer()
+    assert paths, (
         f"{backend}: it lists the transfer capability but has no example_transfer(), the paths of its example "
         "model the conformance kit transfers (see adapters/README.md, 'The backend object')"
     )
-    paths = make()
     starts: dict[str, Any] = {}
 
     class RecordStart(Callback, register=False):

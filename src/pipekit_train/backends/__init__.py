@@ -9,6 +9,9 @@ if TYPE_CHECKING:
     from ._contract import CAPABILITIES as CAPABILITIES
     from ._contract import Backend as Backend
     from ._contract import LazyBackend as LazyBackend
+    from ._contract import StepBackend as StepBackend
+    from ._model import ModelOp as ModelOp
+    from ._model import Transfer as Transfer
     from ._convert import convert_model as convert_model
     from ._convert import register_converter as register_converter
     from ._registry import BackendError as BackendError

@@ -21,7 +21,7 @@ from typing import Any
 
 from pipekit import ConfigError, suggestion
 
-from ._contract import CAPABILITIES, Backend, missing_members
+from ._contract import CAPABILITIES, Backend
 
 __all__ = ["BackendError", "able_to", "available_backends", "backends_with", "get_backend", "register_backend"]
 
@@ -50,13 +50,8 @@ def register_backend(name: str, backend: Any) -> None:
     """
     if not isinstance(name, str) or not name or not name.replace("-", "_").isidentifier():
         raise BackendError(f"register_backend: the name must be letters, digits, '-' or '_', got {name!r}")
-    if isinstance(backend, str) or isinstance(backend, ModuleType):
-        pass
-    elif missing_members(backend):
-        raise BackendError(
-            f"register_backend({name!r}, ...): {type(backend).__name__} lacks {', '.join(missing_members(backend))} "
-            "of the backend contract (adapters/README.md)"
-        )
+    if not isinstance(backend, (str, ModuleType)):
+        _check_is_backend(f"register_backend({name!r}, ...)", backend)
     with _lock:
         _REGISTERED[name] = backend
         _LOADED.pop(name, None)
@@ -114,19 +109,24 @@ def _resolve(name: str, target: Any) -> Any:
     return target
 
 
+def _check_is_backend(where: str, backend: Any) -> None:
+    """Refuse an object that is not a `Backend` (the contract is a type: its methods are what the core calls)."""
+    if not isinstance(backend, Backend):
+        raise BackendError(
+            f"{where}: {type(backend).__name__} is not a pipekit_train.backends.Backend; subclass it (its abstract "
+            "methods check, build and start are the contract: adapters/README.md)"
+        )
+
+
 def get_backend(name: str) -> Backend:
     """The backend registered as `name`, with its framework checked to be installed."""
     check_backend_name(name)
     loaded = _LOADED.get(name)
     if loaded is not None:
         return loaded
-    backend: Backend = _resolve(name, _REGISTERED[name])
-    missing = missing_members(backend)
-    if missing:
-        raise BackendError(
-            f"backend {name!r}: {type(backend).__name__} does not implement {', '.join(missing)} "
-            "(see adapters/README.md for the contract)"
-        )
+    backend = _resolve(name, _REGISTERED[name])
+    _check_is_backend(f"backend {name!r}", backend)
+    assert isinstance(backend, Backend)
     unknown = sorted(set(backend.capabilities) - set(CAPABILITIES))
     if unknown:
         raise BackendError(

@@ -332,36 +332,39 @@ class CheckpointHooks:
 
     def _continue_finished(self, backend: Any) -> tuple[int, dict[str, Any] | None, dict[str, dict[str, Any]]]:
         """Restore everything the finished stage's final checkpoint holds (the state, the data position, the
-        callbacks and the pending records), as a resume would: the extension continues where the stage ended."""
+        callbacks and the pending records), as a resume would: the extension continues where the stage ended.
+        The step backend reads the state (`StepBackend.extend_from`: a sampler grows its draw buffer)."""
         ext = self.extension
-        source = Checkpointer(ext.directory, async_save=False)
-        grow = getattr(backend, "extend_state_tree", None)  # a sampler: the draw buffer grows with the stage
-        try:
-            state, data_iter, meta = source.restore(ext.step, None if grow is not None else backend.state_tree())
-        finally:
-            source.close()
-        saved, expected = meta.get("fingerprint"), fingerprint(ext.loop)
-        if saved != expected:
-            raise CheckpointMismatchError(
-                f"refusing to extend stage {ext.stage!r}: its checkpoint of step {ext.step} in {ext.directory} was "
-                f"written under another configuration than the stage recorded:\n{_diff(saved or {}, expected)}"
-            )
-        if grow is not None:
-            grow(state, ext.loop)
-        else:
-            backend.load_state_tree(state)
-        if ext.new_segment:
-            restart = getattr(backend, "schedule_segment", None)
-            if restart is None:
-                raise CheckpointError(
-                    f"stage {self.info.stage!r}: backend {self.loop.backend!r} cannot start a new schedule segment "
-                    "(its step backend has no schedule_segment); extend without new_segment"
+        read: dict[str, Any] = {}
+
+        def restore(like: Any) -> Any:
+            source = Checkpointer(ext.directory, async_save=False)
+            try:
+                state, read["data_iter"], meta = source.restore(ext.step, like)
+            finally:
+                source.close()
+            saved, expected = meta.get("fingerprint"), fingerprint(ext.loop)
+            if saved != expected:
+                raise CheckpointMismatchError(
+                    f"refusing to extend stage {ext.stage!r}: its checkpoint of step {ext.step} in {ext.directory} "
+                    f"was written under another configuration than the stage recorded:\n{_diff(saved or {}, expected)}"
                 )
-            restart(ext.step, restart=True)
+            read["meta"] = meta
+            return state
+
+        backend.extend_from(restore, ext.loop)
+        if "meta" not in read:
+            raise CheckpointError(
+                f"stage {self.info.stage!r}: {type(backend).__name__}.extend_from did not read the finished stage's "
+                "checkpoint (it must call restore)"
+            )
+        if ext.new_segment:  # pre-flight refused it for a backend without the schedule_segment capability
+            backend.schedule_segment(ext.step, restart=True)
+        meta = read["meta"]
         callbacks = dict(meta.get("callbacks", {}))
         self.restored_meta = meta
         where = f"extending stage {ext.stage!r} from step {ext.step} in {ext.directory}"
-        return int(meta["step"]), local_data_state(data_iter, where), callbacks
+        return int(meta["step"]), local_data_state(read["data_iter"], where), callbacks
 
     def _set_aside_uncommitted(self, latest: int | None) -> None:
         """Step directories newer than the latest committed checkpoint never committed (a crash during the save):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._warnings import PipekitTrainWarning
+from ..backends._contract import StepBackend
 from ..callbacks._base import Callback, TrainContext
 from ..scale._distributed import is_primary, local_rows
 from ..tracking._progress import STARTED_PHASES, CompileWatch, PhaseClock, Progress, model_summary
@@ -34,7 +35,6 @@ from ._protocol import (
     NonFiniteLossError,
     NonFiniteWeightsError,
     StageHooks,
-    StepBackend,
     first_nonfinite,
     now_iso,
 )
@@ -50,7 +50,6 @@ __all__ = [
     "NonFiniteLossError",
     "NonFiniteWeightsError",
     "StageHooks",
-    "StepBackend",
     "callback_keys",
     "chunk_plan",
     "evaluate",
@@ -110,9 +109,7 @@ class Engine:
         self.hooks = hooks
         # `pipekit-train check-resume`: a trace of the state after every chunk, kills at exact steps (`probe`).
         self.probe = probe_from_env(stage)
-        self.chunks = chunk_plan(
-            loop, self._periods(), getattr(backend, "fuses_steps", True), _batch_bytes(loop), self.callbacks
-        )
+        self.chunks = chunk_plan(loop, self._periods(), backend.fuses_steps(), _batch_bytes(loop), self.callbacks)
         shard = local_rows()  # several processes: each reads its rows of every global batch
         self.iterator: Any = self._resident_data(shard is None)
         self.resident = self.iterator is not None
@@ -173,9 +170,7 @@ class Engine:
             every.append(loop.steps_per_epoch)
         if self.hooks is not None:
             every.extend(self.hooks.boundaries())
-        periods = getattr(self.backend, "chunk_periods", None)  # a sampler's `until` checks (adapters/numpyro)
-        if periods is not None:
-            every.extend(periods())
+        every.extend(self.backend.chunk_periods())  # a sampler's `until` checks (adapters/numpyro)
         return [e for e in every if e]
 
     def _boundaries(self) -> list[int]:
@@ -189,9 +184,9 @@ class Engine:
         """
         remaining: int = self.loop.max_steps - self.step
         stop = min(self.step + remaining, *(((self.step // e) + 1) * e for e in self._boundaries()))
-        boundary = getattr(self.backend, "next_boundary", None)  # one not at multiples of a period (after warm-up)
+        boundary = self.backend.next_boundary(self.step)  # one not at multiples of a period (after warm-up)
         if boundary is not None:
-            stop = min(stop, boundary(self.step))
+            stop = min(stop, boundary)
         span = stop - self.step
         plan = self.chunks
         if not plan.auto or span >= plan.size:
@@ -205,7 +200,7 @@ class Engine:
         setting = getattr(dataset, "device_resident", False)
         if setting is False:
             return None
-        backend_ok = bool(getattr(self.backend, "resident_data", False)) and single_process
+        backend_ok = self.backend.resident_data() and single_process
         if not backend_ok and setting is not True:  # `auto` where it is not possible: the host path, quietly
             return None
         from ..data._device import ResidentBatches, check_forced, resident_reason
@@ -227,14 +222,14 @@ class Engine:
         progress = self.progress = Progress(
             self.stage, loop.max_steps, self.step, enabled=loop.progress and self.primary, batch_size=loop.batch_size
         )
-        progress.chains = getattr(self.backend, "progress_chains", None)  # a sampler's chains (adapters/numpyro)
+        progress.chains = self.backend.progress_chains  # a sampler's chains (adapters/numpyro)
         status = "completed"
         try:
             if self.step == 0:
                 self._emit({"type": "params", "context": "train", "step": 0, "epoch": 0, **self._params()})
             else:
-                progress.resumed(self.step, getattr(self.hooks, "directory", None))
-                note = getattr(self.hooks, "topology_note", None)
+                progress.resumed(self.step, self.hooks.directory if self.hooks is not None else None)
+                note = self.hooks.topology_note if self.hooks is not None else None
                 if note and self.primary:  # an elastic resume (`checkpoint._elastic`): a notice, whatever `progress`
                     warnings.warn(note, PipekitTrainWarning, stacklevel=2)
             summary = self._model_summary()
@@ -246,7 +241,7 @@ class Engine:
             pending: tuple[int, Any] | None = None  # (step, loss) of the previous chunk, checked one chunk late
             # A backend that decides it is done before max_steps (a sampler's `until`, checked at chunk ends on
             # what the chunks computed, and again after a resume) ends the stage as completed.
-            done = getattr(self.backend, "until_reached", lambda step: False)
+            done = self.backend.until_reached
             while self.step < loop.max_steps and ctx.stop_reason is None and not done(self.step):
                 n = self.next_chunk()
                 # A chunk length not dispatched yet: its program may compile.
@@ -265,7 +260,7 @@ class Engine:
                 compiles = CompileWatch.count - self.clock.eval_compiles
                 aside = self.clock.eval_s + self.clock.checkpoint_s
                 if self.resident:
-                    metrics = self.backend.train_window(data, n, first)  # type: ignore[attr-defined]
+                    metrics = self.backend.train_window(data, n, first)
                 else:
                     metrics = self.backend.train(data, first)
                 # Compiles happen while dispatching: known now, before the chunk's own log decision.
@@ -417,7 +412,7 @@ class Engine:
     def _may_compile(self) -> bool:
         """Whether the backend's dispatches may compile: after the first, whether it dispatched through JAX (its loss
         is a JAX array); before, unless it steps in Python (``fuses_steps = False``: Lightning runs torch)."""
-        return self._async if self._lengths else bool(getattr(self.backend, "fuses_steps", True))
+        return self._async if self._lengths else self.backend.fuses_steps()
 
     def _not_happened(self, phase: str) -> None:
         """A started `phase` that did nothing (a dispatch that compiled nothing, a checkpoint its retention does not

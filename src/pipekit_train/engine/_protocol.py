@@ -8,9 +8,12 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..backends._contract import StepBackend
 
 __all__ = [
     "AdapterResult",
@@ -19,7 +22,6 @@ __all__ = [
     "NonFiniteLossError",
     "NonFiniteWeightsError",
     "StageHooks",
-    "StepBackend",
     "first_nonfinite",
     "now_iso",
 ]
@@ -42,51 +44,6 @@ def first_nonfinite(tree: Any) -> str | None:
         if host.dtype.kind in "fc" and not np.isfinite(host).all():  # the paths only now: a save checks each time
             return jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][i][0])
     return None
-
-
-class StepBackend(Protocol):
-    """What the engine needs from a backend adapter.
-
-    Optional, read with ``getattr``: ``fuses_steps`` (default ``True``; ``False``: `steps_per_call: auto` means
-    one step per call, for a backend that steps in Python anyway), ``resident_data`` (default ``False``; ``True``:
-    the backend has ``train_window(window, n, step)`` taking a `pipekit_train.data._device.DeviceWindow`, so a
-    small in-memory training set can live on the device; see docs/performance.md).
-    """
-
-    def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Mapping[str, Any]:
-        """Run ``len(batches)`` optimizer steps starting at `step`; metrics with a leading axis when > 1."""
-
-    def evaluate(self, batch: dict[str, np.ndarray]) -> Mapping[str, Any]:
-        """Metrics of one batch in inference mode."""
-
-    def bound_model(self) -> Any:
-        """The model operator bound to the current weights."""
-
-    def set_model(self, model_op: Any) -> None:
-        """Replace the current weights (same structure)."""
-
-    def get_lr_scale(self) -> float:
-        """The run-time learning-rate multiplier (1.0 unless `ReduceLROnPlateau` lowered it)."""
-
-    def set_lr_scale(self, value: float) -> None:
-        """Set the run-time learning-rate multiplier; it is part of `state_tree` so it survives a resume."""
-
-    def learning_rate(self, step: int) -> float:
-        """The learning rate at `step` (the schedule times the multiplier), for logging."""
-
-    def state_tree(self) -> Mapping[str, Any]:
-        """Every array a checkpoint needs to continue exactly (weights, optimizer state, ...), a dict of pytrees."""
-
-    def load_state_tree(self, tree: Mapping[str, Any]) -> None:
-        """The inverse of `state_tree` (the tree comes back with the same structure, as arrays)."""
-
-    def weights_tree(self) -> Mapping[str, Any]:
-        """The model's weights alone: what a warm start (`TrainingLoop.init_from`) copies from a checkpoint.
-
-        Its keys are keys of `state_tree`, with the same structure underneath."""
-
-    def load_weights_tree(self, tree: Mapping[str, Any]) -> None:
-        """Replace the weights only (the inverse of `weights_tree`); the optimizer state stays."""
 
 
 @dataclass
@@ -147,6 +104,10 @@ class StageHooks(Protocol):
 
     parent_ids: tuple[str, ...]
     restored_meta: Mapping[str, Any] | None
+    #: Where the stage's checkpoints are (a resumed run says so), or ``None``.
+    directory: Any
+    #: After `restore`: a line saying an elastic resume continued on another topology, or ``None``.
+    topology_note: str | None
     #: After `restore`: the reason of a callback's stop (early stopping) that the resumed checkpoint was written at,
     #: else ``None``. The engine ends the stage there at once, as it had.
     resumed_stop: str | None

@@ -380,8 +380,7 @@ def _example_model() -> ModelOp:
             backend = get_backend(name)
         except (BackendError, ImportError):
             continue
-        make = getattr(backend, "example_model", None)
-        if make is not None and "weights" in backend.capabilities:
-            model: ModelOp = make(4, 1)
+        model = backend.example_model(4, 1) if "weights" in backend.capabilities else None
+        if model is not None:
             return model
     raise ConfigError("TrainingLoop.example: no installed backend trains weights and has an example_model")

@@ -458,30 +458,23 @@ def fit_data(loop: TrainingLoop) -> tuple[TrainingLoop, dict[str, Any]]:
 def train(loop: TrainingLoop, backend: Any, step_backend: Any, info: RunInfo, hooks: Any) -> Any:
     """The `Engine` over `step_backend` (after the hooks restore a warm start or a resume), and what the artifact
     records of the backend: `Backend.info`, the topology, the run's steps and what the step backend adds."""
-    from contextlib import nullcontext
-
     import numpy as np
 
     from ..engine._loop import run_steps
 
-    running = getattr(step_backend, "running", None)
-    with running() if running is not None else nullcontext():
-        result = run_steps(getattr(step_backend, "engine_loop", loop), step_backend, info, hooks)
-    completed = result.stop_reason is None
-    final_metrics = getattr(step_backend, "final_metrics", None)
-    if completed and final_metrics is not None:
-        result.metrics.update(final_metrics(info.stage, info.stage_dir))
-    optimizer_state = getattr(step_backend, "optimizer_state", None)
-    result.opt_state = optimizer_state() if optimizer_state is not None else None
+    with step_backend.running():
+        result = run_steps(step_backend.engine_loop(loop), step_backend, info, hooks)
+    if result.stop_reason is None:  # completed
+        result.metrics.update(step_backend.final_metrics(info.stage, info.stage_dir))
+    result.opt_state = step_backend.optimizer_state()
     result.rng = np.asarray(_seed_key_data(loop.seed)).tolist()
-    summary = getattr(step_backend, "summary", None)
     result.backend_info = {
         **backend.info(),
         "steps": result.step,
         **result.backend_info,  # what the engine resolved: steps_per_call (after `auto`), the data path
-        **(summary() if summary is not None else {}),
+        **step_backend.summary(),
     }
-    if getattr(hooks, "topology_changes", None):  # elastic resumes (`checkpoint._elastic`)
+    if hooks.topology_changes:  # elastic resumes (`checkpoint._elastic`)
         result.backend_info["topology_changes"] = hooks.topology_changes
     return result
 
@@ -511,7 +504,7 @@ def finish(
     run_id, run_dir, stage_index = info.run_id, info.run_dir, info.stage_index
     # A warm start (`init_from`) names the stage that wrote those weights as another parent.
     info = replace(info, parent_ids=tuple(dict.fromkeys(info.parent_ids + hooks.parent_ids)))
-    interrupted = getattr(hooks, "interrupted", None)
+    interrupted = hooks.interrupted
     if loop.stop_on_nonfinite:
         bad = first_nonfinite(result.model.weights())
         if bad is not None:
@@ -530,7 +523,7 @@ def finish(
         _write_final(info, result.step, result.epoch, artifact.artifact_id, model_uri)
     _record_in_store(artifact, settings, info)
     barrier("stage-end")  # several processes: none goes on before process 0 has recorded the stage
-    pending = getattr(hooks, "pending_signal", None)
+    pending = hooks.pending_signal
     if pending is not None:  # a signal came as the stage ended: it is recorded, and the pipeline stops here
         raise TrainingInterrupted(pending[0], artifact, pending[1])
     new_state = TrainerCarryState(

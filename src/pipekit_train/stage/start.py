@@ -92,11 +92,9 @@ def starting_model(
     previous: Any = incoming.model
     if getattr(previous, "backend", None) != backend.name:
         previous = convert_model(previous, backend.name)
-    if how == "transferred":
-        transfer = getattr(backend, "transfer", None)
-        assert transfer is not None, f"backend {loop.backend!r} lists 'transfer' but has no transfer method"
-        result: ModelOp = transfer(loop.transfer, previous, built())
-        return result
+    if how == "transferred":  # `route` allows it only with the transfer capability
+        assert loop.transfer is not None
+        return backend.transfer(loop.transfer, previous, built())
     if previous != loop.model_op:  # a converter that produced another architecture
         raise ConfigError(
             f"stage {stage!r} trains {loop.model_op!r} but converting the previous stage's model gave {previous!r}; "

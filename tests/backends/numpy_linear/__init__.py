@@ -21,7 +21,7 @@ import numpy as np
 
 import pipekit_train
 from pipekit import ConfigError, ShapeError
-from pipekit_train import ModelOp
+from pipekit_train.backends import Backend, ModelOp, StepBackend
 
 NAME = "numpy-linear"
 
@@ -70,7 +70,7 @@ class NumpyLinear(ModelOp):
         return np.asarray(x, np.float32) @ module["w"] + module["b"]
 
 
-class NumpyLinearBackend:
+class NumpyLinearBackend(StepBackend):
     """The `StepBackend`: the weights and the momentum buffers live here, as NumPy arrays, between steps."""
 
     def __init__(self, loop: Any, model: NumpyLinear, optimizer: dict[str, Any]) -> None:
@@ -167,7 +167,7 @@ def _optimizer(loop: Any) -> dict[str, Any]:
     return config
 
 
-class NumpyLinearBackendSpec:
+class NumpyLinearBackendSpec(Backend):
     """The backend object: what the training core calls (``adapters/README.md``), and nothing else."""
 
     name = NAME

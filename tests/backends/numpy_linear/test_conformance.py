@@ -83,6 +83,6 @@ def test_the_kit_catches_a_resume_that_forgets_the_optimizer_state(monkeypatch, 
 
 
 def test_the_kit_needs_the_adapters_example_model(monkeypatch, tmp_path):
-    monkeypatch.delattr(numpy_linear.NumpyLinearBackendSpec, "example_model")
+    monkeypatch.delattr(numpy_linear.NumpyLinearBackendSpec, "example_model")  # the default: no example
     with pytest.raises(AssertionError, match=r"numpy-linear: .* has no example_model"):
         CHECKS["returns_a_trained_model"](numpy_linear.NAME, tmp_path)

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from pipekit import ConfigError, ShapeError
+from pipekit_train.backends import StepBackend
 
 from ...backends._optax import (
     build_optimizer,
@@ -68,7 +69,7 @@ def _optimizer(loop: TrainingLoop) -> Any:
     return opt
 
 
-class EquinoxBackend:
+class EquinoxBackend(StepBackend):
     """The `StepBackend` of the Equinox adapter: holds the train state on the device between steps.
 
     The state is kept as flat leaf lists (see `Layout`); `params`, `opt_state`, `ema` and `consts` are views that
@@ -174,7 +175,6 @@ class EquinoxBackend:
             "precision": self.compute or "float32",
         }
 
-    @property
     def resident_data(self) -> bool:
         """Whether `train_window` can take device-resident data: on one device (no mesh), yes."""
         return self.plan is None

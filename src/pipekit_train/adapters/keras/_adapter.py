@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipekit import ConfigError, ShapeError
+from pipekit_train.backends import StepBackend
 
 from ...backends._optax import learning_rate_at
 from ...backends._shared import check_input_and_target_keys, check_loss_fits
@@ -35,7 +36,7 @@ def _copy(arrays: Any) -> list[jax.Array]:
     return [jnp.array(a, copy=True) for a in arrays]
 
 
-class KerasBackend:
+class KerasBackend(StepBackend):
     """The `StepBackend` of the Keras adapter: the model's variables, the optimizer's and the EMA, as arrays."""
 
     def __init__(self, loop: TrainingLoop, state: KerasState, base_key: jax.Array) -> None:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pipekit import ConfigError, ShapeError
+from pipekit_train.backends import StepBackend
 
 from ...backends._shared import check_input_and_target_keys, check_loss_fits
 from ...optim._schedules import fixed_value
@@ -70,11 +71,12 @@ def _step_seed(seed: int, step: int) -> int:
     return (int(seed) * 0x9E3779B97F4A7C15 + int(step) * 0xBF58476D1CE4E5B9 + 1) % (2**63 - 1)
 
 
-class TorchBackend:
+class TorchBackend(StepBackend):
     """The `StepBackend` of the Lightning adapter: a torch module trained in place by a `TorchOptimizer`."""
 
-    #: Torch steps one at a time in Python: `steps_per_call: auto` means one step per call here.
-    fuses_steps = False
+    def fuses_steps(self) -> bool:
+        """Torch steps one at a time in Python: `steps_per_call: auto` means one step per call here."""
+        return False
 
     def running(self) -> contextlib.AbstractContextManager[None]:
         """The engine trains inside torch's deterministic mode with the stage's thread count."""

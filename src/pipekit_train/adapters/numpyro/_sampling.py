@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pipekit import ConfigError, PipekitError
+from pipekit_train.backends import StepBackend
 
 from ._data import check_data, check_sites, full_data
 from ._ops import UNTIL_DEFAULT_CHECK_EVERY, UNTIL_DEFAULT_CHECK_GROWTH, NumpyroGuide, NumpyroModel, _Kernel
@@ -150,7 +151,7 @@ def check_digest(saved: Any, expected: np.ndarray, stage: str) -> None:
         )
 
 
-class SamplerControls:
+class SamplerControls(StepBackend):
     """What the two samplers' step backends share: the engine's loop (a `batch_size` above the data capped: a
     sampler takes no batches), the run's summary for the artifact, the posterior report, and the `StepBackend`
     methods that have no meaning for a sampler."""
@@ -158,9 +159,8 @@ class SamplerControls:
     loop: Any
     setup: SamplerSetup
 
-    @property
-    def engine_loop(self) -> Any:
-        return engine_loop(self.loop, len(next(iter(self.setup.data.values()))))
+    def engine_loop(self, loop: Any) -> Any:
+        return engine_loop(loop, len(next(iter(self.setup.data.values()))))
 
     def summary(self) -> dict[str, Any]:
         k = self.setup.kernel
@@ -305,10 +305,11 @@ class SamplerControls:
         self._posterior_metrics = report(self.draws(), self.divergences(), stage, stage_dir)  # type: ignore[attr-defined]
         return self._posterior_metrics
 
-    def extend_state_tree(self, tree: Any, previous: Any) -> None:
-        """Continue a finished stage of `previous` (its `TrainingLoop`) from its final checkpoint `tree` (as saved):
+    def extend_from(self, restore: Any, previous: Any) -> None:
+        """Continue a finished stage of `previous` (its `TrainingLoop`) from its final checkpoint, read as saved:
         the sampler state as it is, the draws so far at the front of this longer stage's buffer
         (`pipekit_train.stage.extend`). The kernel must be `previous`'s but for ``num_samples``."""
+        tree = restore(None)
         check_digest(tree["config"], config_digest(previous.task, self.setup.model_op), self.loop.name or "stage")
         draws = {}
         for name, leaf in self.draws_tree().items():  # type: ignore[attr-defined]

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipekit import ConfigError, PipekitError
+from pipekit_train.backends import StepBackend
 
 from ...backends._optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
 from ...scale._mesh import mesh_plan
@@ -206,7 +207,7 @@ def compiled_programs(svi: Any, op: NumpyroGuide, loss: _ELBO, optimizer: Any, n
     return programs
 
 
-class SVIBackend:
+class SVIBackend(StepBackend):
     """The `StepBackend` of ``numpyro-svi``: holds the SVI state between steps."""
 
     def __init__(self, loop: Any, op: NumpyroGuide, data: dict[str, np.ndarray], init: Any) -> None:
