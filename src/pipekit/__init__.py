@@ -15,6 +15,7 @@ from ._errors import suggestion as suggestion
 from ._operator import CarryState as CarryState
 from ._operator import Operator as Operator
 from ._operator import StatefulOperator as StatefulOperator
+from ._operator import canonical as canonical
 from ._operator import field as field
 from ._registry import lookup as lookup
 from ._registry import registered as registered

@@ -60,14 +60,21 @@ def field_hints(cls: type) -> dict[str, Any]:
     return hints
 
 
-def _canonical(value: Any) -> Any:
-    """A hashable, order-stable stand-in for `value`, used for equality and hashing."""
+def canonical(value: Any) -> Any:
+    """A hashable, order-stable stand-in for `value`: what operators compare and hash their fields by (mappings by
+    sorted key, sequences element by element, arrays by dtype, shape and bytes). Use it to key a cache by an
+    operator field's value (an ``optimizer_config`` dict, a factory's kwargs).
+
+    Example:
+        >>> canonical({"b": [1, 2], "a": 1.0}) == canonical({"a": 1.0, "b": (1, 2)})
+        True
+    """
     if isinstance(value, Operator):
         return value
     if isinstance(value, Mapping):
-        return ("__map__", tuple(sorted(((repr(k), _canonical(v)) for k, v in value.items()))))
+        return ("__map__", tuple(sorted(((repr(k), canonical(v)) for k, v in value.items()))))
     if isinstance(value, (list, tuple)):
-        return ("__seq__", tuple(_canonical(v) for v in value))
+        return ("__seq__", tuple(canonical(v) for v in value))
     if hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "tobytes"):
         digest = hashlib.sha256(value.tobytes()).hexdigest()
         return ("__array__", str(value.dtype), tuple(value.shape), digest)
@@ -183,7 +190,7 @@ class Operator:
 
     # Value semantics -------------------------------------------------------------------------------------
     def _key(self) -> tuple[Any, ...]:
-        return (type(self), *(_canonical(getattr(self, f.name)) for f in dataclasses.fields(self)))  # type: ignore[arg-type]
+        return (type(self), *(canonical(getattr(self, f.name)) for f in dataclasses.fields(self)))  # type: ignore[arg-type]
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -209,7 +216,7 @@ class Operator:
             else:
                 out[f.name] = value
                 continue
-            if _canonical(value) != _canonical(default) or type(value) is not type(default):
+            if canonical(value) != canonical(default) or type(value) is not type(default):
                 out[f.name] = value
         return out
 
@@ -301,6 +308,6 @@ class CarryState:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return bool(_canonical(self.to_dict()) == _canonical(other.to_dict()))  # type: ignore[attr-defined]
+        return bool(canonical(self.to_dict()) == canonical(other.to_dict()))  # type: ignore[attr-defined]
 
     __hash__ = None  # type: ignore[assignment]

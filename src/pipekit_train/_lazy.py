@@ -33,18 +33,21 @@ def _exports(path: str) -> dict[str, tuple[str, str]]:
 def attach(
     package: str, path: str, eager: dict[str, Any]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
-    """``(__getattr__, __dir__, __all__)`` for the package `package` whose ``__init__.py`` is at `path`.
+    """``(__getattr__, __dir__, __all__)`` for the facade `package` (a package's ``__init__.py``, or a module)
+    whose file is at `path`.
 
     `eager` is the package's ``globals()``: an imported name is stored there, so later lookups are plain attribute
     reads.
     """
     exports = _exports(path)
+    # Relative imports are relative to the package: the facade's own for an ``__init__.py``, else its parent's.
+    anchor = package if path.endswith("__init__.py") else package.rpartition(".")[0]
 
     def __getattr__(name: str) -> Any:
         target = exports.get(name)
         if target is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        module = importlib.import_module(target[0], package)
+        module = importlib.import_module(target[0], anchor)
         value = getattr(module, target[1])
         eager[name] = value
         return value

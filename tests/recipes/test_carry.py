@@ -23,7 +23,7 @@ from pipekit_train import (
     run_settings,
 )
 from pipekit_train.checkpoint import Checkpointer
-from pipekit_train.checkpoint._layout import _flatten
+from pipekit_train._trees import flatten as _flatten
 from pipekit_train.stage.preflight import check_pipeline
 
 

@@ -10,10 +10,11 @@ if TYPE_CHECKING:
     from ._contract import Backend as Backend
     from ._contract import LazyBackend as LazyBackend
     from ._contract import StepBackend as StepBackend
-    from ._model import ModelOp as ModelOp
-    from ._model import Transfer as Transfer
     from ._convert import convert_model as convert_model
     from ._convert import register_converter as register_converter
+    from ._convert import registered_converters as registered_converters
+    from ._model import ModelOp as ModelOp
+    from ._model import Transfer as Transfer
     from ._registry import BackendError as BackendError
     from ._registry import available_backends as available_backends
     from ._registry import backends_with as backends_with

@@ -49,8 +49,15 @@ def register_converter(
     return decorator
 
 
+def _builtin_converters() -> None:
+    """Register the zoo's converters (every built-in factory, all six directions among Equinox, Keras and
+    Lightning) the first time a converter is looked up: `_zoo` imports no framework."""
+    from . import _zoo  # noqa: F401
+
+
 def registered_converters() -> list[tuple[str, str, str | None]]:
     """``(src_backend, dst_backend, factory)`` of every registered converter."""
+    _builtin_converters()
     return sorted(_CONVERTERS, key=lambda k: (k[0], k[1], k[2] or ""))
 
 
@@ -65,6 +72,7 @@ def converted_architecture(model: Any, dst_backend: str) -> Any:
 
 def find_converter(model: Any, dst_backend: str) -> Converter | None:
     """The converter for a bound model op into `dst_backend` (by its factory first, then any), or ``None``."""
+    _builtin_converters()
     src = getattr(model, "backend", "")
     factory = getattr(model, "factory", None)
     return _CONVERTERS.get((src, dst_backend, factory)) or _CONVERTERS.get((src, dst_backend, None))

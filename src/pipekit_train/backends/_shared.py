@@ -5,8 +5,10 @@ and its registry of NumPyro models are its own."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +21,11 @@ __all__ = [
     "FactoryRegistry",
     "check_input_and_target_keys",
     "check_loss_fits",
+    "check_model_size",
+    "memory_limit",
     "resolve_path",
+    "stage_name",
+    "user_line",
 ]
 
 #: The factories every supervised backend ships, with the same kwargs and structure (``encoder``, ``decoder``,
@@ -259,3 +265,53 @@ def _is_shape_error(e: BaseException) -> bool:
         return True
     text = str(e).lower()
     return isinstance(e, (TypeError, ValueError)) and ("shape" in text or "broadcast" in text)
+
+
+def stage_name(loop: Any, incoming: Any) -> str:
+    """The name of stage `loop` after `incoming` (the previous stage's carry-state, or ``None``): its `name`, else
+    ``stage<index>``, as the stage runner calls it (for a backend's messages in `start`)."""
+    return loop.name or f"stage{incoming.stage_index if incoming is not None else 0}"
+
+
+def memory_limit() -> tuple[int, str] | None:
+    """The memory this process can use at most, in bytes, and where that figure comes from; ``None`` if unknown.
+
+    The physical memory (``os.sysconf``), or the container's limit (cgroup v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) where that is lower.
+    """
+    found: list[tuple[int, str]] = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # no such sysconf name here
+        found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the machine's memory"))
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 2**62:
+            found.append((int(text), f"the container's memory limit ({path})"))
+    return min(found) if found else None
+
+
+def check_model_size(n_params: int, n_bytes: int, stage: str, model: object, device_bytes: int | None = None) -> None:
+    """Refuse a model whose weights alone exceed the memory there is (before anything is allocated).
+
+    Args:
+        n_params: The number of parameters (from the architecture's abstract shapes).
+        n_bytes: Their size in bytes.
+        stage: The stage's name, for the message.
+        model: The model operator, for the message.
+        device_bytes: The accelerator's memory, when the backend knows it (``None`` on CPU: the host's counts).
+    """
+    limit = (device_bytes, "the device's memory") if device_bytes else memory_limit()
+    if limit is None or n_bytes <= limit[0]:
+        return
+    raise ConfigError(
+        f"stage {stage!r}: {model!r} has {n_params:,} parameters ({_gib(n_bytes)} of weights alone; training "
+        f"needs about 4 times that with gradients and Adam's moments) but {limit[1]} is {_gib(limit[0])}; "
+        "choose smaller sizes (model_op.kwargs)"
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"

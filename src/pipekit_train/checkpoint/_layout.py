@@ -11,7 +11,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from .._jsonio import write_text
+from .._trees import path_name
 from .._warnings import PipekitTrainWarning
 from ._errors import CheckpointError
 from ._flat import DATA_ITER, LEAVES, RECORD, SPARE_MARK, TMP_MARK, empty_containers, is_flat, leaf_paths
@@ -166,7 +167,7 @@ def _plan_state(state: Any) -> _Plan:
         raise CheckpointError("Checkpointer.save: state has no array leaves")
     names, records, actions, nbytes = [], [], [], []
     for path, leaf in flat:
-        name = _path_name(path)
+        name = path_name(path)
         rec: dict[str, Any] = {"path": leaf_paths(path)}
         action = _HOST
         if isinstance(leaf, jax.Array):
@@ -221,25 +222,6 @@ def _add_digests(records: dict[str, Any], hosts: list[Any]) -> None:
     digests = _pool().map(_leaf_digest, arrays) if total > 1 << 20 else map(_leaf_digest, arrays)
     for rec, digest in zip(records.values(), digests, strict=True):
         rec["sha256"] = digest
-
-
-def _path_name(path: Iterable[Any]) -> str:
-    """A leaf's path as ``a/b/0``, the same for a dict key, an attribute or an index (Orbax restores dicts)."""
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
-
-
-def _flatten(tree: Any) -> list[tuple[str, Any]]:
-    import jax
-
-    return [(_path_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def _leaf_digest(host: np.ndarray) -> str:

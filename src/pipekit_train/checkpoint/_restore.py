@@ -13,15 +13,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._trees import flatten, path_name
 from ._errors import CheckpointCorruptedError, CheckpointError, CheckpointMismatchError, CheckpointNotFoundError
 from ._flat import DATA_ITER, LEAVES, RECORD, as_saved, is_flat, read_leaves
 from ._layout import (
     FORMAT,
     _file_digest,
-    _flatten,
     _json_digest,
     _leaf_digest,
-    _path_name,
     _short,
     _uncommitted_reason,
 )
@@ -61,7 +60,7 @@ def _restore_step(
             raise _corrupted(step_dir, step, files, "state", f"Orbax could not read it: {failure}")
         state, data_iter = out.state, out.data_iter
         recorded = record["leaves"]
-        bad = [p for p, x in _flatten(state) if _leaf_digest(np.asarray(x)) != recorded.get(p, {}).get("sha256")]
+        bad = [p for p, x in flatten(state) if _leaf_digest(np.asarray(x)) != recorded.get(p, {}).get("sha256")]
         if bad:
             raise _corrupted(step_dir, step, files, "state", f"leaf checksum mismatch at {bad}")
         if _json_digest(data_iter) != record["data_iter_sha256"]:
@@ -104,7 +103,7 @@ def _restore_flat(
         flat, treedef = jax.tree_util.tree_flatten_with_path(target)
         out = []
         for path, struct in flat:
-            host = arrays[_path_name(path)]
+            host = arrays[path_name(path)]
             sharding = getattr(struct, "sharding", None)
             out.append(jax.device_put(host, sharding) if sharding is not None else np.array(host))
         state = jax.tree_util.tree_unflatten(treedef, out)
@@ -145,14 +144,14 @@ def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -
             for path, leaf in flat:
                 if isinstance(leaf, np.ndarray):  # Orbax gives NumPy arrays when the `_sharding` file is gone
                     leaf = jnp.asarray(leaf)
-                impl = leaves.get(_path_name(path), {}).get("prng_impl")
+                impl = leaves.get(path_name(path), {}).get("prng_impl")
                 out.append(jax.random.wrap_key_data(leaf, impl=impl) if impl else leaf)
             return jax.tree_util.tree_unflatten(treedef, out)
 
         return None, finish_as_saved
 
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
-    names = [_path_name(p) for p, _ in flat]
+    names = [path_name(p) for p, _ in flat]
     problems = []
     missing = [n for n in names if n not in leaves]
     extra = sorted(set(leaves) - set(names))

@@ -42,10 +42,11 @@ from ..scale._distributed import agree, barrier, gather_data_state, is_primary, 
 
 if TYPE_CHECKING:
     from ._protocol import HookCall
+from .._trees import path_name
 from ..checkpoint._checkpointer import Checkpointer
 from ..checkpoint._elastic import refusal, saved_topology, topology_now, topology_text, without_topology
 from ..checkpoint._errors import CheckpointError, CheckpointMismatchError
-from ..checkpoint._layout import HeldState, _path_name
+from ..checkpoint._layout import HeldState
 from ..checkpoint._settings import Checkpoint
 
 #: Configuration that must not change between a checkpoint and the run resuming it.
@@ -561,20 +562,19 @@ def _graft(template: Any, raw: Any, where: str) -> Any:
     out = []
     for path, leaf in leaves_with_path:
         node = raw
-        for part in _path_name(path).split("/"):
+        for part in path_name(path).split("/"):
             if isinstance(node, dict) and part in node:
                 node = node[part]
             elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             else:
                 raise CheckpointMismatchError(
-                    f"init_from {where}: the checkpoint has no weights at {_path_name(path)!r}; "
-                    "the architectures differ"
+                    f"init_from {where}: the checkpoint has no weights at {path_name(path)!r}; the architectures differ"
                 )
         value = np.asarray(node)
         if value.shape != tuple(leaf.shape):
             raise CheckpointMismatchError(
-                f"init_from {where}: weights {_path_name(path)!r} have shape {value.shape} in the checkpoint but "
+                f"init_from {where}: weights {path_name(path)!r} have shape {value.shape} in the checkpoint but "
                 f"{tuple(leaf.shape)} in this model"
             )
         out.append(np.asarray(value, dtype=leaf.dtype))

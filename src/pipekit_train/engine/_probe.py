@@ -96,13 +96,13 @@ def tree_digests(tree: Any) -> dict[str, str]:
     import jax
     import jax.numpy as jnp
 
-    from ..checkpoint._layout import _path_name
+    from .._trees import path_name
 
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
-        out[_path_name(path) or "."] = _array_digest(leaf)
+        out[path_name(path) or "."] = _array_digest(leaf)
     return out
 
 

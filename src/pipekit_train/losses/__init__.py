@@ -17,5 +17,6 @@ if TYPE_CHECKING:
     from ._losses import Loss as Loss
     from ._losses import LossFunction as LossFunction
     from ._losses import TargetContract as TargetContract
+    from ._losses import split_loss_output as split_loss_output
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())

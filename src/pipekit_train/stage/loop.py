@@ -11,6 +11,7 @@ from pipekit import CarryState, ConfigError, StatefulOperator, field
 
 from ..backends._model import ModelOp, Transfer
 from ..backends._registry import check_backend_name, get_backend
+from ..backends._shared import stage_name as stage_name
 from ..callbacks._base import Callback
 from ..data._dataset import TrainingDataset
 from ..losses._losses import Loss, as_loss
@@ -42,6 +43,9 @@ class TrainerCarryState(CarryState):
         checkpoint_dir: Where that stage's checkpoints are (``None`` without a `Checkpoint` callback): what the
             next stage's `TrainingLoop.carry` reads its final optimizer state and EMA weights from.
         has_ema: Whether that stage kept EMA weights (an `EMA` callback).
+        carried: For a next stage with `TrainingLoop.carry`: that stage's final checkpoint as saved (``params``,
+            ``opt_state``, maybe ``ema``), read by the core just before `Backend.start`; else ``None``. Not
+            written by `to_dict` (the checkpoint is where it lives).
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class TrainerCarryState(CarryState):
         artifact_id: str | None = None,
         checkpoint_dir: str | None = None,
         has_ema: bool = False,
+        carried: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.opt_state = opt_state
@@ -71,12 +76,14 @@ class TrainerCarryState(CarryState):
         self.artifact_id = artifact_id
         self.checkpoint_dir = checkpoint_dir
         self.has_ema = has_ema
+        self.carried = carried
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: the model as its YAML, optimizer state and weights left to checkpoints."""
         data = super().to_dict()
         data["model"] = pipekit.dumps(self.model) if self.model is not None else None
         data["opt_state"] = None
+        data["carried"] = None
         return data
 
     @classmethod
@@ -257,7 +264,7 @@ class TrainingLoop(StatefulOperator):
                     "backend: to an installed one (pipekit_train.available_backends())"
                 )
         check_backend_name(self.backend)
-        from .carry import carry_settings
+        from ..backends._carry import carry_settings
 
         carry_settings(self.carry)
         from ..optim._config import resolve_optimizer_config
@@ -364,11 +371,6 @@ class TrainingLoop(StatefulOperator):
     def run(self) -> TrainingResult:  # type: ignore[override]
         """Train from scratch (or resume), returning ``(trained_model_op, artifact)``."""
         return self._apply(None, self.initial_state())[0]
-
-
-def stage_name(loop: TrainingLoop, incoming: TrainerCarryState | None) -> str:
-    """The name of stage `loop` after `incoming`: its `name`, else ``stage<index>`` (what the runner calls it)."""
-    return loop.name or f"stage{incoming.stage_index if incoming is not None else 0}"
 
 
 def _example_model() -> ModelOp:

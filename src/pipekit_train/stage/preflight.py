@@ -15,7 +15,6 @@ before it claims its run directory, so a failed pre-flight writes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -33,10 +32,8 @@ if TYPE_CHECKING:
 __all__ = [
     "StagePlan",
     "check",
-    "check_model_size",
     "check_pipeline",
     "check_without_jax",
-    "memory_limit",
     "plan_pipeline",
 ]
 
@@ -254,47 +251,3 @@ def check_pipeline(op: Operator) -> str:
     steps = sum(p.loop.max_steps for p in plans)
     plural = "s" if len(plans) != 1 else ""
     return f"{len(plans)} training stage{plural}, {steps} steps in all"
-
-
-def memory_limit() -> tuple[int, str] | None:
-    """The memory this process can use at most, in bytes, and where that figure comes from; ``None`` if unknown.
-
-    The physical memory (``os.sysconf``), or the container's limit (cgroup v2 ``memory.max``, v1
-    ``memory.limit_in_bytes``) where that is lower.
-    """
-    found: list[tuple[int, str]] = []
-    with contextlib.suppress(ValueError, OSError, AttributeError):  # no such sysconf name here
-        found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the machine's memory"))
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path, encoding="ascii") as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit() and 0 < int(text) < 2**62:
-            found.append((int(text), f"the container's memory limit ({path})"))
-    return min(found) if found else None
-
-
-def check_model_size(n_params: int, n_bytes: int, stage: str, model: object, device_bytes: int | None = None) -> None:
-    """Refuse a model whose weights alone exceed the memory there is (before anything is allocated).
-
-    Args:
-        n_params: The number of parameters (from the architecture's abstract shapes).
-        n_bytes: Their size in bytes.
-        stage: The stage's name, for the message.
-        model: The model operator, for the message.
-        device_bytes: The accelerator's memory, when the backend knows it (``None`` on CPU: the host's counts).
-    """
-    limit = (device_bytes, "the device's memory") if device_bytes else memory_limit()
-    if limit is None or n_bytes <= limit[0]:
-        return
-    raise ConfigError(
-        f"stage {stage!r}: {model!r} has {n_params:,} parameters ({_gib(n_bytes)} of weights alone; training "
-        f"needs about 4 times that with gradients and Adam's moments) but {limit[1]} is {_gib(limit[0])}; "
-        "choose smaller sizes (model_op.kwargs)"
-    )
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB"

@@ -40,8 +40,9 @@ def _ensure_builtins() -> None:
         _register_builtins()
 
 
-def _canonical(value: Any) -> Any:
-    from pipekit._operator import _canonical as canonical
+def _typed_canonical(value: Any) -> Any:
+    """`pipekit.canonical`, with the value's type: a preset's ``1`` and a file's ``1.0`` differ."""
+    from pipekit import canonical
 
     return (type(value), canonical(value))
 
@@ -92,7 +93,7 @@ def register_preset(name: str, fields: Mapping[str, Any], *, description: str = 
             )
         checked[key] = check_field(f"preset {name!r}: TrainingLoop", key, value, hints.get(key, Any))
     old = _PRESETS.get(name)
-    if old is not None and _canonical(old) != _canonical(checked):
+    if old is not None and _typed_canonical(old) != _typed_canonical(checked):
         raise ConfigError(
             f"register_preset: preset {name!r} is already registered with other fields ({sorted(old)}); "
             "a preset cannot change once registered (a dumped file would change meaning): choose another name"
@@ -141,7 +142,7 @@ def explicit_fields(loop: TrainingLoop, non_default: Mapping[str, Any]) -> dict[
     for f in dataclasses.fields(loop):
         value = getattr(loop, f.name)
         if f.name in filled:
-            if _canonical(value) != _canonical(filled[f.name]):
+            if _typed_canonical(value) != _typed_canonical(filled[f.name]):
                 out[f.name] = value
         elif f.name in non_default:
             out[f.name] = value
@@ -167,7 +168,7 @@ def preset_record(loop: TrainingLoop) -> dict[str, Any] | None:
     used = {
         k: to_plain(getattr(loop, k), k, strict=False)
         for k, v in filled.items()
-        if _canonical(getattr(loop, k)) == _canonical(v)
+        if _typed_canonical(getattr(loop, k)) == _typed_canonical(v)
     }
     return {"name": loop.preset, "fields": used}
 

@@ -27,7 +27,7 @@ from .._lock import DirectoryNotWritableError, check_writable, run_dir_lock
 from .._signals import note_run_dir, phase
 from ..engine._protocol import NonFiniteWeightsError, first_nonfinite
 from ..scale._distributed import allgather, barrier, initialize_distributed, is_primary, primary_holds
-from .carry import handoff
+from .carry import handoff, take_carried
 from .loop import RunInfo, TrainerCarryState, TrainingLoop, TrainingResult
 from .preflight import StagePlan, check
 
@@ -389,6 +389,7 @@ def _run_locked(
         # records (its YAML, the dataset hash, the resume fingerprint) is the configuration as written.
         fitted, statistics = fit_data(loop)
         model = starting_model(fitted, state, info.stage, plan.backend, fresh=plan.fresh)
+        take_carried(loop, state, info.stage)
         step_backend = plan.backend.start(fitted, model, state)
         phase("started")
         result = train(fitted, plan.backend, step_backend, info, hooks)

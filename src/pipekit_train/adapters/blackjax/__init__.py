@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...backends._contract import LazyBackend
+from pipekit_train.backends import LazyBackend
+
 from ..numpyro._ops import HMC as HMC
 from ..numpyro._ops import MALA as MALA
 from ..numpyro._ops import NUTS as NUTS

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...stage.loop import stage_name
+from pipekit_train.backends.kit import stage_name
+
 from ..numpyro._mcmc import init_strategy
 from ..numpyro._ops import HMC, MALA, NUTS, Posterior
 from ..numpyro._sampling import (

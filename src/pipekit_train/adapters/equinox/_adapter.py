@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -15,20 +15,20 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError
 from pipekit_train.backends import StepBackend
-
-from ...backends._optax import (
+from pipekit_train.backends.kit import (
     build_optimizer,
+    check_input_and_target_keys,
+    check_loss_fits,
     get_lr_scale,
     learning_rate_at,
     refresh_hyperparams,
     reset_anchor,
     restart_schedule,
     set_lr_scale,
+    stage_name,
 )
-from ...backends._shared import check_input_and_target_keys, check_loss_fits
-from ...scale._mesh import mesh_plan
-from ...scale._precision import compute_dtype
-from ...stage.loop import stage_name
+from pipekit_train.scale import compute_dtype, mesh_plan
+
 from ._carry import carry_in, continue_optimizer_state
 from ._recipe_step import StepRecipe
 from ._steps import (
@@ -44,18 +44,15 @@ from ._steps import (
 )
 from ._tree import apply_transfer
 
-if TYPE_CHECKING:
-    from ...stage.loop import TrainerCarryState, TrainingLoop
-
 _OPTIMIZERS: dict[Any, Any] = {}
 
 
-def _optimizer(loop: TrainingLoop) -> Any:
+def _optimizer(loop: Any) -> Any:
     """One optax object per distinct configuration. It compares equal to any other of the same structure (its
     numbers live in the optimizer state), so the compiled step is reused across stages, runs and sweeps."""
-    from pipekit._operator import _canonical
+    from pipekit import canonical
 
-    key = (_canonical(loop.optimizer_config), loop.max_steps, loop.grad_clip_norm, loop.accum, loop.param_groups)
+    key = (canonical(loop.optimizer_config), loop.max_steps, loop.grad_clip_norm, loop.accum, loop.param_groups)
     opt = _OPTIMIZERS.get(key)
     if opt is None:
         opt = build_optimizer(
@@ -78,7 +75,7 @@ class EquinoxBackend(StepBackend):
 
     _segment_start = 0  # the step a new schedule segment began at (`schedule_segment`)
 
-    def __init__(self, loop: TrainingLoop, model_op: Any, module: Any, base_key: jax.Array) -> None:
+    def __init__(self, loop: Any, model_op: Any, module: Any, base_key: jax.Array) -> None:
 
         self.loop = loop
         # Data parallel (`_mesh`): None trains unsharded on the default device.
@@ -308,9 +305,10 @@ class EquinoxBackend(StepBackend):
         self._consts = self._place(self._leaves_like(tree["consts"], self.layout.value.consts, "consts"), True)
 
 
-def step_recipe(loop: TrainingLoop, params: Any) -> StepRecipe | None:
+def step_recipe(loop: Any, params: Any) -> StepRecipe | None:
     """The static recipe part of the step (`SAM`, diagnostics per group), or ``None`` when the loop uses none."""
-    from ...optim._recipes import SAM, group_labels, param_path
+    from pipekit_train.backends.kit import group_labels, param_path
+    from pipekit_train.optim import SAM
 
     if loop.gradient is None and not loop.diagnostics:
         return None
@@ -326,9 +324,9 @@ def step_recipe(loop: TrainingLoop, params: Any) -> StepRecipe | None:
     return StepRecipe(sam=sam, diagnostics=loop.diagnostics, groups=groups)
 
 
-def check_param_groups(loop: TrainingLoop, module: Any) -> None:
+def check_param_groups(loop: Any, module: Any) -> None:
     """Refuse a group pattern that matches no trained parameter (naming the model's parameter paths)."""
-    from ...optim._recipes import group_labels, param_path
+    from pipekit_train.backends.kit import group_labels, param_path
 
     if not loop.param_groups:
         return
@@ -338,9 +336,10 @@ def check_param_groups(loop: TrainingLoop, module: Any) -> None:
     group_labels(paths, loop.param_groups)
 
 
-def check_size(loop: TrainingLoop, stage: str) -> None:
+def check_size(loop: Any, stage: str) -> None:
     """The weights' size from the architecture's abstract shapes (nothing allocated) against the memory there is."""
-    from ...stage.preflight import check_model_size
+    from pipekit_train.backends.kit import check_model_size
+
     from ._tree import abstract
 
     leaves = [x for x in jax.tree_util.tree_leaves(abstract(loop.model_op)) if hasattr(x, "shape")]
@@ -350,7 +349,7 @@ def check_size(loop: TrainingLoop, stage: str) -> None:
     check_model_size(n_params, n_bytes, stage, loop.model_op, device_bytes=stats.get("bytes_limit"))
 
 
-def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
+def check(loop: Any, incoming: Any, stage: str) -> None:
     """Refuse data/model/loss mismatches with named shapes before anything is compiled or built.
 
     Works on the architecture alone (`jax.eval_shape` of the model's `build`), so it runs before any weights
@@ -391,7 +390,7 @@ def stage_keys(seed: int) -> tuple[Any, Any]:
     return _split_seed_jit(seed) if -(2**31) <= seed < 2**31 else _split_seed(seed)
 
 
-def build(loop: TrainingLoop) -> Any:
+def build(loop: Any) -> Any:
     """`loop.model_op` bound to fresh weights: ``build`` with the first half of ``split(key(seed))`` (the second
     half is the steps' key), exactly as a hand-written Equinox loop does."""
     init_key, _ = stage_keys(loop.seed)
@@ -403,7 +402,7 @@ def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
     return fresh.bind(apply_transfer(spec, previous.module, fresh.module))
 
 
-def start(loop: TrainingLoop, model: Any, incoming: TrainerCarryState | None) -> EquinoxBackend:
+def start(loop: Any, model: Any, incoming: Any) -> EquinoxBackend:
     """The stage's `EquinoxBackend` holding `model`'s weights; `TrainingLoop.carry` applied from `incoming`."""
     _, step_key = stage_keys(loop.seed)
     stage = stage_name(loop, incoming)

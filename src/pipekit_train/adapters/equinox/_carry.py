@@ -1,5 +1,6 @@
 """`TrainingLoop.carry` on the Equinox backend: the previous stage's EMA weights or parameters as the starting
-model, and its optimizer state continued (see `pipekit_train.stage.carry`)."""
+model, and its optimizer state continued, from the previous stage's final checkpoint the core hands over as
+``incoming.carried`` (see `pipekit_train.stage.carry`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from typing import Any
 import jax
 
 from pipekit import ConfigError
+from pipekit_train.backends.kit import FrozenUntilState, LrScaleState, carry_settings, match_by_path, reset_anchor
 
-from ...backends._optax import FrozenUntilState, LrScaleState, reset_anchor
-from ...stage.carry import carry_settings, check_carry_source, match_by_path, read_final_state, wants_checkpoint
 from ._steps import combine, partition
 
 __all__ = ["carry_in", "continue_optimizer_state"]
@@ -25,11 +25,10 @@ def carry_in(loop: Any, incoming: Any, module: Any, stage: str) -> tuple[Any, An
     """``(module, opt_state)``: the module the stage starts from with the weights `carry.weights` asks for (the
     previous stage's EMA weights or raw parameters instead of the model it returned), and the previous stage's
     final optimizer state as saved when `carry.optimizer_state` (else ``None``)."""
-    if not wants_checkpoint(loop.carry):
+    if incoming is None or incoming.carried is None:  # no carry asked for (pre-flight checked the source)
         return module, None
-    check_carry_source(loop, incoming, stage)
     optimizer_state, weights = carry_settings(loop.carry)
-    saved = read_final_state(incoming, stage)
+    saved = incoming.carried
     if weights != "returned":
         key = "ema" if weights == "ema" else "params"
         if getattr(incoming.model, "backend", None) != "equinox" or key not in saved or loop.transfer is not None:

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 
 from pipekit import ConfigError, field
-
-from ...backends._model import ModelOp
-from ...backends._shared import FactoryRegistry
+from pipekit_train.backends import ModelOp
+from pipekit_train.backends.kit import FactoryRegistry
 
 __all__ = ["EquinoxModel", "register_model", "registered_models"]
 

@@ -17,8 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from pipekit import ConfigError, ShapeError
-
-from ...losses._losses import Loss, split_loss_output
+from pipekit_train.losses import Loss, split_loss_output
 
 if TYPE_CHECKING:  # Orbax (and TensorStore with it) is imported when a checkpoint is saved or restored
     import orbax.checkpoint as ocp
@@ -172,7 +171,7 @@ def train_step(
     optimizer: optax.GradientTransformation,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimisation step. Pure function. A `Schedule` in the loss follows `state.step` (``schedule/<name>``)."""
-    from ...optim._schedules import step_context
+    from pipekit_train.optim import step_context
 
     @eqx.filter_grad(has_aux=True)
     def grad_fn(model: Any, batch: Any, key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:

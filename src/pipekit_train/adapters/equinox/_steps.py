@@ -19,9 +19,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ...losses._losses import split_loss_output
-from ...optim._schedules import schedule_value, step_context
-from ...scale._precision import cast_floating
+from pipekit_train.backends.kit import ema_decay
+from pipekit_train.losses import split_loss_output
+from pipekit_train.optim import schedule_value, step_context
+from pipekit_train.scale import cast_floating
+
 from ._primitives import task_loss
 from ._recipe_step import diagnostics, sam_gradient
 
@@ -154,15 +156,11 @@ def combine(params: Any, consts: Any, static: Any) -> Any:
     return eqx.combine(params, consts, static)
 
 
-def ema_decay(decay: Any, warmup: bool, step: jax.Array) -> jax.Array:
-    """The EMA decay used after `step` (0-based) updates: ``decay``, or ``min(decay, (1 + t) / (10 + t))``
-    with warmup so early averages are not dominated by the random initial weights. `decay` may be a `Schedule`
-    (read through `schedule_value`: logged as ``schedule/ema_decay``)."""
-    base = jnp.asarray(schedule_value(decay, "ema_decay"), jnp.float32)
-    if not warmup:
-        return base
-    t = step.astype(jnp.float32) + 1.0
-    return jnp.minimum(base, (1.0 + t) / (10.0 + t))
+def _ema_decay(decay: Any, warmup: bool, step: jax.Array) -> jax.Array:
+    """`pipekit_train.backends.kit.ema_decay` of `decay`, which may be a `Schedule` (read through `schedule_value`:
+    logged as ``schedule/ema_decay``)."""
+    d: jax.Array = ema_decay(jnp.asarray(schedule_value(decay, "ema_decay"), jnp.float32), warmup, step)
+    return d
 
 
 def _one_step(
@@ -203,7 +201,7 @@ def _one_step(
         metrics = {**metrics, **diagnostics(recipe, params, grads, updates)}
     params = eqx.apply_updates(params, updates)
     if ema_config is not None:
-        d = ema_decay(*ema_config, step)
+        d = _ema_decay(*ema_config, step)
         ema = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, ema, params)
     return params, opt_state, ema, metrics
 

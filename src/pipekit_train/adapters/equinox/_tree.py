@@ -12,9 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipekit import ConfigError, ShapeError
-
-from ...backends._model import ModelOp, Transfer, parse_path
-from ...backends._shared import MISSING, resolve_path
+from pipekit_train.backends import ModelOp, Transfer
+from pipekit_train.backends.kit import MISSING, parse_path, resolve_path
 
 __all__ = ["apply_transfer", "batched_call", "check_fits", "check_input", "fill", "weights"]
 

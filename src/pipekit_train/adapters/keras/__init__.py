@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._lazy import attach as _attach
-from ...backends._contract import LazyBackend
+from pipekit_train.backends import LazyBackend
+from pipekit_train.backends.kit import attach_lazily as _attach
+
 from ._convert import convert_model as convert_model
 from ._convert import register_converter as register_converter
 from ._convert import registered_converters as registered_converters

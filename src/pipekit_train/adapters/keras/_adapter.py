@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,17 +16,13 @@ import numpy as np
 
 from pipekit import ConfigError, ShapeError
 from pipekit_train.backends import StepBackend
+from pipekit_train.backends.kit import check_input_and_target_keys, check_loss_fits, learning_rate_at
+from pipekit_train.scale import mesh_plan
 
-from ...backends._optax import learning_rate_at
-from ...backends._shared import check_input_and_target_keys, check_loss_fits
-from ...scale._mesh import mesh_plan
 from ._env import import_keras
 from ._model import KerasModel, KerasState
 from ._steps import program
 from ._tree import apply_transfer
-
-if TYPE_CHECKING:
-    from ...stage.loop import TrainerCarryState, TrainingLoop
 
 keras = import_keras()
 
@@ -39,8 +35,8 @@ def _copy(arrays: Any) -> list[jax.Array]:
 class KerasBackend(StepBackend):
     """The `StepBackend` of the Keras adapter: the model's variables, the optimizer's and the EMA, as arrays."""
 
-    def __init__(self, loop: TrainingLoop, state: KerasState, base_key: jax.Array) -> None:
-        from ...optim._schedules import fixed_value
+    def __init__(self, loop: Any, state: KerasState, base_key: jax.Array) -> None:
+        from pipekit_train.backends.kit import fixed_value
 
         self.loop = loop
         self.model_op = loop.model_op
@@ -83,7 +79,8 @@ class KerasBackend(StepBackend):
     def bound_model(self) -> KerasModel:
         use_ema = self.ema_callback is not None and self.ema_callback.return_ema
         state = KerasState(self.model, _copy(self._trainable(use_ema)), _copy(self.state[1]))
-        return self.model_op.bind(state, check=False)  # type: ignore[return-value]
+        bound: KerasModel = self.model_op.bind(state, check=False)
+        return bound
 
     def set_model(self, model_op: Any) -> None:
         module = model_op.module
@@ -144,7 +141,7 @@ class KerasBackend(StepBackend):
 
 
 # The stage ---------------------------------------------------------------------------------------------------
-def build(loop: TrainingLoop) -> Any:
+def build(loop: Any) -> Any:
     """`loop.model_op` bound to a fresh `KerasState` (built from the first half of ``split(key(seed))``)."""
     init_key, _ = jax.random.split(jax.random.key(loop.seed))
     return loop.model_op.bind(loop.model_op.build(init_key), check=False)
@@ -155,7 +152,7 @@ def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
     return fresh.bind(apply_transfer(spec, previous.module, fresh.module), check=False)
 
 
-def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
+def check(loop: Any, incoming: Any, stage: str) -> None:
     """Refuse what this backend cannot do, and data/model/loss mismatches, before anything is compiled."""
     if loop.task is not None:
         raise ConfigError(
@@ -172,7 +169,7 @@ def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) ->
     check_loss_fits(loop, spec)
 
 
-def start(loop: TrainingLoop, model: Any, incoming: TrainerCarryState | None) -> KerasBackend:
+def start(loop: Any, model: Any, incoming: Any) -> KerasBackend:
     """The stage's `KerasBackend`, holding `model`'s state; the steps' key is the second half of
     ``split(key(seed))``."""
     _, step_key = jax.random.split(jax.random.key(loop.seed))

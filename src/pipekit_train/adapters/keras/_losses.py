@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from pipekit import ConfigError
+from pipekit_train.losses import Loss, split_loss_output
 
-from ...losses._losses import Loss, split_loss_output
 from ._env import import_keras
 
 keras = import_keras()

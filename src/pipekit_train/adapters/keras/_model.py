@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from pipekit import field
-
-from ...backends._model import ModelOp
-from ...backends._shared import FactoryRegistry
+from pipekit_train.backends import ModelOp
+from pipekit_train.backends.kit import FactoryRegistry
 
 __all__ = ["KerasModel", "KerasState", "register_keras_model", "registered_keras_models"]
 

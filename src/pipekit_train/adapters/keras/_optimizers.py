@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipekit import ConfigError
+from pipekit_train.backends.kit import build_schedule
+from pipekit_train.optim import resolve_optimizer_config
 
-from ...backends._optax import build_schedule
-from ...optim._config import resolve_optimizer_config
 from ._env import import_keras
 
 keras = import_keras()

@@ -19,19 +19,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ...losses._losses import split_loss_output
+from pipekit_train.backends.kit import ema_decay
+from pipekit_train.losses import split_loss_output
+
 from ._optimizers import build_keras_optimizer, lr_scale_index
 from ._tree import Layout, layout_of
 
 State = tuple[list[jax.Array], list[jax.Array], list[jax.Array], list[jax.Array]]
-
-
-def ema_decay(decay: float, warmup: bool, step: jax.Array) -> jax.Array:
-    """The EMA decay after `step` (0-based) updates, as the Equinox backend's: ``min(decay, (1+t)/(10+t))``."""
-    if not warmup:
-        return jnp.asarray(decay, jnp.float32)
-    t = step.astype(jnp.float32) + 1.0
-    return jnp.minimum(jnp.float32(decay), (1.0 + t) / (10.0 + t))
 
 
 @dataclass(eq=False)
@@ -89,7 +83,8 @@ class Program:
         )
         trainable, opt_vars = self.optimizer.stateless_apply(opt_vars, grads, trainable)
         if self.ema_config is not None:
-            d = ema_decay(*self.ema_config, step)
+            decay, warmup = self.ema_config
+            d = ema_decay(jnp.float32(decay), warmup, step)
             ema = [d * e + (1.0 - d) * p for e, p in zip(ema, trainable)]
         return (list(trainable), list(non_trainable), list(opt_vars), ema), metrics
 
@@ -147,14 +142,14 @@ _PROGRAMS: dict[Any, Program] = {}
 
 def program(loop: Any, model: Any, ema_config: tuple[float, bool] | None) -> Program:
     """The cached `Program` for `loop`'s loss, keys and optimizer on the Keras model `model`."""
-    from pipekit._operator import _canonical
+    from pipekit import canonical
 
     key = (
         id(model),
         loop.loss,
         loop.input_key,
         loop.target_key,
-        _canonical(loop.optimizer_config),
+        canonical(loop.optimizer_config),
         loop.max_steps,
         loop.grad_clip_norm,
         loop.accum,

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipekit import ConfigError, ShapeError
+from pipekit_train.backends import Transfer
+from pipekit_train.backends.kit import MISSING, parse_path, resolve_path
 
-from ...backends._model import Transfer, parse_path
-from ...backends._shared import MISSING, resolve_path
 from ._env import import_keras
 from ._model import FACTORIES, KerasModel, KerasState
 
@@ -182,9 +182,9 @@ _SKELETONS: dict[Any, Any] = {}
 
 
 def _arch(op: KerasModel) -> Any:
-    from pipekit._operator import _canonical
+    from pipekit import canonical
 
-    return type(op), op.factory, _canonical(op.kwargs)
+    return type(op), op.factory, canonical(op.kwargs)
 
 
 def skeleton(op: KerasModel) -> Any:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._lazy import attach as _attach
-from ...backends import _zoo as _zoo  # registers the built-in converters (imports no framework)
-from ...backends._contract import LazyBackend
+from pipekit_train.backends import LazyBackend
+from pipekit_train.backends.kit import attach_lazily as _attach
+
 from ._model import TorchModel as TorchModel
 from ._model import register_torch_model as register_torch_model
 from ._model import registered_torch_models as registered_torch_models

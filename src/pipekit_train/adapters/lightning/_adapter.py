@@ -14,7 +14,7 @@ import importlib.metadata
 import math
 import os
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,16 +22,12 @@ from torch import nn
 
 from pipekit import ConfigError, ShapeError
 from pipekit_train.backends import StepBackend
+from pipekit_train.backends.kit import check_input_and_target_keys, check_loss_fits, ema_decay, fixed_value
 
-from ...backends._shared import check_input_and_target_keys, check_loss_fits
-from ...optim._schedules import fixed_value
 from ._losses import split, to_torch_loss
 from ._model import TorchModel
 from ._optimizers import TorchOptimizer, check_torch_optimizer_config, schedule_table
 from ._tree import apply_transfer, copy_module, to_numpy, to_tensor
-
-if TYPE_CHECKING:
-    from ...stage.loop import TrainerCarryState, TrainingLoop
 
 __all__ = ["TorchBackend", "build", "build_lightning_module", "check", "info", "start", "threads", "transfer"]
 
@@ -90,7 +86,7 @@ class TorchBackend(StepBackend):
         """What the artifact's ``backend_info`` records of this run."""
         return {"num_params": int(sum(p.numel() for p in self.params))}
 
-    def __init__(self, loop: TrainingLoop, module: nn.Module) -> None:
+    def __init__(self, loop: Any, module: nn.Module) -> None:
 
         self.loop = loop
         self.model_op = loop.model_op
@@ -141,7 +137,7 @@ class TorchBackend(StepBackend):
         cb = self.ema_callback
         assert cb is not None
         decay = fixed_value(cb.decay, "EMA.decay")
-        d = decay if not cb.warmup else min(decay, (2.0 + step) / (11.0 + step))
+        d = ema_decay(decay, cb.warmup, step)
         with torch.no_grad():
             for e, p in zip(self.ema, self.params):
                 e.mul_(d).add_(p, alpha=1.0 - d)
@@ -176,7 +172,8 @@ class TorchBackend(StepBackend):
         use_ema = self.ema_callback is not None and self.ema_callback.return_ema
         with self._with_ema(use_ema):
             module = copy_module(self.module)
-        return self.model_op.bind(module.eval(), check=False)  # type: ignore[return-value]
+        bound: TorchModel = self.model_op.bind(module.eval(), check=False)
+        return bound
 
     def set_model(self, model_op: Any) -> None:
         module = getattr(model_op, "module", None)
@@ -245,7 +242,7 @@ class TorchBackend(StepBackend):
 
 
 # The stage ---------------------------------------------------------------------------------------------------
-def build(loop: TrainingLoop) -> Any:
+def build(loop: Any) -> Any:
     """`loop.model_op` bound to a fresh torch module (``build(seed)``, in deterministic mode)."""
     with deterministic():
         return loop.model_op.bind(loop.model_op.build(loop.seed), check=False)
@@ -257,7 +254,7 @@ def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
         return fresh.bind(apply_transfer(spec, previous.module, fresh.module), check=False)
 
 
-def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) -> None:
+def check(loop: Any, incoming: Any, stage: str) -> None:
     """Refuse what this backend cannot do, and data/model/loss mismatches, before anything trains."""
     if loop.task is not None:
         raise ConfigError(
@@ -276,7 +273,7 @@ def check(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str) ->
     check_loss_fits(loop, spec)
 
 
-def start(loop: TrainingLoop, model: Any, incoming: TrainerCarryState | None) -> TorchBackend:
+def start(loop: Any, model: Any, incoming: Any) -> TorchBackend:
     """The stage's `TorchBackend` over a copy of `model`'s module (the caller's module is never trained in place)."""
     with deterministic():
         return TorchBackend(loop, copy_module(model.module))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...backends._zoo import ZOO, Architecture, factory
+from pipekit_train.backends.kit import ZOO, Architecture, factory
+
 from ._model import register_torch_model
 
 __all__ = ["build"]

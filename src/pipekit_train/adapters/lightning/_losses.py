@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from pipekit import ConfigError, ShapeError
-
-from ...losses._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss, LossFunction
-from ...optim._schedules import fixed_value
+from pipekit_train.backends.kit import fixed_value
+from pipekit_train.losses import KL, MSE, NLL, Composite, CrossEntropy, Loss, LossFunction
 
 __all__ = ["register_torch_loss", "to_torch_loss", "torch_loss_types"]
 

@@ -29,8 +29,7 @@ import numpy as np
 import torch
 
 from pipekit import ConfigError
-
-from ...optim._config import resolve_optimizer_config
+from pipekit_train.optim import resolve_optimizer_config
 
 __all__ = ["TorchOptimizer", "build_torch_optimizer", "check_torch_optimizer_config"]
 
@@ -68,7 +67,7 @@ def schedule_table(config: Mapping[str, Any], max_steps: int) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
-    from ...backends._optax import build_schedule
+    from pipekit_train.backends.kit import build_schedule
 
     fn = build_schedule(config, max_steps=max_steps)
     values = np.asarray(jax.vmap(fn)(jnp.arange(max_steps + 1)), np.float64)
@@ -153,7 +152,7 @@ class TorchOptimizer:
         step -= self.segment_start
         if 0 <= step < len(self.table):
             return float(self.table[step])
-        from ...backends._optax import learning_rate_at
+        from pipekit_train.backends.kit import learning_rate_at
 
         return learning_rate_at(self.config, step, self.max_steps)
 

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from pipekit import ConfigError, ShapeError
+from pipekit_train.backends import Transfer
+from pipekit_train.backends.kit import MISSING, parse_path, resolve_path
 
-from ...backends._model import Transfer, parse_path
-from ...backends._shared import MISSING, resolve_path
 from ._model import FACTORIES, TorchModel
 
 __all__ = [
@@ -67,9 +67,9 @@ _SKELETONS: dict[Any, nn.Module] = {}
 
 
 def _arch(op: TorchModel) -> Any:
-    from pipekit._operator import _canonical
+    from pipekit import canonical
 
-    return type(op), op.factory, _canonical(op.kwargs)
+    return type(op), op.factory, canonical(op.kwargs)
 
 
 def skeleton(op: TorchModel) -> nn.Module:

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ...stage.loop import stage_name
+from pipekit_train.backends.kit import stage_name
+
 from ._ops import HMC, NUTS, Posterior
 from ._sampling import (
     SamplerControls,

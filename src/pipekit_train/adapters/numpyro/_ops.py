@@ -14,9 +14,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from pipekit import ConfigError, Operator, ShapeError, field, suggestion
+from pipekit_train.backends import ModelOp
+from pipekit_train.losses import Loss
 
-from ...backends._model import ModelOp
-from ...losses._losses import Loss
 from ._registry import get_numpyro_model
 
 __all__ = [

@@ -142,10 +142,10 @@ def config_digest(*parts: Any) -> np.ndarray:
 
 
 def check_digest(saved: Any, expected: np.ndarray, stage: str) -> None:
-    from ...checkpoint import CheckpointMismatchError
+    from pipekit import ConfigError
 
     if not np.array_equal(np.asarray(saved), expected):
-        raise CheckpointMismatchError(
+        raise ConfigError(
             f"refusing to resume stage {stage!r}: the sampler kernel (task) changed since the checkpoint was written; "
             "resume with the original kernel or start a new run"
         )

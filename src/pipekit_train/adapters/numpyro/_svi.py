@@ -21,9 +21,9 @@ import numpy as np
 
 from pipekit import ConfigError, PipekitError
 from pipekit_train.backends import StepBackend
+from pipekit_train.backends.kit import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
+from pipekit_train.scale import mesh_plan
 
-from ...backends._optax import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
-from ...scale._mesh import mesh_plan
 from ._data import check_data, check_sites, describe_error, full_data
 from ._ops import _ELBO, GuideParams, NumpyroGuide
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...backends._contract import LazyBackend
+from pipekit_train.backends import LazyBackend
+
 from ._ops import NumpyroGuide
 
 __all__ = ["NumpyroSVIBackendSpec", "backend"]
