@@ -22,8 +22,8 @@ from pipekit_train import (
     TrainingLoop,
     run_settings,
 )
-from pipekit_train.checkpoint import Checkpointer
 from pipekit_train._trees import flatten as _flatten
+from pipekit_train.checkpoint import Checkpointer
 from pipekit_train.stage.preflight import check_pipeline
 
 
