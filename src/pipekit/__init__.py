@@ -17,6 +17,8 @@ from ._operator import Operator as Operator
 from ._operator import StatefulOperator as StatefulOperator
 from ._operator import canonical as canonical
 from ._operator import field as field
+from ._overrides import apply_overrides as apply_overrides
+from ._overrides import parse_override as parse_override
 from ._registry import lookup as lookup
 from ._registry import registered as registered
 from ._schema import describe as describe

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from pipekit import ConfigError
-from pipekit_train.cli._main import _load_pipeline, _parse_override
+from pipekit import parse_override as _parse_override
+from pipekit_train.cli._main import _load_pipeline
 
 TINY = """\
 pipekit: 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import glob
 import os
 import shlex
@@ -52,105 +51,8 @@ Your own models, datasets, losses, callbacks and backends: name the modules that
 """
 
 
-def _parse_override(text: str) -> tuple[list[str], Any]:
-    """``PATH=VALUE`` → (path parts, value). `VALUE` is built as the same YAML in a pipeline file would be.
-
-    It goes through the file loader's composer, tag rules and limits (`pipekit._yaml.load_value`): no alias bombs,
-    no ``!!set`` / ``!!binary`` / merge keys / custom tags, and a mapping with ``type:`` is an operator. An empty
-    `VALUE` is the empty string.
-    """
-    from pipekit import ConfigError
-    from pipekit._yaml import load_value
-
-    if "=" not in text:
-        raise ConfigError(f"--set expects PATH=VALUE (for example stages.0.max_steps=100), got {text!r}")
-    path, raw = text.split("=", 1)
-    parts = [p for p in path.replace("[", ".").replace("]", "").split(".") if p]
-    if not parts:
-        raise ConfigError(f"--set {text!r}: the path before '=' is empty")
-    shown = ".".join(parts)
-    try:
-        value = load_value(raw, source=f"--set {shown}") if raw.strip() else ""
-    except RecursionError:  # a last resort: the loader's depth limit stops recursive aliases long before this
-        raise ConfigError(f"--set {shown}: the value nests too deeply; refusing to load it") from None
-    return parts, value
-
-
-def apply_override(node: Any, path: list[str], value: Any, shown: str = "") -> Any:
-    """A copy of `node` with the field at `path` set to `value`, type-checked as the YAML loader checks the file.
-
-    `path` walks operator fields, mapping keys and list indices (an index equal to the list's length appends).
-    """
-    import dataclasses
-
-    from pipekit import ConfigError, Operator, suggestion
-    from pipekit._operator import field_hints
-    from pipekit._types import check_field
-
-    head, rest = path[0], path[1:]
-    where = f"{shown}.{head}" if shown else head
-    if isinstance(node, Operator):
-        fields = {f.name: f for f in dataclasses.fields(node) if f.init}  # type: ignore[arg-type]
-        if head not in fields:
-            hint = _inner_paths(node, fields, head, shown) or suggestion(head, fields)
-            raise ConfigError(
-                f"--set {where}: {type(node).__name__} has no field {head!r}{hint}; allowed fields: {', '.join(fields)}"
-            )
-        new = value if not rest else apply_override(getattr(node, head), rest, value, where)
-        owner = type(node)._pipekit_name or type(node).__name__
-        new = check_field(owner, head, new, field_hints(type(node)).get(head, Any), f"--set {where}")
-        try:
-            return node.replace(**{head: new})
-        except ConfigError as e:
-            if e.where:
-                raise
-            raise ConfigError(e.bare_message, f"--set {where}") from None
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{owner}: {e}", f"--set {where}") from None
-    if isinstance(node, (list, tuple)):
-        try:
-            index = int(head)
-        except ValueError:
-            index = None
-        if index is None or not -len(node) <= index <= len(node):
-            raise ConfigError(
-                f"--set {where}: expected a list index from 0 to {len(node)} ({len(node)} appends), got {head!r}"
-            ) from None
-        items = list(node)
-        if index == len(node):
-            if rest:
-                raise ConfigError(f"--set {where}: there is no item {index} yet; set the whole item first")
-            items.append(value)
-        else:
-            items[index] = value if not rest else apply_override(items[index], rest, value, where)
-        return type(node)(items)
-    if isinstance(node, dict):
-        out = dict(node)
-        out[head] = value if not rest else apply_override(node.get(head, {}), rest, value, where)
-        return out
-    raise ConfigError(f"--set {where}: {shown or 'the value'} is a {type(node).__name__}, not something with fields")
-
-
-def _inner_paths(node: Any, fields: Any, name: str, shown: str) -> str:
-    """`` (did you mean 'stages.0.max_steps' or 'stages.1.max_steps'?)`` when operators in a list field of `node`
-    (a `Sequential`'s stages) have the field `name` that `node` lacks; else an empty string."""
-    from pipekit import Operator
-
-    paths = []
-    for f in fields:
-        items = getattr(node, f, None)
-        if isinstance(items, (list, tuple)):
-            for i, item in enumerate(items):
-                if isinstance(item, Operator) and name in {x.name for x in dataclasses.fields(item)}:  # type: ignore[arg-type]
-                    paths.append(".".join(p for p in (shown, f, str(i), name) if p))
-    if not paths:
-        return ""
-    return " (did you mean " + " or ".join(repr(p) for p in paths[:4]) + "?)"
-
-
 def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
     import pipekit
-    import pipekit_train  # noqa: F401  (registers the training operators)
     from pipekit import ConfigError
 
     try:
@@ -161,51 +63,9 @@ def _load_pipeline(path: str, overrides: Sequence[str]) -> Any:
         raise ConfigError(
             f"{e}; if a module of yours defines it, import it first with --import MODULE or ${IMPORT_ENV_VAR}"
         ) from None
-    parsed = [_parse_override(text) for text in overrides]
-    if not parsed:
-        return op
-    from pipekit._operator import deferred_validation
-
     # Each value's type is checked as it is set; the fields together once, after every --set (so that
     # `--set model_op={type: KerasModel, ...} --set backend=keras` works in either order).
-    with deferred_validation():
-        for parts, value in parsed:
-            op = apply_override(op, parts, value)
-    return check_edited(op, [parts for parts, _ in parsed])
-
-
-def check_edited(node: Any, paths: list[list[str]], shown: str = "") -> Any:
-    """`node` with every operator on an edited `path` rebuilt (innermost first), which runs its `validate`.
-
-    An operator whose fields do not fit together is refused naming the ``--set`` paths that edited it.
-    """
-    import dataclasses
-
-    from pipekit import ConfigError, Operator
-
-    def inner(head: str) -> list[list[str]]:
-        return [p[1:] for p in paths if p[0] == head and len(p) > 1]
-
-    heads = list(dict.fromkeys(p[0] for p in paths if len(p) > 1))
-    join = (lambda h: f"{shown}.{h}") if shown else (lambda h: h)
-    if isinstance(node, Operator):
-        changes = {h: check_edited(getattr(node, h), inner(h), join(h)) for h in heads}
-        try:
-            return dataclasses.replace(node, **changes)  # type: ignore[type-var]
-        except ConfigError as e:
-            if e.where:
-                raise
-            where = ", ".join(f"--set {join('.'.join(p))}" for p in paths)
-            raise ConfigError(e.bare_message, where) from None
-    if isinstance(node, (list, tuple)):
-        items = list(node)
-        for h in heads:
-            i = int(h)
-            items[i] = check_edited(items[i], inner(h), join(h))
-        return type(node)(items)
-    if isinstance(node, dict):
-        return {k: check_edited(v, inner(k), join(k)) if k in heads else v for k, v in node.items()}
-    return node
+    return pipekit.apply_overrides(op, [pipekit.parse_override(text) for text in overrides])
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -407,7 +267,6 @@ def _print_summary(artifact: Any, store: Any) -> None:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    import pipekit_train  # noqa: F401  (registers the training operators)
     from pipekit_train.provenance._store import ArtifactStore
 
     _check_paths(args)

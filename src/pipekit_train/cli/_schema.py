@@ -54,7 +54,6 @@ def markdown_table(name: str) -> str:
     """The Markdown field table of the operator type `name` (``| field | type | default | meaning |``), as
     docs/yaml.md holds it for `TrainingLoop`: types and defaults from the code, meanings from the docstring."""
     import pipekit
-    import pipekit_train  # noqa: F401  (registers the training operators)
     from pipekit import ConfigError
     from pipekit._registry import registered
     from pipekit._schema import _resolve, field_table

@@ -63,7 +63,6 @@ class SweepResult:
 
 def load_sweep(path: str) -> Sweep:
     """The `Sweep` in the YAML file `path`, its ``pipeline:`` file (relative to `path`) loaded."""
-    import pipekit_train  # noqa: F401  (registers the training operators)
 
     op = pipekit.load(path)
     if not isinstance(op, Sweep):
@@ -88,16 +87,9 @@ def _parts(path: str) -> list[str]:
 def apply_params(pipeline: Operator, params: Mapping[str, Any], where: str) -> Operator:
     """`pipeline` with each ``{field path: value}`` of `params` set as ``--set`` sets it (type-checked; an unknown
     path is refused with the closest ones); errors name `where` (``Sweep.grid``) instead of ``--set``."""
-    from pipekit._operator import deferred_validation
-
-    from ..cli._main import apply_override, check_edited
-
-    op = pipeline
     try:
-        with deferred_validation():
-            for path, value in params.items():
-                op = apply_override(op, _parts(path), value)
-        return check_edited(op, [_parts(p) for p in params])  # type: ignore[no-any-return]
+        edited: Operator = pipekit.apply_overrides(pipeline, [(_parts(path), value) for path, value in params.items()])
+        return edited
     except ConfigError as e:
         message = str(e).replace("--set ", f"{where}.")
         shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
@@ -458,7 +450,6 @@ def _must_answer(address: str, what: str) -> None:
 
 def _worker_trial(yaml_text: str, trial_dir: str, resume: str, record: dict[str, Any]) -> str | None:
     """In a worker process: train one trial (recording nothing in the store); ``None``, or its error in one line."""
-    import pipekit_train  # noqa: F401  (registers the training operators)
 
     from ..stage.runner import run_settings
 
