@@ -290,7 +290,7 @@ def test_mlflow_holds_loss_terms_in_a_file_store_and_a_database(tmp_path: Path, 
 
 
 def test_mlflow_metric_names_keep_one_level_below_the_context():
-    from pipekit_train.callbacks._trackers import mlflow_metric_name
+    from pipekit_train.tracking._experiment import mlflow_metric_name
 
     assert mlflow_metric_name("train", "loss") == "train/loss"
     assert mlflow_metric_name("train", "loss/MSE_0") == "train/loss.MSE_0"

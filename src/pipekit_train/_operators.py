@@ -14,6 +14,10 @@ from . import (
 )
 from .backends import _model as _models  # noqa: F401
 from .losses import _losses  # noqa: F401
+from .provenance import _register  # noqa: F401
 from .stage import loop  # noqa: F401
 from .sweep import _sweep  # noqa: F401
-from .tracking import _writers  # noqa: F401
+from .tracking import (
+    _experiment,  # noqa: F401
+    _writers,  # noqa: F401
+)

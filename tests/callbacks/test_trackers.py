@@ -14,9 +14,10 @@ import pipekit
 from pipekit import Operator
 from pipekit_train.adapters.equinox import EquinoxModel
 from pipekit_train.callbacks._base import TrainContext
-from pipekit_train.callbacks._trackers import LogToExperiment, RegisterModel, pipeline_params
+from pipekit_train.provenance import RegisterModel
 from pipekit_train.provenance._model_registry import load_model
 from pipekit_train.stage.loop import TrainingLoop
+from pipekit_train.tracking._experiment import LogToExperiment, pipeline_params
 from pipekit_train.tracking._writers import NullWriter
 
 mlflow_tracking = pytest.importorskip("mlflow.tracking")

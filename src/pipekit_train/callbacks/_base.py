@@ -26,12 +26,15 @@ Hooks, in the order a run calls them:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pipekit import Operator
 
-if TYPE_CHECKING:
-    from ..tracking._writers import MetricWriter
+
+class RecordWriter(Protocol):
+    """Where `TrainContext.writer` sends a record (a `pipekit_train.tracking.MetricWriter`)."""
+
+    def write(self, record: dict[str, Any]) -> None: ...
 
 
 class Callback(Operator, register=False):
@@ -177,7 +180,7 @@ class TrainContext:
         stage: str,
         run_id: str,
         run_dir: str | None,
-        writer: MetricWriter,
+        writer: RecordWriter,
         callback_states: dict[str, dict[str, Any]],
         callbacks: tuple[Callback, ...],
         get_model: Any,

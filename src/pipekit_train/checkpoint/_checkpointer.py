@@ -29,7 +29,6 @@ from typing import Any, Literal
 from pipekit import ConfigError
 
 from .._warnings import PipekitTrainWarning
-from ..engine._probe import at_save
 from ..scale._distributed import barrier, is_primary, process_count
 from ._errors import (
     CheckpointError,
@@ -37,6 +36,7 @@ from ._errors import (
     CheckpointSaveError,
 )
 from ._flat import fsync_dir, plan_offsets, retire, write_flat
+from ._kill_point import at_save
 from ._layout import (
     _ITEMS,
     FORMAT,

@@ -21,14 +21,12 @@ Where it lives:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from ._errors import CheckpointMismatchError
 
 __all__ = [
-    "check_pipeline_topologies",
     "check_resume_topology",
     "fitting_counts",
     "history_text",
@@ -142,14 +140,3 @@ def check_resume_topology(loop: Any, stage_dir: str, stage: str) -> None:
             if message is not None:
                 raise CheckpointMismatchError(message)
         return
-
-
-def check_pipeline_topologies(op: Any, run_dir: str | None) -> None:
-    """`check_resume_topology` for every training stage of `op` resumed in `run_dir` (``pipekit-train run``)."""
-    if not run_dir:
-        return
-    from ..stage.preflight import training_stages
-
-    for index, loop in enumerate(training_stages(op)):
-        name = loop.name or f"stage{index}"
-        check_resume_topology(loop, os.path.join(run_dir, name), name)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine._probe import at_save
+from ._kill_point import at_save
 
 LEAVES = "state.bin"
 DATA_ITER = "data_iter.json"

@@ -135,7 +135,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if is_primary():  # a reused run directory is refused before pre-flight (which imports JAX)
         existing_run(args.run_dir, "auto" if args.resume == "auto" or _resumes(op) else "never")
     if args.resume == "auto" or _resumes(op):  # a device count that cannot continue a checkpoint, in its words
-        from pipekit_train.checkpoint._elastic import check_pipeline_topologies
+        from pipekit_train.stage.preflight import check_pipeline_topologies
 
         check_pipeline_topologies(op, args.run_dir)
     fork = None

@@ -27,18 +27,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENV_VAR", "Probe", "at_save", "attribute_digests", "from_env"]
+__all__ = ["ENV_VAR", "Probe", "attribute_digests", "from_env"]
 
 #: The environment variable `check-resume` sets; documented in docs/reliability.md.
 ENV_VAR = "PIPEKIT_RESUME_PROBE"
 
-#: The step whose checkpoint write SIGKILLs the process (``during_save``), armed by the target stage's engine.
-_SAVE_KILL_STEP: int | None = None
-
 
 def from_env(stage: str) -> Probe | None:
-    """The probe of stage `stage` when ``$PIPEKIT_RESUME_PROBE`` is set, else ``None`` (and disarms a save kill)."""
-    global _SAVE_KILL_STEP
+    """The probe of stage `stage` when ``$PIPEKIT_RESUME_PROBE`` is set, else ``None``; arms (or disarms) the kill
+    inside a checkpoint write (`pipekit_train.checkpoint._kill_point`)."""
+    from ..checkpoint._kill_point import arm
+
     raw = os.environ.get(ENV_VAR)
     if not raw:
         return None
@@ -46,15 +45,8 @@ def from_env(stage: str) -> Probe | None:
     kill = spec.get("kill") if isinstance(spec.get("kill"), dict) else None
     if kill is not None and kill.get("stage") != stage:
         kill = None
-    _SAVE_KILL_STEP = int(kill["step"]) if kill is not None and kill.get("during_save") else None
+    arm(int(kill["step"]) if kill is not None and kill.get("during_save") else None, str(spec["trace"]))
     return Probe(str(spec["trace"]), stage, kill if kill is not None and not kill.get("during_save") else None)
-
-
-def at_save(step: int) -> None:
-    """Called by the checkpoint writers between writing a step's arrays and committing it."""
-    if _SAVE_KILL_STEP is not None and step == _SAVE_KILL_STEP:
-        _append(_trace_of_env(), {"kill": "SIGKILL", "during_save": True, "step": step, "pid": os.getpid()})
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Probe:
@@ -154,10 +146,6 @@ def _canonical(value: Any) -> str:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _trace_of_env() -> str:
-    return str(json.loads(os.environ[ENV_VAR])["trace"])
 
 
 def _append(path: str, record: Mapping[str, Any]) -> None:

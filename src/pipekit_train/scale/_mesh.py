@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     import jax
     from jax.sharding import Mesh, NamedSharding
 
-    from ..stage.loop import TrainingLoop
-
 MESH_KEYS = ("devices", "shard_params")
 
 
@@ -57,14 +55,14 @@ def mesh_settings(mesh: Any, where: str = "TrainingLoop.mesh") -> tuple[int | No
     return count, shard
 
 
-def device_count(loop: TrainingLoop) -> int:
+def device_count(loop: Any) -> int:
     """How many devices the stage trains on: `mesh.devices` (or every local device) of every process."""
     import jax
 
     return len(_local_devices(loop)) * int(jax.process_count())
 
 
-def _local_devices(loop: TrainingLoop) -> list[Any]:
+def _local_devices(loop: Any) -> list[Any]:
     """This process's devices the stage trains on: the first `mesh.devices` local ones, or all of them."""
     import jax
 
@@ -80,7 +78,7 @@ def _local_devices(loop: TrainingLoop) -> list[Any]:
     return list(available[:wanted])
 
 
-def _mesh_devices(loop: TrainingLoop) -> tuple[Any, ...]:
+def _mesh_devices(loop: Any) -> tuple[Any, ...]:
     """The mesh's devices in process order: the first `mesh.devices` local devices of process 0, then of 1, ...
 
     With several processes (`jax.distributed`) the ``data`` axis spans every process's devices, so process `p`'s
@@ -168,7 +166,7 @@ class MeshPlan:
 _PLANS: dict[tuple[Any, ...], MeshPlan] = {}
 
 
-def mesh_plan(loop: TrainingLoop) -> MeshPlan | None:
+def mesh_plan(loop: Any) -> MeshPlan | None:
     """The stage's `MeshPlan`, or ``None`` for one device without parameter sharding (the unsharded step).
 
     Refuses a global batch the device count does not divide, naming both.
@@ -200,7 +198,7 @@ def mesh_plan(loop: TrainingLoop) -> MeshPlan | None:
     return plan
 
 
-def check_mesh(loop: TrainingLoop) -> None:
+def check_mesh(loop: Any) -> None:
     """Pre-flight: the mesh a stage asks for exists, its backend trains on one, and the batch splits evenly."""
     from ..backends._registry import able_to
 
@@ -233,7 +231,7 @@ def check_mesh(loop: TrainingLoop) -> None:
     mesh_plan(loop)
 
 
-def describe(loop: TrainingLoop) -> dict[str, Any]:
+def describe(loop: Any) -> dict[str, Any]:
     """The topology a stage trains on, for `backend_info` and the resume fingerprint.
 
     A backend without a mesh trains on one device; JAX is not imported for it (a backend may not use JAX at all).
@@ -250,7 +248,7 @@ def describe(loop: TrainingLoop) -> dict[str, Any]:
     return {"num_devices": device_count(loop), "num_processes": jax.process_count(), "shard_params": shard}
 
 
-def used_devices(loop: TrainingLoop) -> list[str] | None:
+def used_devices(loop: Any) -> list[str] | None:
     """The devices the stage trains on, as ``str(device)`` in mesh order: the mesh's for a backend with one, else
     the first device. ``None`` when JAX is not loaded (a backend that does not use it says its own)."""
     import sys

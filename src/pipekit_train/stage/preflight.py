@@ -33,6 +33,7 @@ __all__ = [
     "StagePlan",
     "check",
     "check_pipeline",
+    "check_pipeline_topologies",
     "check_without_jax",
     "plan_pipeline",
 ]
@@ -179,8 +180,8 @@ def _check_registries(loop: TrainingLoop, stage: str) -> None:
     training, when the callback stores the model. The run's own folders and the store are checked when the run
     directory is known (`stage.runner`)."""
     from .._lock import check_writable
-    from ..callbacks._trackers import RegisterModel
     from ..provenance._model_registry import ENV_VAR, LocalModelRegistry
+    from ..provenance._register import RegisterModel
 
     for callback in loop.callbacks:
         if isinstance(callback, RegisterModel):
@@ -251,3 +252,14 @@ def check_pipeline(op: Operator) -> str:
     steps = sum(p.loop.max_steps for p in plans)
     plural = "s" if len(plans) != 1 else ""
     return f"{len(plans)} training stage{plural}, {steps} steps in all"
+
+
+def check_pipeline_topologies(op: Any, run_dir: str | None) -> None:
+    """`check_resume_topology` for every training stage of `op` resumed in `run_dir` (``pipekit-train run``)."""
+    if not run_dir:
+        return
+    from ..checkpoint._elastic import check_resume_topology
+
+    for index, loop in enumerate(training_stages(op)):
+        name = loop.name or f"stage{index}"
+        check_resume_topology(loop, os.path.join(run_dir, name), name)

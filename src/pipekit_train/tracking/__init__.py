@@ -1,11 +1,12 @@
-"""Tracking a run: metric writers (console, JSON lines, TensorBoard), whole-split metrics, the progress display and
-the metric history. See ``docs/metrics.md``."""
+"""Tracking a run: metric writers (console, JSON lines, TensorBoard), an experiment tracker (`LogToExperiment`:
+MLflow), whole-split metrics, the progress display and the metric history. See ``docs/metrics.md``."""
 
 from typing import TYPE_CHECKING
 
 from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
+    from ._experiment import LogToExperiment as LogToExperiment
     from ._history import history as history
     from ._metrics import MAE as MAE
     from ._metrics import RMSE as RMSE

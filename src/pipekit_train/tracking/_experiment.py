@@ -1,9 +1,8 @@
-"""Callbacks that connect a run to the outside: an experiment tracker (MLflow) and the model registry.
+"""`LogToExperiment`: the callback that logs a run to an experiment tracker (MLflow) as it trains.
 
-`LogToExperiment` mirrors a run into MLflow (parameters, metrics at the logging cadence, the pipeline YAML as an
-artifact file) and puts the MLflow run id in the stage's artifact. `RegisterModel` stores the trained weights in a
-`LocalModelRegistry` and puts their URI and hash in the artifact. Both keep their run-time state in
-``ctx.state_of(self)`` (JSON, checkpointed), so a resumed run continues the same MLflow run.
+It mirrors a run into MLflow (parameters, metrics at the logging cadence, the pipeline YAML as an artifact file)
+and puts the MLflow run id in the stage's artifact. Its run-time state is in ``ctx.state_of(self)`` (JSON,
+checkpointed), so a resumed run continues the same MLflow run.
 """
 
 from __future__ import annotations
@@ -23,11 +22,10 @@ import yaml
 import pipekit
 from pipekit import ConfigError, Operator
 
-from ..provenance._model_registry import LocalModelRegistry
-from ..tracking._progress import STARTED_PHASES
-from ._base import Callback, TrainContext
+from ..callbacks._base import Callback, TrainContext
+from ._progress import STARTED_PHASES
 
-__all__ = ["LogToExperiment", "RegisterModel"]
+__all__ = ["LogToExperiment", "mlflow_metric_name", "pipeline_params"]
 
 _MSG_MLFLOW = (
     "LogToExperiment(backend='mlflow') needs the 'mlflow' package (mlflow-skinny is enough), which is not "
@@ -295,27 +293,3 @@ class LogToExperiment(Callback):
         client, run_id = handle
         client.set_tag(run_id, "pipekit.error", f"{type(exc).__name__}: {exc}"[:_MAX_VALUE])
         client.set_terminated(run_id, "FAILED")
-
-
-class RegisterModel(Callback):
-    """At the end of a run, store the trained model in a `LocalModelRegistry` and record where.
-
-    Sets the stage artifact's ``model_registry_uri`` (``pipekit-model:sha256:<hex>?root=<registry dir>``: the
-    content address plus where this registry keeps it) and ``trained_model_hash`` (``sha256:<hex>``, the same as
-    ``model.weights_hash()``).
-
-    Args:
-        registry: The registry folder. Default: ``$PIPEKIT_MODEL_REGISTRY``, else ``./runs/models``.
-    """
-
-    registry: str | None = None
-
-    def fingerprint(self) -> None:
-        """Not part of a resume's fingerprint: it changes what is recorded, not what is trained."""
-        return None
-
-    def on_train_end(self, ctx: TrainContext) -> None:
-        registry = LocalModelRegistry(self.registry)
-        uri = registry.put(ctx.model)
-        ctx.artifact_fields["model_registry_uri"] = registry.locator(uri)
-        ctx.artifact_fields["trained_model_hash"] = uri.split(":", 1)[1]
