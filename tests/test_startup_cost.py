@@ -34,6 +34,7 @@ import pytest
 
 from pipekit_train import MSE, EquinoxModel, NpzSource, TrainingDataset, TrainingLoop, run_settings
 from pipekit_train.adapters.equinox import register_model
+from pipekit_train.stage import RunSettings, run_pipeline
 from pipekit_train.stage.preflight import check_pipeline, plan_pipeline
 
 pytestmark = pytest.mark.xdist_group("startup-cost")  # one worker: each module fixture starts fresh processes once
@@ -297,12 +298,12 @@ def test_the_model_is_built_once_per_stage(tmp_path: Path, monkeypatch: pytest.M
     assert calls == {"built": 1, "traced": 1}
     # The artifact's dependency lock was collected on a background thread while the stage ran, and joined.
     from pipekit_train.provenance._artifact import collect_deps_lock
-    from pipekit_train.stage import runner
+    from pipekit_train.stage import record
 
     (artifact,) = (tmp_path / "run").rglob("artifact.json")
     deps = json.loads(artifact.read_text())["deps_lock"]
     assert deps["distributions"] == collect_deps_lock()["distributions"] and "jax" in deps["distributions"]
-    assert not [d for d in runner._DEPS_LOCKS if d.startswith(str(tmp_path))]  # joined and dropped
+    assert not [d for d in record._DEPS_LOCKS if d.startswith(str(tmp_path))]  # joined and dropped
     # Another loop object of the same configuration shares nothing with the first (one build of its own) and trains
     # to the same weights bitwise. (tests/test_loop.py checks those runs bitwise against hand-written optax loops.)
     again_loop = _loop("startup_cost_counted", tmp_path / "data.npz")
@@ -315,16 +316,15 @@ def test_the_model_is_built_once_per_stage(tmp_path: Path, monkeypatch: pytest.M
 
 def test_validate_then_run_builds_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``pipekit-train run`` checks the whole pipeline first (`plan_pipeline`, which builds each fresh model) and
-    hands the plans to the stages: no stage checks itself again or builds a second model. Without plans (the
-    Python API's plain ``run()``) the stage checks itself and builds once; a separate ``check_pipeline`` call is a
-    validation of its own (it builds its own model: there is no hidden cache between the two calls)."""
+    hands the plans to the stages (`run_pipeline`): no stage checks itself again or builds a second model. Without
+    plans (the Python API's plain ``run()``) the stage checks itself and builds once; a separate ``check_pipeline``
+    call is a validation of its own (it builds its own model: there is no hidden cache between the two calls)."""
     _data(tmp_path)
     calls = _counting_factory("startup_cost_validated", monkeypatch)
     loop = _loop("startup_cost_validated", tmp_path / "data.npz")
     plans = plan_pipeline(loop)
     assert [p.route for p in plans] == ["fresh"] and plans[0].fresh is not None
-    with run_settings(store=False, run_dir=str(tmp_path / "run"), plans=tuple(plans)):
-        loop.run()
+    run_pipeline(loop, RunSettings(store=False, run_dir=str(tmp_path / "run")), plans)
     assert calls == {"built": 1, "traced": 1}
     with run_settings(store=False, run_dir=str(tmp_path / "run2")):
         loop.run()

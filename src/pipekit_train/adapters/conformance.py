@@ -17,7 +17,7 @@ of every check as long, so that a sampler compiles one program for all of them) 
 `TrainingLoop`, `pipekit.Sequential` and the CLI, with validation every 10 steps. The model is the backend's own
 ``example_model(4, 1)`` (see ``adapters/README.md``), the loss `MSE` and the optimizer SGD with momentum under a
 warm-up cosine schedule (``schedule: warmup_cosine``, 5 warm-up steps: `pipekit_train.optim.schedule_numbers` gives
-its numbers; `pipekit_train.optim.learning_rate_at` the rate at a step), which every backend with the ``weights``
+its numbers; `pipekit_train.backends.kit.learning_rate_at` the rate at a step), which every backend with the ``weights``
 capability is expected to honour. A backend that trains otherwise (a sampler, a variational fit) gives the loop
 fields of its own problem on the same data with ``example_fields()`` (a kernel as `task`, an ELBO as `loss`), and
 every check gives it the **sampler variant**: the same checks where they mean something (determinism, SIGTERM and

@@ -23,7 +23,7 @@ __all__ = ["add_extend_commands"]
 def cmd_extend(args: argparse.Namespace) -> int:
     """Extend the stage and print the run's summary."""
     from ..stage.extension import extend
-    from ..stage.runner import TrainingInterrupted
+    from ..stage.record import TrainingInterrupted
     from ._main import _print_summary
 
     imports = import_modules(requested_imports(args.imports))

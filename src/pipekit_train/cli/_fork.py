@@ -26,7 +26,8 @@ def _retrain(store: Any, artifact_id: str, run_dir: str | None, settings: dict[s
     from pipekit import Sequential
     from pipekit_train.engine._fork import resolve_fork
     from pipekit_train.provenance._reproduce import check_data_unchanged, pipeline_of
-    from pipekit_train.stage.runner import run_settings
+    from pipekit_train.stage.driver import run_pipeline
+    from pipekit_train.stage.settings import RunSettings
 
     pipeline, chain = pipeline_of(artifact_id, store)
     forks = [i for i, a in enumerate(chain) if a.fork]
@@ -51,8 +52,8 @@ def _retrain(store: Any, artifact_id: str, run_dir: str | None, settings: dict[s
 
     # One writer per run directory for the whole pipeline, as for `run` (each stage also takes it).
     lock = run_dir_lock(run_dir) if run_dir and os.path.exists(run_dir) else contextlib.nullcontext()
-    with lock, run_settings(run_dir=run_dir, pipeline=pipeline, fork=fork, **settings):
-        _, artifact = pipeline.run()
+    with lock:
+        _, artifact = run_pipeline(pipeline, RunSettings(run_dir=run_dir, pipeline=pipeline, fork=fork, **settings))
     return artifact
 
 

@@ -107,7 +107,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import pipekit
-    from pipekit_train.stage.runner import TrainingInterrupted, run_settings
+    from pipekit_train.stage.driver import run_pipeline
+    from pipekit_train.stage.record import TrainingInterrupted
+    from pipekit_train.stage.settings import RunSettings
 
     if args.force_resume and args.resume != "auto":
         raise UsageError("--force-resume continues a run: use it with --resume auto")
@@ -129,8 +131,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(pipekit.dumps(op), end="")
         return EXIT_OK
-    from pipekit_train.stage.preflight import plan_pipeline
-    from pipekit_train.stage.runner import existing_run
+    from pipekit_train.stage.preflight import existing_run, plan_pipeline
 
     if is_primary():  # a reused run directory is refused before pre-flight (which imports JAX)
         existing_run(args.run_dir, "auto" if args.resume == "auto" or _resumes(op) else "never")
@@ -162,21 +163,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     held = run_dir and os.path.exists(run_dir) and is_primary()
     lock = run_dir_lock(run_dir) if held else contextlib.nullcontext()
     try:
-        with (
-            lock,
-            run_settings(
-                run_dir=run_dir,
-                store=store,
-                resume=args.resume,
-                force_resume=args.force_resume,
-                pipeline=op,
-                imports=imports,
-                plans=tuple(plans),
-                code=code,
-                fork=fork,
-            ),
-        ):
-            result = op.run()
+        settings = RunSettings(
+            run_dir=run_dir,
+            store=store,
+            resume=args.resume,
+            force_resume=args.force_resume,
+            pipeline=op,
+            imports=imports,
+            code=code,
+            fork=fork,
+        )
+        with lock:
+            result = run_pipeline(op, settings, plans)
     except TrainingInterrupted as stop:
         _print_summary(stop.artifact, store)
         where = os.path.dirname(stop.artifact.run_dir) if stop.artifact.run_dir else run_dir

@@ -45,7 +45,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"trial {entry['number']}: {entry['state']} ({sweep.metric} = {objective})", flush=True)
 
     from .._signals import note_continuation
-    from ..stage.runner import TrainingInterrupted
+    from ..stage.record import TrainingInterrupted
 
     again = continue_command(args, run_dir)
     # A signal outside a trial's training (between two trials, a trial's start-up) names the sweep and this command,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pipekit
@@ -121,7 +121,7 @@ def _finished(run_dir: str, stage: str) -> tuple[dict[str, Any], Any]:
     """The finished stage's ``final.json`` fields and its artifact; one line naming what is missing otherwise."""
     from .._jsonio import read_json
     from ..provenance._artifact import TrainingArtifact
-    from .runner import FINAL_FILE, _read_final
+    from .record import FINAL_FILE, read_final
 
     stage_dir = os.path.join(run_dir, stage)
     if not os.path.exists(os.path.join(stage_dir, FINAL_FILE)):
@@ -137,7 +137,7 @@ def _finished(run_dir: str, stage: str) -> tuple[dict[str, Any], Any]:
             f"{suggestion(stage, finished)}; finished stages: {', '.join(finished) or 'none'}"
         )
     redo = f"run stage {stage!r} again in a new run"
-    final = _read_final(os.path.join(stage_dir, FINAL_FILE), stage, redo)
+    final = read_final(os.path.join(stage_dir, FINAL_FILE), stage, redo)
     record = read_json(
         os.path.join(stage_dir, "artifact.json"), what=f"stage {stage!r}'s artifact", required=("artifact_id",),
         remedy=redo,
@@ -147,7 +147,7 @@ def _finished(run_dir: str, stage: str) -> tuple[dict[str, Any], Any]:
 
 def _next_name(run_dir: str, stage: str) -> str:
     """``<stage>-extend<k>``: the first k whose folder holds no finished stage (an unfinished one is continued)."""
-    from .runner import FINAL_FILE
+    from .record import FINAL_FILE
 
     base = _SUFFIX.sub("", stage)
     k = 1
@@ -185,7 +185,7 @@ def extend(
             continue as the longer stage's would and is refused; with `new_segment` it restarts at the stage's
             end over the new steps (``decay_steps: steps``, its count from 0), recorded in the artifact
             (``user["extension"]["exact"]`` is false).
-        store: The artifact store (`run_settings`'s ``store``: a path, ``None`` for the default, ``False`` for
+        store: The artifact store (`RunSettings.store`: a path, ``None`` for the default, ``False`` for
             none).
         loop: The stage's `TrainingLoop` when its recorded YAML cannot be read back (a Python-only task); the
             checkpoint's fingerprint must match it.
@@ -199,7 +199,8 @@ def extend(
             `steps` below 1 or not a multiple of ``thinning``, a schedule that cannot continue exactly.
     """
     from ..checkpoint._checkpointer import Checkpointer
-    from .runner import run_settings, run_stage
+    from .driver import run_stage
+    from .settings import RunSettings
 
     final, artifact = _finished(run_dir, stage)
     if artifact.status != "completed":
@@ -251,9 +252,8 @@ def extend(
     incoming = TrainerCarryState(
         run_id=artifact.run_id, run_dir=run_dir, stage_index=0, artifact_id=artifact.artifact_id
     )
-    settings: dict[str, Any] = {"run_dir": run_dir, "resume": "auto", "imports": imports, "extension": extension}
+    settings = RunSettings(run_dir=run_dir, resume="auto", imports=imports, extension=extension)
     if store is not None:
-        settings["store"] = store
-    with run_settings(**settings):
-        result, _ = run_stage(longer, incoming)
+        settings = replace(settings, store=store)
+    result, _ = run_stage(longer, incoming, settings)
     return result

@@ -364,9 +364,10 @@ class TrainingLoop(StatefulOperator):
         return None
 
     def _apply(self, carrier: Any, state: TrainerCarryState | None) -> tuple[TrainingResult, TrainerCarryState]:
-        from .runner import run_stage
+        from .driver import run_stage
+        from .settings import current_settings
 
-        return run_stage(self, state)
+        return run_stage(self, state, current_settings())  # `run_settings`: the Python API's channel
 
     def run(self) -> TrainingResult:  # type: ignore[override]
         """Train from scratch (or resume), returning ``(trained_model_op, artifact)``."""

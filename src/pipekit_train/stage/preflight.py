@@ -8,25 +8,33 @@ size its model from the architecture alone (Equinox: `jax.eval_shape` of the fac
 whether the weights can fit in memory at all, so an absurd width is refused before anything is allocated.
 
 `plan_pipeline` checks every stage of a pipeline before any trains, threading the model each stage would hand the
-next; it builds each stage's fresh model there, once, and the run takes it from the plan (``pipekit-train run``
-hands the plans to the stages through `run_settings`). A stage run without a plan (the Python API) checks itself
-before it claims its run directory, so a failed pre-flight writes nothing.
+next (its architecture: nothing is converted or transferred to plan); it builds each stage's fresh model there,
+once, and the run takes it from the plan (`stage.driver.run_pipeline` hands each stage its plan, in run order). A
+stage run without a plan (``op.run()`` in Python) checks itself before it claims its run directory, so a failed
+pre-flight writes nothing. Where the run writes is checked here too, before anything is created: a run directory
+another run holds (`existing_run`), folders that cannot be written (`check_targets`), the artifact store
+(`check_store`), a device count a checkpoint cannot continue on (`check_pipeline_topologies`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pipekit import ConfigError, Operator, Sequential
 
+from .._jsonio import read_json
+from .._lock import DirectoryNotWritableError, check_writable
 from .._signals import phase
+from ..scale._distributed import is_primary
+from .settings import RunSettings
 
 if TYPE_CHECKING:
     from ..backends._contract import Backend
     from ..backends._model import ModelOp
-    from .loop import TrainerCarryState, TrainingLoop
+    from .loop import RunInfo, TrainerCarryState, TrainingLoop
     from .start import Route
 
 __all__ = [
@@ -34,6 +42,9 @@ __all__ = [
     "check",
     "check_pipeline",
     "check_pipeline_topologies",
+    "check_store",
+    "check_targets",
+    "existing_run",
     "check_without_jax",
     "plan_pipeline",
 ]
@@ -226,7 +237,6 @@ def plan_pipeline(op: Operator) -> list[StagePlan]:
     """
     from .carry import handoff
     from .loop import TrainerCarryState
-    from .start import starting_model
 
     loops = training_stages(op)
     names = [loop.name or f"stage{index}" for index, loop in enumerate(loops)]
@@ -240,8 +250,10 @@ def plan_pipeline(op: Operator) -> list[StagePlan]:
         if plan.route in ("fresh", "transferred"):
             plan = replace(plan, fresh=plan.backend.build(loop))
             phase("built")
-        model = starting_model(loop, incoming, name, plan.backend, fresh=plan.fresh)
-        incoming = TrainerCarryState(model=model, stage_index=index + 1, **handoff(loop, os.path.join("<run>", name)))
+        # What the next stage is checked against: this stage's model as it will hand it over (its own architecture,
+        # or the previous stage's model carried whole); a transfer or a conversion waits for the run.
+        handed = incoming.model if plan.route == "carried" and incoming is not None else (plan.fresh or loop.model_op)
+        incoming = TrainerCarryState(model=handed, stage_index=index + 1, **handoff(loop, os.path.join("<run>", name)))
         plans.append(plan)
     return plans
 
@@ -263,3 +275,69 @@ def check_pipeline_topologies(op: Any, run_dir: str | None) -> None:
     for index, loop in enumerate(training_stages(op)):
         name = loop.name or f"stage{index}"
         check_resume_topology(loop, os.path.join(run_dir, name), name)
+
+
+# Where the run writes: checked before the run directory is created or claimed ---------------------------------
+def existing_run(run_dir: str | None, resume: str) -> str | None:
+    """The id of the run `run_dir` already holds (``None``: none); refused unless `resume` is ``"auto"``.
+
+    Needs no JAX: ``pipekit-train run`` asks before pre-flight, so a reused directory is refused at once.
+    """
+    from pipekit import ConfigError
+
+    meta_path = os.path.join(run_dir, "run.json") if run_dir else None
+    if not meta_path or not os.path.exists(meta_path):
+        return None
+    existing = read_json(
+        meta_path,
+        what="the run's metadata",
+        required=("run_id",),
+        remedy="start a new run in another directory, warm-starting from its checkpoints with init_from",
+    )
+    if resume != "auto":
+        raise ConfigError(
+            f"run directory {run_dir} already holds run {existing.get('run_id')!r}; continue it with "
+            "resume='auto' (`--resume auto`) or choose another run directory"
+        )
+    return str(existing["run_id"])
+
+
+def check_targets(loop: TrainingLoop, info: RunInfo) -> None:
+    """Refuse before training when a folder the stage writes is read-only or full (it would fail at the first
+    save, or after the whole training): the stage folder (metrics, final.json), the checkpoints, the models."""
+
+    targets = [
+        ("run directory", info.run_dir),
+        ("stage directory", info.stage_dir),
+        ("model folder", os.path.join(info.run_dir, "models")),
+    ]
+    if loop.checkpoint_settings is not None:
+        targets.append(("checkpoint directory", loop.checkpoint_directory(info.stage_dir)))
+    for what, path in targets:
+        check_writable(path, f"stage {info.stage!r}: the {what}", "Choose another --run-dir (or checkpoint_dir)")
+
+
+def check_store(settings: RunSettings) -> None:
+    """Refuse before training when the artifact store cannot be written (it would fail after the whole run)."""
+    if settings.store is False or not is_primary():
+        return
+    import sqlite3
+
+    from ..provenance._store import ArtifactStore, ArtifactStoreError
+
+    store = ArtifactStore(settings.store or None)
+    remedy = "Choose a writable store with --store PATH (or PIPEKIT_ARTIFACT_STORE), or record nothing with --no-store"
+    try:
+        check_writable(store.path, "the artifact store", remedy, is_folder=False)  # read-only or full, in plain words
+    except DirectoryNotWritableError as e:
+        raise ArtifactStoreError(str(e)) from None
+    try:
+        store.schema_version()  # creates the database, or brings its schema up to date
+        with contextlib.closing(sqlite3.connect(store.path, timeout=30)) as conn:
+            conn.execute("BEGIN IMMEDIATE")  # takes the write lock: fails on a read-only file or folder
+            conn.execute("ROLLBACK")
+    except (sqlite3.Error, OSError) as e:
+        raise ArtifactStoreError(
+            f"the artifact store {store.path} cannot be written ({e}); nothing was trained. Choose a writable "
+            "store with --store PATH (or PIPEKIT_ARTIFACT_STORE), or record nothing with --no-store"
+        ) from None

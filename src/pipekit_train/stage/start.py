@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..backends._contract import Backend
     from ..backends._model import ModelOp
     from .loop import TrainerCarryState, TrainingLoop
+    from .preflight import StagePlan
 
 __all__ = ["Route", "route", "starting_model"]
 
@@ -40,7 +41,7 @@ def route(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str, ba
         return "fresh"
     if loop.transfer is not None and not loop.transfer.paths:
         return "fresh"
-    converted = getattr(previous, "backend", None) != backend.name
+    converted = previous.backend != backend.name
     if converted and find_converter(previous, backend.name) is None:
         raise refuse_foreign(previous, backend.name, stage)
     if loop.transfer is not None:
@@ -72,27 +73,23 @@ def route(loop: TrainingLoop, incoming: TrainerCarryState | None, stage: str, ba
     )
 
 
-def starting_model(
-    loop: TrainingLoop,
-    incoming: TrainerCarryState | None,
-    stage: str,
-    backend: Backend,
-    fresh: ModelOp | None = None,
-) -> ModelOp:
-    """The bound model the stage starts from. `fresh` is a model pre-flight already built for this stage (it is
-    used instead of building again); the backend builds at most once here."""
-    how = route(loop, incoming, stage, backend)
+def starting_model(plan: StagePlan, incoming: TrainerCarryState | None) -> ModelOp:
+    """The bound model the stage of `plan` starts from, by the route pre-flight chose (`StagePlan.route`; nothing is
+    routed again): the fresh model pre-flight built (`StagePlan.fresh`) or one built now, the previous stage's model
+    (converted through its registered converter when it is of another backend), or a fresh model with the
+    `Transfer`'s parts copied from it. The backend builds at most once and transfers at most once here."""
+    loop, backend, stage = plan.loop, plan.backend, plan.stage
 
     def built() -> ModelOp:
-        return fresh if fresh is not None else backend.build(loop)
+        return plan.fresh if plan.fresh is not None else backend.build(loop)
 
-    if how == "fresh":
+    if plan.route == "fresh":
         return built()
     assert incoming is not None and incoming.model is not None
     previous: Any = incoming.model
-    if getattr(previous, "backend", None) != backend.name:
+    if previous.backend != backend.name:
         previous = convert_model(previous, backend.name)
-    if how == "transferred":  # `route` allows it only with the transfer capability
+    if plan.route == "transferred":  # `route` allows it only with the transfer capability
         assert loop.transfer is not None
         return backend.transfer(loop.transfer, previous, built())
     if previous != loop.model_op:  # a converter that produced another architecture

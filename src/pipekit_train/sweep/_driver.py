@@ -450,13 +450,13 @@ def _must_answer(address: str, what: str) -> None:
 
 def _worker_trial(yaml_text: str, trial_dir: str, resume: str, record: dict[str, Any]) -> str | None:
     """In a worker process: train one trial (recording nothing in the store); ``None``, or its error in one line."""
-
-    from ..stage.runner import run_settings
+    from ..stage.driver import run_pipeline
+    from ..stage.settings import RunSettings
 
     try:
         op = pipekit.loads(yaml_text)
-        with run_settings(run_dir=trial_dir, store=False, resume=resume, pipeline=op, sweep=record):
-            op.run()  # type: ignore[attr-defined]
+        settings = RunSettings(run_dir=trial_dir, store=False, resume=resume, pipeline=op, sweep=record)  # type: ignore[arg-type]
+        run_pipeline(op, settings)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return None
@@ -491,7 +491,9 @@ def run_trial(
     `pruner` is the trial's pruner (`ACTIVE_PRUNER`; ``None``: no pruning); `settle` is called with the trial's
     outcome before the journal records it (Optuna is told first: `_optuna`).
     """
-    from ..stage.runner import TrainingInterrupted, run_settings
+    from ..stage.driver import run_pipeline
+    from ..stage.record import TrainingInterrupted
+    from ..stage.settings import RunSettings
 
     phase("trial-begun")  # (tests: a signal or a kill before the journal says the trial runs)
     trial_dir = os.path.join(run_dir, "trials", key)
@@ -502,15 +504,15 @@ def run_trial(
     record = {"name": sweep.name, "trial": number, "params": params, "key": key}
     token = ACTIVE_PRUNER.set(pruner)
     try:
-        with run_settings(
+        settings = RunSettings(
             run_dir=trial_dir,
             store=False if store is False else (store if isinstance(store, str) else None),
             # a trial begun before continues (its checkpoint, or its finished stages as they are); a new one starts
             resume="auto" if os.path.exists(os.path.join(trial_dir, "run.json")) else "never",
             pipeline=op,
             sweep=record,
-        ):
-            op.run()  # type: ignore[attr-defined]  # a TrainingLoop or a Sequential (pre-flight checked)
+        )
+        run_pipeline(op, settings)  # a TrainingLoop or a Sequential (pre-flight checked)
         phase("trial-trained")  # (tests: a kill after the training, before its outcome is recorded)
     except TrainingInterrupted:
         raise  # SIGINT / SIGTERM: the trial stays `running` and resumes from its checkpoint next time

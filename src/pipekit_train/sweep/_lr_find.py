@@ -106,10 +106,9 @@ class LRFindResult:
 
 
 def _training_stages(op: Operator) -> list[Any]:
-    from ..stage.loop import TrainingLoop
-    from ..stage.preflight import _stages
+    from ..stage.preflight import training_stages
 
-    return [s for s in _stages(op) if isinstance(s, TrainingLoop)]
+    return training_stages(op)
 
 
 def select_stage(op: Operator, stage: int | str | None) -> tuple[int, list[Any]]:
@@ -181,38 +180,40 @@ def _incoming(loops: list[Any], index: int, from_run: str | None) -> tuple[Any, 
     if index == 0:
         return None, []
     from .._jsonio import read_json
+    from ..stage.driver import run_stage
     from ..stage.loop import RunInfo
-    from ..stage.runner import _finished_stage, run_settings
+    from ..stage.recorded import finished_stage
+    from ..stage.settings import RunSettings
 
     names = [loop.name or f"stage{i}" for i, loop in enumerate(loops)]
     if from_run is None:
-        with tempfile.TemporaryDirectory(prefix="pipekit-lr-find-") as tmp, run_settings(run_dir=tmp, store=False):
-            state = None
+        with tempfile.TemporaryDirectory(prefix="pipekit-lr-find-") as tmp:
+            settings, state = RunSettings(run_dir=tmp, store=False), None
             for loop in loops[:index]:
-                _, state = loop.replace(progress=False)._apply(None, state)
+                _, state = run_stage(loop.replace(progress=False), state, settings)
         return state, [f"trained the earlier stage(s) {', '.join(names[:index])} first, in a temporary directory"]
     if not os.path.isdir(from_run):
         raise ConfigError(f"--from-run {from_run}: no such run directory")
     state = None
     meta = os.path.join(from_run, "run.json")
     run_id = str(read_json(meta, what="the run's metadata").get("run_id", "")) if os.path.exists(meta) else ""
-    with run_settings(run_dir=from_run, store=False):
-        for i, loop in enumerate(loops[:index]):
-            info = RunInfo(
-                run_id=run_id,
-                run_dir=from_run,
-                stage=names[i],
-                stage_index=i,
-                stage_dir=os.path.join(from_run, names[i]),
+    settings = RunSettings(run_dir=from_run, store=False)
+    for i, loop in enumerate(loops[:index]):
+        info = RunInfo(
+            run_id=run_id,
+            run_dir=from_run,
+            stage=names[i],
+            stage_index=i,
+            stage_dir=os.path.join(from_run, names[i]),
+        )
+        done = finished_stage(info, loop, settings)
+        if done is None:
+            raise ConfigError(
+                f"--from-run {from_run}: stage {names[i]!r} has not finished there with this configuration (no "
+                f"{os.path.join(info.stage_dir, 'final.json')}, or the stage changed since); finish the run, or "
+                "leave out --from-run to train the earlier stages in a temporary directory"
             )
-            done = _finished_stage(info, loop)
-            if done is None:
-                raise ConfigError(
-                    f"--from-run {from_run}: stage {names[i]!r} has not finished there with this configuration (no "
-                    f"{os.path.join(info.stage_dir, 'final.json')}, or the stage changed since); finish the run, or "
-                    "leave out --from-run to train the earlier stages in a temporary directory"
-                )
-            state = done[1]
+        state = done[1]
     return state, [f"the earlier stage(s) {', '.join(names[:index])} come from {from_run}"]
 
 
@@ -298,11 +299,10 @@ def lr_find(
         )
     copy, notes = _sweep_copy(loop, steps)
     incoming, more = _incoming(loops, index, from_run)
+    from ..stage.driver import start_stage
     from ..stage.preflight import check
-    from ..stage.start import starting_model
 
-    plan = check(copy, incoming, name)
-    backend = plan.backend.start(copy, starting_model(copy, incoming, name, plan.backend), incoming)
+    _, _, backend = start_stage(check(copy, incoming, name), incoming)  # as a run starts it: the same pre-flight
     iterator = copy.dataset.iterator(copy.batch_size, copy.seed)
     factor = (max_lr / min_lr) ** (1 / (steps - 1))
     lrs: list[float] = []

@@ -118,7 +118,7 @@ class NumpyLinearBackend(StepBackend):
 
     def learning_rate(self, step: int) -> float:
         # The scheduled rate (`optimizer_config.schedule`, any kind) at `step`, times the run-time multiplier.
-        from pipekit_train.optim import learning_rate_at  # imports JAX: not at this module's import
+        from pipekit_train.backends.kit import learning_rate_at  # imports JAX: not at this module's import
 
         return learning_rate_at(self.optimizer, step, self.max_steps) * self.lr_scale
 
