@@ -73,8 +73,7 @@ def converted_architecture(model: Any, dst_backend: str) -> Any:
 def find_converter(model: Any, dst_backend: str) -> Converter | None:
     """The converter for a bound model op into `dst_backend` (by its factory first, then any), or ``None``."""
     _builtin_converters()
-    src = getattr(model, "backend", "")
-    factory = getattr(model, "factory", None)
+    src, factory = model.backend, model.factory_name()
     return _CONVERTERS.get((src, dst_backend, factory)) or _CONVERTERS.get((src, dst_backend, None))
 
 
@@ -90,7 +89,7 @@ def convert_model(model: Any, dst_backend: str) -> Any:
             f"no converter moves {model!r} (backend {src!r}) to backend {dst_backend!r}; registered: {pairs}. "
             "Register one with pipekit_train.register_converter(src_backend, dst_backend, factory)"
         )
-    model._bound(f"conversion to {dst_backend}")
+    model.require_module(f"conversion to {dst_backend}")
     out = fn(model)
     if getattr(out, "backend", None) != dst_backend or out.module is None:
         raise ConfigError(f"the converter {fn.__qualname__} returned {out!r}, not a bound model of {dst_backend!r}")

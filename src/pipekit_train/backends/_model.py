@@ -74,8 +74,8 @@ def check_factory_kwargs(
 class ModelOp(Operator, register=False):
     """A model architecture as an operator, optionally bound to weights.
 
-    A backend's model operator sets `backend` and implements `build`, `weights` and `with_weights` (and, where it
-    can, `check_bind`, `check_input` and ``__call__``). Weights are bound with `bind` and live on a private
+    A backend's model operator sets `backend` and implements `build`, `weights`, `with_weights` and ``__call__``
+    (and, where it can, `check_bind`, `check_input`, `inference_function` and `factory_name`). Weights are bound with `bind` and live on a private
     attribute, not a field: they never reach YAML, and ``==`` / ``hash`` compare architectures only.
 
     Copies: `bind` returns a bound copy; ``copy.copy`` / ``copy.deepcopy`` keep the binding (the arrays are
@@ -111,7 +111,8 @@ class ModelOp(Operator, register=False):
         """A copy with some fields changed. The copy is unbound: see the class docstring."""
         return super().replace(**changes)
 
-    def _bound(self, what: str) -> Any:
+    def require_module(self, what: str) -> Any:
+        """The bound framework model; a `pipekit.PipekitError` naming `what` needed it when none is bound."""
         module = self.module
         if module is None:
             raise PipekitError(
@@ -119,6 +120,8 @@ class ModelOp(Operator, register=False):
                 "returned (replace() and YAML loading give unbound operators)"
             )
         return module
+
+    _bound = require_module  # (the name before it was public)
 
     def weights(self) -> dict[str, np.ndarray]:
         """The bound weights as host arrays by path, in a fixed order (what the registry stores and hashes)."""
@@ -130,7 +133,7 @@ class ModelOp(Operator, register=False):
 
     def weights_hash(self) -> str:
         """``"sha256:<hex>"`` over the bound arrays' paths, shapes, dtypes and bytes."""
-        self._bound("weights_hash")
+        self.require_module("weights_hash")
         return weights_digest(self.weights())
 
     def num_params(self) -> int:
@@ -151,6 +154,12 @@ class ModelOp(Operator, register=False):
         ``jax.jit`` and ``jax.export`` can trace, the weights closed over. Backends without one raise
         `NotImplementedError` (such models cannot be exported)."""
         raise NotImplementedError(f"{type(self).__name__}.inference_function")
+
+    def factory_name(self) -> str | None:
+        """The registered factory that builds this architecture (``"mlp"``), by which converters between backends
+        are found (`pipekit_train.backends.register_converter`); ``None`` (the default) for a model that is not
+        built by a named factory."""
+        return None
 
 
 # Transfer -------------------------------------------------------------------------------------------------

@@ -138,6 +138,10 @@ class KerasModel(ModelOp):
         return super().bind(module, check=check)
 
     # The ModelOp protocol ------------------------------------------------------------------------------------
+    def factory_name(self) -> str:
+        """The factory that builds it: converters between backends are found by it."""
+        return self.factory
+
     def check_bind(self, module: Any) -> None:
         from . import _tree
 

@@ -100,6 +100,10 @@ class TorchModel(ModelOp):
         return _tree.copy_module(self._bound("to_torch")).eval()
 
     # The ModelOp protocol ------------------------------------------------------------------------------------
+    def factory_name(self) -> str:
+        """The factory that builds it: converters between backends are found by it."""
+        return self.factory
+
     def check_bind(self, module: Any) -> None:
         from . import _tree
 
