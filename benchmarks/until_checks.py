@@ -4,12 +4,12 @@
         [--check-growth 0.25]
 
 The criterion is unreachable (``ess_bulk_min`` above the draws), so the stage runs its whole budget and checks at
-every check point (`_sampling.check_after`: every ``check_every``, then spaced by ``check_growth`` times the draws
-so far; each check costs more as the draws accumulate: the worst case, a run that converges late). The checks run
-on the host between chunks (`SamplerControls.until_reached`); their seconds are the artifact's
-``backend_info["until"]["check_s"]`` (the diagnostics only: the wait for the chunk's draws is sampling), the
-sampling seconds are the stage's stepping time (``time/elapsed_s`` less compile, checkpoint and check time). Prints
-one JSON line; the acceptance bar is checks <= 5% of sampling.
+every check point (`pipekit_train.adapters.bayes.check_after`: every ``check_every``, then spaced by
+``check_growth`` times the draws so far; each check costs more as the draws accumulate: the worst case, a run that
+converges late). The checks run on the host between chunks (`SamplerControls.until_reached`); their seconds are
+the artifact's ``backend_info["until"]["check_s"]`` (the diagnostics only: the wait for the chunk's draws is
+sampling), the sampling seconds are the stage's stepping time (``time/elapsed_s`` less compile, checkpoint and
+check time). Prints one JSON line; the acceptance bar is checks <= 5% of sampling.
 """
 
 from __future__ import annotations

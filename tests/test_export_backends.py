@@ -43,8 +43,7 @@ def test_a_keras_model_exports_and_the_file_predicts_what_the_model_does(tmp_pat
 
 def test_a_numpyro_mcmc_posterior_exports_its_posterior_predictive_mean(tmp_path: Path):
     pytest.importorskip("numpyro")
-    from pipekit_train.adapters.numpyro import NumpyroModel
-    from pipekit_train.adapters.numpyro._ops import Posterior
+    from pipekit_train.adapters.numpyro import NumpyroModel, Posterior
 
     rng = np.random.default_rng(1)  # 2 chains of 25 draws, as a sampler leaves them
     draws = {"w": rng.normal(size=(2, 25, 2)), "b": rng.normal(size=(2, 25)), "sigma": rng.uniform(0.1, 1, (2, 25))}

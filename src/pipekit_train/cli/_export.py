@@ -63,7 +63,7 @@ def cmd_export_arviz(args: argparse.Namespace) -> int:
         raise UsageError(f"--format arviz writes the posterior draws; {', '.join(given)} belong to --format jaxexport")
     _import_user_modules(args)
 
-    from ..adapters._arviz import export_arviz
+    from ..adapters.bayes import export_arviz
     from ..inference._export import _resolve
 
     model, artifact, uri = _resolve(args.source, args.store, None)

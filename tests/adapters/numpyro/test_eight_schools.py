@@ -44,10 +44,10 @@ def _numpyro_mcmc_run(chains: int, warmup: int, samples: int, seed: int) -> dict
     from numpyro.infer import MCMC
     from numpyro.infer import NUTS as NumpyroNUTS
 
-    from pipekit_train.adapters.numpyro._models import eight_schools
+    from pipekit_train.adapters.bayes import get_numpyro_model
 
     mcmc = MCMC(
-        NumpyroNUTS(eight_schools),
+        NumpyroNUTS(get_numpyro_model("eight_schools").fn),
         num_warmup=warmup,
         num_samples=samples,
         num_chains=chains,

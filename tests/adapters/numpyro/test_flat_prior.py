@@ -12,8 +12,8 @@ import pytest
 
 from pipekit import ConfigError
 from pipekit_train import ArraySource, TrainingDataset, TrainingLoop, run_settings
+from pipekit_train.adapters.bayes import check_sites, describe_error
 from pipekit_train.adapters.numpyro import NUTS, NumpyroGuide, NumpyroModel, Trace_ELBO, register_numpyro_model
-from pipekit_train.adapters.numpyro._data import check_sites, describe_error
 from pipekit_train.stage.preflight import check
 
 from .conftest import Y

@@ -44,11 +44,11 @@ def test_chunked_draws_equal_numpyro_mcmc_run_bitwise(conjugate):
     from numpyro.infer import MCMC
     from numpyro.infer import NUTS as NumpyroNUTS
 
-    from pipekit_train.adapters.numpyro._models import conjugate_normal
+    from pipekit_train.adapters.bayes import get_numpyro_model
 
     model = conjugate[0]
     mcmc = MCMC(
-        NumpyroNUTS(conjugate_normal),
+        NumpyroNUTS(get_numpyro_model("conjugate_normal").fn),
         num_warmup=WARMUP,
         num_samples=SAMPLES,
         num_chains=CHAINS,

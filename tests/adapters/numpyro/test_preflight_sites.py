@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pipekit import ConfigError
+from pipekit_train.adapters.bayes import check_sites
 from pipekit_train.adapters.numpyro import NumpyroModel, register_numpyro_model
-from pipekit_train.adapters.numpyro._data import check_sites
 from pipekit_train.tracking._progress import CompileWatch
 
 from .conftest import SIGMA, Y8

@@ -14,10 +14,8 @@ import pytest
 import pipekit
 from pipekit import ConfigError
 from pipekit_train import ArraySource, TrainingDataset, TrainingLoop, load_model, run_settings
+from pipekit_train.adapters.bayes import UNTIL_DEFAULT_CHECK_GROWTH, check_after, diagnostics, ess_bulk, ess_tail, r_hat
 from pipekit_train.adapters.numpyro import NUTS, NumpyroModel
-from pipekit_train.adapters.numpyro._diagnostics import diagnostics, ess_bulk, ess_tail, r_hat
-from pipekit_train.adapters.numpyro._ops import UNTIL_DEFAULT_CHECK_GROWTH
-from pipekit_train.adapters.numpyro._sampling import check_after
 from pipekit_train.stage.preflight import check
 
 from .conftest import Y, cli_run_killed_after, committed_steps, subprocess_env
@@ -250,8 +248,8 @@ def test_the_progress_line_shows_each_chains_phase_and_divergences(converged):
 # BlackJAX: the same `until`, and NUTS's tree depth in the sample statistics ------------------------------------
 def test_blackjax_until_stops_when_converged_and_keeps_the_tree_depth(tmp_path):
     pytest.importorskip("blackjax")
+    from pipekit_train.adapters.bayes import read_groups
     from pipekit_train.adapters.blackjax import BlackjaxModel
-    from pipekit_train.adapters.numpyro._posterior import read_groups
 
     until = {"r_hat_max": 1.02, "ess_bulk_min": 200, "check_every": EVERY, "max_draws": 1000}
     loop = _loop(until=until, num_chains=2).replace(

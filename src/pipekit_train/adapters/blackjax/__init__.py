@@ -4,20 +4,21 @@ BlackJAX's NUTS, HMC and MALA kernels sample the log density of a registered Num
 (``BlackjaxModel(model=...)``), stepped in chunks by the engine with Stan's window adaptation driven one iteration
 at a time, so the sampler state (adaptation included) and the draws so far are the checkpoint and a resumed run is
 bitwise an uninterrupted one. The posterior is the artifact, with the same diagnostics as ``numpyro-mcmc``. The
-operators (`BlackjaxModel`, `MALA`, and the shared `NUTS`/`HMC`) live in `pipekit_train.adapters.numpyro`, whose
-import registers them for YAML; see ``docs/bayesian.md`` and ``design/blackjax_adapter.md``.
+operators (`BlackjaxModel`, `MALA`, and the shared `NUTS`/`HMC`) live in `pipekit_train.adapters.bayes` (what the
+NumPyro-model backends share: the kernels, the chunked sampler stage, the diagnostics), re-exported here; the
+``pipekit.operators`` entry point (`pipekit_train.adapters.numpyro`) registers them for YAML. See
+``docs/bayesian.md`` and ``design/blackjax_adapter.md``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pipekit_train.adapters.bayes import HMC as HMC
+from pipekit_train.adapters.bayes import MALA as MALA
+from pipekit_train.adapters.bayes import NUTS as NUTS
+from pipekit_train.adapters.bayes import BlackjaxModel as BlackjaxModel
 from pipekit_train.backends import LazyBackend
-
-from ..numpyro._ops import HMC as HMC
-from ..numpyro._ops import MALA as MALA
-from ..numpyro._ops import NUTS as NUTS
-from ..numpyro._ops import BlackjaxModel as BlackjaxModel
 
 __all__ = ["HMC", "MALA", "NUTS", "BlackjaxBackendSpec", "BlackjaxModel", "backend"]
 

@@ -18,19 +18,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipekit_train.backends.kit import stage_name
-
-from ..numpyro._mcmc import init_strategy
-from ..numpyro._ops import HMC, MALA, NUTS, Posterior
-from ..numpyro._sampling import (
+from pipekit_train.adapters.bayes import (
+    HMC,
+    MALA,
+    NUTS,
+    Posterior,
     SamplerControls,
     SamplerSetup,
     cached_program,
     check_digest,
     config_digest,
+    init_strategy,
     prepare,
     program_key,
 )
+from pipekit_train.backends.kit import stage_name
 
 KERNELS = (NUTS, HMC, MALA)
 

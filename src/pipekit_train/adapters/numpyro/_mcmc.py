@@ -16,32 +16,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipekit_train.backends.kit import stage_name
-
-from ._ops import HMC, NUTS, Posterior
-from ._sampling import (
+from pipekit_train.adapters.bayes import (
+    HMC,
+    NUTS,
+    Posterior,
     SamplerControls,
     SamplerSetup,
     cached_program,
     check_digest,
     config_digest,
+    init_strategy,
     prepare,
     program_key,
 )
-
-
-def init_strategy(kernel: Any, init_values: dict[str, Any] | None) -> Any:
-    import numpyro.infer as infer
-
-    if init_values is not None:
-        return infer.init_to_value(values={k: jnp.asarray(v) for k, v in init_values.items()})
-    return {
-        "uniform": infer.init_to_uniform,
-        "median": infer.init_to_median,
-        "sample": infer.init_to_sample,
-        "feasible": infer.init_to_feasible,
-        "mean": infer.init_to_mean,
-    }[kernel.init_strategy]
+from pipekit_train.backends.kit import stage_name
 
 
 def numpyro_kernel(model_fn: Any, kernel: Any, init_values: dict[str, Any] | None = None) -> Any:

@@ -20,12 +20,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipekit import ConfigError, PipekitError
+from pipekit_train.adapters.bayes import (
+    GuideParams,
+    NumpyroGuide,
+    check_data,
+    check_sites,
+    describe_error,
+    full_data,
+    guide_factory,
+)
 from pipekit_train.backends import StepBackend
 from pipekit_train.backends.kit import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
 from pipekit_train.scale import mesh_plan
 
-from ._data import check_data, check_sites, describe_error, full_data
-from ._ops import _ELBO, GuideParams, NumpyroGuide
+from ._elbo import _ELBO
 
 SCALE = "_pipekit_obs_scale"
 
@@ -175,9 +183,7 @@ def compiled_programs(svi: Any, op: NumpyroGuide, loss: _ELBO, optimizer: Any, n
     prototype holds the sites' shapes, and its initial values are replaced by the state's parameters), so results
     are bitwise those of a fresh compile.
     """
-    from ._ops import _GUIDES
-
-    key = (op.replace(), op.fn, _GUIDES.get(op.guide), loss, optimizer, n, plan)
+    key = (op.replace(), op.fn, guide_factory(op.guide), loss, optimizer, n, plan)
     programs = _PROGRAMS.get(key)
     if programs is not None:
         return programs

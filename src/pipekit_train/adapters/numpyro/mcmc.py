@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipekit_train.adapters.bayes import NUTS, NumpyroModel
 from pipekit_train.backends import LazyBackend
-
-from ._ops import NumpyroModel
 
 __all__ = ["NumpyroMCMCBackendSpec", "backend"]
 
@@ -23,8 +22,6 @@ class NumpyroMCMCBackendSpec(LazyBackend):
 
     def example_fields(self) -> dict[str, Any]:
         """The conformance kit's loop fields for a sampler: NUTS as the task (5 warm-up iterations), no loss."""
-        from ._ops import NUTS
-
         return {"loss": None, "task": NUTS(num_warmup=5, max_tree_depth=4), "val_dataset": None}
 
     def example_model(self, in_size: int, out_size: int) -> NumpyroModel:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipekit_train.adapters.bayes import NumpyroGuide
 from pipekit_train.backends import LazyBackend
 
-from ._ops import NumpyroGuide
+from ._elbo import Trace_ELBO
 
 __all__ = ["NumpyroSVIBackendSpec", "backend"]
 
@@ -23,8 +24,6 @@ class NumpyroSVIBackendSpec(LazyBackend):
 
     def example_fields(self) -> dict[str, Any]:
         """The conformance kit's loop fields for a variational fit: the ELBO as the loss, Adam."""
-        from ._ops import Trace_ELBO
-
         return {"loss": Trace_ELBO(), "optimizer_config": {"name": "adam", "lr": 0.05}}
 
     def example_model(self, in_size: int, out_size: int) -> NumpyroGuide:

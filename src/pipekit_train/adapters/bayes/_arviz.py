@@ -75,7 +75,7 @@ def export_arviz(artifact: Any, model: Any, model_uri: str, path: str) -> dict[s
     """Write `model`'s posterior (a bound `NumpyroModel`/`BlackjaxModel`) with the stage's sample statistics and
     observed data (``posterior_groups.npz`` in the artifact's stage folder) to netCDF at `path`; returns what was
     written (groups, variables, the file)."""
-    from .numpyro._posterior import read_groups
+    from ._posterior import read_groups
 
     posterior = getattr(model, "posterior", None)
     if posterior is None or not hasattr(posterior, "to_arviz"):

@@ -1,5 +1,7 @@
-"""What every sampler stage (``numpyro-mcmc``, ``blackjax``) shares: the checks before sampling, the initial point
-handed over by a previous stage, the `StepBackend` plumbing and the end-of-stage posterior report."""
+"""The chunked sampler stage every sampler backend (``numpyro-mcmc``, ``blackjax``) builds on: the checks before
+sampling, the initial point handed over by a previous stage (`init_strategy`), the `StepBackend` base
+(`SamplerControls`: ``until``, the progress line, the end-of-stage posterior report) and the cache of compiled
+sampler programs."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from pipekit import ConfigError, PipekitError
 from pipekit_train.backends import StepBackend
 
 from ._data import check_data, check_sites, full_data
-from ._ops import UNTIL_DEFAULT_CHECK_EVERY, UNTIL_DEFAULT_CHECK_GROWTH, NumpyroGuide, NumpyroModel, _Kernel
+from ._kernels import UNTIL_DEFAULT_CHECK_EVERY, UNTIL_DEFAULT_CHECK_GROWTH, _Kernel
+from ._model_ops import NumpyroGuide, NumpyroModel
 
 
 def check_after(n: int, every: int, growth: float) -> int:
@@ -108,6 +111,23 @@ def _check_until(loop: Any, stage: str) -> None:
             f"{where}.check_every ({every}) must be a multiple of steps_per_call ({spc}): checks run between chunks; "
             f"set check_every: {lower} (or {lower + int(spc)}), or steps_per_call to a divisor of {every}"
         )
+
+
+def init_strategy(kernel: Any, init_values: dict[str, Any] | None) -> Any:
+    """NumPyro's ``init_to_*`` strategy of `kernel` (its ``init_strategy``), or ``init_to_value`` of `init_values`
+    (the initial point a previous stage handed over) when given."""
+    import jax.numpy as jnp
+    import numpyro.infer as infer
+
+    if init_values is not None:
+        return infer.init_to_value(values={k: jnp.asarray(v) for k, v in init_values.items()})
+    return {
+        "uniform": infer.init_to_uniform,
+        "median": infer.init_to_median,
+        "sample": infer.init_to_sample,
+        "feasible": infer.init_to_feasible,
+        "mean": infer.init_to_mean,
+    }[kernel.init_strategy]
 
 
 def _initial_point(

@@ -1,4 +1,5 @@
-"""NumPyro model functions registered by name, so a YAML file can name them (`register_numpyro_model`).
+"""NumPyro model functions and hand-written guides registered by name, so a YAML file can name them
+(`register_numpyro_model`, `register_numpyro_guide`).
 
 A model is a plain NumPyro model function. Its parameters are filled from the stage's data (a dataset key of the
 same name) and from the model operator's ``kwargs``; ``observed`` names the parameters that carry observations (an
@@ -14,7 +15,15 @@ from typing import Any
 
 from pipekit import ConfigError, suggestion
 
-__all__ = ["NumpyroModelSpec", "get_numpyro_model", "register_numpyro_model", "registered_numpyro_models"]
+__all__ = [
+    "NumpyroModelSpec",
+    "get_numpyro_model",
+    "guide_factory",
+    "register_numpyro_guide",
+    "register_numpyro_model",
+    "registered_guides",
+    "registered_numpyro_models",
+]
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,7 @@ _MODELS: dict[str, NumpyroModelSpec] = {}
 
 
 def _builtins() -> dict[str, NumpyroModelSpec]:
-    from . import _models  # noqa: F401  (registers eight_schools, conjugate_normal, linear/logistic regression)
+    from . import _builtin_models  # noqa: F401  (registers eight_schools, conjugate_normal, linear/logistic regression)
 
     return _MODELS
 
@@ -108,3 +117,30 @@ def get_numpyro_model(name: str, where: str = "NumpyroModel.model") -> NumpyroMo
             f"{', '.join(names)} (register one with @register_numpyro_model(NAME) in a module loaded with --import)"
         )
     return spec
+
+
+# Guides ---------------------------------------------------------------------------------------------------
+_AUTO_GUIDES = ("AutoNormal", "AutoDiagonalNormal", "AutoMultivariateNormal", "AutoLaplaceApproximation", "AutoDelta")
+_GUIDES: dict[str, Callable[..., Any]] = {}
+
+
+def register_numpyro_guide(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a hand-written guide: a function ``make(model_fn) -> guide_fn`` (``NumpyroGuide(guide=name)``)."""
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if name in _AUTO_GUIDES:
+            raise ConfigError(f"register_numpyro_guide: {name!r} is a built-in autoguide name")
+        _GUIDES[name] = fn
+        return fn
+
+    return decorator
+
+
+def registered_guides() -> list[str]:
+    """The names `NumpyroGuide.guide` accepts."""
+    return [*_AUTO_GUIDES, *sorted(_GUIDES)]
+
+
+def guide_factory(name: str) -> Callable[..., Any] | None:
+    """The factory registered as `name` with `register_numpyro_guide`, or ``None`` (an autoguide, or no guide)."""
+    return _GUIDES.get(name)
