@@ -59,7 +59,7 @@ class MyModel(ModelOp):
 
     def weights(self) -> dict[str, np.ndarray]:
         """The bound weights as host NumPy arrays by name, in a fixed order (the registry stores and hashes them)."""
-        module = self._bound("weights")
+        module = self.require_module("weights")
         return {"w": np.asarray(module["w"]), "b": np.asarray(module["b"])}  # TODO: e.g. the state_dict as numpy
 
     def with_weights(self, arrays: Any) -> MyModel:
@@ -74,7 +74,7 @@ class MyModel(ModelOp):
 
     def __call__(self, x: Any) -> Any:
         """Predictions for a batch."""
-        module = self._bound("__call__")
+        module = self.require_module("__call__")
         return np.asarray(x, np.float32) @ module["w"] + module["b"]  # TODO: your framework's forward pass
 
 

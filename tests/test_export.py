@@ -201,6 +201,12 @@ def test_usage_errors(trained: dict[str, Any], tmp_path: Path, capsys: pytest.Ca
     assert "0000ffff" in capsys.readouterr().err
     assert _cli("export", art, "-o", out, "--store", str(tmp_path / "none.sqlite")) == 2
     assert "no artifact store at" in capsys.readouterr().err
+    # A format of a model's own (ModelOp.export_formats) that this model does not have: its formats are named.
+    assert _cli("export", art, "-o", out, "--format", "arviz", "--store", trained["store"]) == 2
+    err = capsys.readouterr().err
+    assert "does not export as 'arviz'" in err and "it exports as: jaxexport" in err and err.count("\n") == 1
+    assert _cli("export", art, "-o", out, "--format", "arviz", "--batch", "2", "--store", trained["store"]) == 2
+    assert "--batch belong to --format jaxexport" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
 
 

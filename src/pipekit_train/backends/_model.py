@@ -75,8 +75,9 @@ class ModelOp(Operator, register=False):
     """A model architecture as an operator, optionally bound to weights.
 
     A backend's model operator sets `backend` and implements `build`, `weights`, `with_weights` and ``__call__``
-    (and, where it can, `check_bind`, `check_input`, `inference_function` and `factory_name`). Weights are bound with `bind` and live on a private
-    attribute, not a field: they never reach YAML, and ``==`` / ``hash`` compare architectures only.
+    (and, where it can, `check_bind`, `check_input`, `inference_function`, `factory_name`, `export_formats` and
+    `export`). Weights are bound with `bind` and live on a private attribute, not a field: they never reach YAML,
+    and ``==`` / ``hash`` compare architectures only.
 
     Copies: `bind` returns a bound copy; ``copy.copy`` / ``copy.deepcopy`` keep the binding (the arrays are
     immutable, so they are shared, not duplicated); `replace` and YAML loading return **unbound** operators,
@@ -121,8 +122,6 @@ class ModelOp(Operator, register=False):
             )
         return module
 
-    _bound = require_module  # (the name before it was public)
-
     def weights(self) -> dict[str, np.ndarray]:
         """The bound weights as host arrays by path, in a fixed order (what the registry stores and hashes)."""
         raise NotImplementedError(f"{type(self).__name__}.weights")
@@ -154,6 +153,21 @@ class ModelOp(Operator, register=False):
         ``jax.jit`` and ``jax.export`` can trace, the weights closed over. Backends without one raise
         `NotImplementedError` (such models cannot be exported)."""
         raise NotImplementedError(f"{type(self).__name__}.inference_function")
+
+    def export_formats(self) -> tuple[str, ...]:
+        """The file formats `export` writes, besides ``jaxexport`` (which every model with an
+        `inference_function` has): e.g. ``("arviz",)`` for a sampler's posterior. Empty by default."""
+        return ()
+
+    def export(self, fmt: str, path: str, *, attrs: Mapping[str, str], stage_dir: str | None = None) -> dict[str, Any]:
+        """Write the bound model as `fmt` (one of `export_formats`) to `path`, with the provenance `attrs` (strings
+        by name, see `pipekit_train.inference.provenance_attrs`) in the file; `stage_dir` is the folder of the
+        stage that trained it, for what the stage wrote beside its checkpoints, or ``None``. Returns what was
+        written: ``{"path": ..., "summary": "<one line>"}``. ``pipekit-train export --format FMT`` calls it."""
+        raise PipekitError(
+            f"{type(self).__name__} (backend {self.backend!r}) cannot be exported as {fmt!r}; "
+            f"it exports as: {', '.join(('jaxexport', *self.export_formats()))}"
+        )
 
     def factory_name(self) -> str | None:
         """The registered factory that builds this architecture (``"mlp"``), by which converters between backends

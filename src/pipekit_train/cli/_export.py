@@ -46,8 +46,8 @@ def _import_user_modules(args: argparse.Namespace) -> None:
     import_modules([*requests, *requested_imports(args.imports)])
 
 
-def cmd_export_arviz(args: argparse.Namespace) -> int:
-    """Write a sampler stage's posterior, sample statistics and observed data as an ArviZ netCDF file."""
+def cmd_export_format(args: argparse.Namespace) -> int:
+    """Write the model in one of its own formats (`ModelOp.export_formats`): ``arviz``, a sampler's posterior."""
     given = [
         f
         for f, v in (
@@ -60,24 +60,22 @@ def cmd_export_arviz(args: argparse.Namespace) -> int:
         if v is not None
     ]
     if given:
-        raise UsageError(f"--format arviz writes the posterior draws; {', '.join(given)} belong to --format jaxexport")
+        raise UsageError(
+            f"--format {args.format} writes the model's own file; {', '.join(given)} belong to --format jaxexport"
+        )
     _import_user_modules(args)
 
-    from ..adapters.bayes import export_arviz
-    from ..inference._export import _resolve
+    from ..inference._formats import export_file
 
-    model, artifact, uri = _resolve(args.source, args.store, None)
-    written = export_arviz(artifact, model, uri, args.output)
-    groups = ", ".join(f"{g} ({', '.join(written['variables'][g])})" for g in written["groups"])
-    origin = f"artifact {artifact.artifact_id[:12]}" if artifact is not None else uri.split("?")[0]
-    print(f"wrote {args.output} ({origin}; ArviZ InferenceData, netCDF: {groups})")
+    written = export_file(args.source, args.output, args.format, store=args.store)
+    print(f"wrote {written['path']} ({written['origin']}; {written['summary']})")
     return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Serialize the model's inference function with jax.export, and write its provenance next to it."""
-    if args.format == "arviz":
-        return cmd_export_arviz(args)
+    if args.format != "jaxexport":
+        return cmd_export_format(args)
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch must be a positive int, got {args.batch}")
     if args.dtype is not None and args.input_shape is None:
@@ -122,10 +120,10 @@ def add_export_commands(sub: Any) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write (e.g. model.jaxexport)")
     p.add_argument(
         "--format",
-        choices=("jaxexport", "arviz"),
         default="jaxexport",
-        help="jaxexport (default): the inference function; arviz: a sampler's posterior, sample_stats and "
-        "observed_data as ArviZ netCDF (e.g. -o post.nc)",
+        metavar="FORMAT",
+        help="jaxexport (default): the inference function; or a format of the model's own (ModelOp.export_formats), "
+        "e.g. arviz: a sampler's posterior, sample_stats and observed_data as ArviZ netCDF (-o post.nc)",
     )
     batch = p.add_mutually_exclusive_group()
     batch.add_argument("--batch", type=int, metavar="N", help="a fixed batch size (default: the training batch size)")

@@ -1,5 +1,6 @@
-"""Using a trained model: `evaluate` and `predict` on a dataset, and `export_model` (`jax.export` with a
-provenance sidecar). See ``docs/metrics.md`` and ``docs/provenance.md``."""
+"""Using a trained model: `evaluate` and `predict` on a dataset, `export_model` (`jax.export` with a provenance
+sidecar) and `export_file` (a model's own formats, e.g. a posterior as ArviZ netCDF). See ``docs/metrics.md`` and
+``docs/provenance.md``."""
 
 from typing import TYPE_CHECKING
 
@@ -15,5 +16,7 @@ if TYPE_CHECKING:
     from ._export import export_model as export_model
     from ._export import inference_function as inference_function
     from ._export import sidecar_path as sidecar_path
+    from ._formats import export_file as export_file
+    from ._formats import provenance_attrs as provenance_attrs
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())

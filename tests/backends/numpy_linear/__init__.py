@@ -54,7 +54,7 @@ class NumpyLinear(ModelOp):
             )
 
     def weights(self) -> dict[str, np.ndarray]:
-        module = self._bound("weights")
+        module = self.require_module("weights")
         return {"w": np.asarray(module["w"]), "b": np.asarray(module["b"])}
 
     def with_weights(self, arrays: Any) -> NumpyLinear:
@@ -66,7 +66,7 @@ class NumpyLinear(ModelOp):
         return (self.out_size,)
 
     def __call__(self, x: Any) -> np.ndarray:
-        module = self._bound("__call__")
+        module = self.require_module("__call__")
         return np.asarray(x, np.float32) @ module["w"] + module["b"]
 
 

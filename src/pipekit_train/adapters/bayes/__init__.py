@@ -14,7 +14,8 @@ backend itself, the public kit they build on.
   (`program_key`, `cached_program`).
 - **Diagnostics and the posterior report**: R-hat, bulk and tail ESS as ArviZ computes them (`r_hat`, `ess_bulk`,
   `ess_tail`, `diagnostics`, `evaluate`), the summary table (`report`) and the groups an ArviZ export adds
-  (`write_groups`, `read_groups`); the ArviZ export itself (`export_arviz`, `inference_data`).
+  (`write_groups`, `read_groups`); the ArviZ export itself (`write_arviz`, `inference_data`;
+  `NumpyroModel.export` calls it).
 
 Importing this package registers the operator types and imports no framework: NumPyro, JAX, SciPy and ArviZ are
 imported inside the functions that run something, and the names of the second half are imported on first use.
@@ -48,9 +49,8 @@ from ._registry import registered_guides as registered_guides
 from ._registry import registered_numpyro_models as registered_numpyro_models
 
 if TYPE_CHECKING:
-    from ._arviz import export_arviz as export_arviz
     from ._arviz import inference_data as inference_data
-    from ._arviz import provenance_attrs as provenance_attrs
+    from ._arviz import write_arviz as write_arviz
     from ._data import check_data as check_data
     from ._data import check_sites as check_sites
     from ._data import describe_error as describe_error

@@ -129,7 +129,7 @@ class NumpyroModel(_NumpyroModelBase):
             raise ShapeError(f"{self!r} binds a Posterior of draws, got {type(module).__name__}")
 
     def weights(self) -> dict[str, np.ndarray]:
-        post = self._bound("weights")
+        post = self.require_module("weights")
         return {f"draws/{k}": v for k, v in post.draws.items()}
 
     def with_weights(self, arrays: Mapping[str, np.ndarray]) -> Any:
@@ -140,8 +140,21 @@ class NumpyroModel(_NumpyroModelBase):
 
     @property
     def posterior(self) -> Posterior:
-        posterior: Posterior = self._bound("posterior")
+        posterior: Posterior = self.require_module("posterior")
         return posterior
+
+    def export_formats(self) -> tuple[str, ...]:
+        """``("arviz",)``: the posterior as ArviZ netCDF (``pipekit-train export --format arviz``)."""
+        return ("arviz",)
+
+    def export(self, fmt: str, path: str, *, attrs: Mapping[str, str], stage_dir: str | None = None) -> dict[str, Any]:
+        """Write the posterior draws, the stage's sample statistics and observed data (from `stage_dir`) as an
+        ArviZ ``InferenceData`` netCDF file at `path`, `attrs` (the run's provenance) on every group."""
+        if fmt != "arviz":
+            return super().export(fmt, path, attrs=attrs, stage_dir=stage_dir)
+        from ._arviz import write_arviz
+
+        return write_arviz(self.posterior, path, attrs=attrs, stage_dir=stage_dir)
 
     def predictive(self, data: Any, seed: int = 0) -> dict[str, np.ndarray]:
         """Posterior-predictive draws of every site for inputs `data` (a mapping of model arguments, or ``x``)."""
@@ -232,7 +245,7 @@ class NumpyroGuide(_NumpyroModelBase):
             raise ShapeError(f"{self!r} binds GuideParams, got {type(module).__name__}")
 
     def weights(self) -> dict[str, np.ndarray]:
-        return {f"params/{k}": v for k, v in self._bound("weights").params.items()}
+        return {f"params/{k}": v for k, v in self.require_module("weights").params.items()}
 
     def with_weights(self, arrays: Mapping[str, np.ndarray]) -> Any:
         bad = [k for k in arrays if not k.startswith("params/")]
@@ -242,7 +255,7 @@ class NumpyroGuide(_NumpyroModelBase):
 
     @property
     def params(self) -> dict[str, np.ndarray]:
-        bound: GuideParams = self._bound("params")
+        bound: GuideParams = self.require_module("params")
         return bound.params
 
     def _ready_guide(self, data: Mapping[str, Any]) -> Any:

@@ -172,7 +172,7 @@ class EquinoxModel(ModelOp):
     def weights(self) -> dict[str, np.ndarray]:
         from . import _tree
 
-        return _tree.weights(self._bound("weights"))
+        return _tree.weights(self.require_module("weights"))
 
     def with_weights(self, arrays: Mapping[str, np.ndarray]) -> EquinoxModel:
         from . import _tree
@@ -189,7 +189,7 @@ class EquinoxModel(ModelOp):
         import equinox as eqx
         import jax
 
-        module = eqx.nn.inference_mode(self._bound("inference_function"))
+        module = eqx.nn.inference_mode(self.require_module("inference_function"))
 
         def predict(x: Any) -> Any:
             return jax.vmap(module)(x)
@@ -200,4 +200,4 @@ class EquinoxModel(ModelOp):
         """Run the bound module on a batch: the module maps one example, this maps it over the leading axis."""
         from . import _tree
 
-        return _tree.batched_call(self._bound("__call__"), x)
+        return _tree.batched_call(self.require_module("__call__"), x)

@@ -194,9 +194,9 @@ def apply_transfer(transfer: Transfer, source: Any, target: Any) -> Any:
     `pipekit.ShapeError` naming the path and both shapes.
     """
     if isinstance(source, ModelOp):
-        source = source._bound("Transfer source")
+        source = source.require_module("Transfer source")
     if isinstance(target, ModelOp):
-        target = target._bound("Transfer target")
+        target = target.require_module("Transfer target")
     out = target
     for target_path, source_path in transfer.paths.items():
         t_steps, s_steps = parse_path(target_path), parse_path(source_path)

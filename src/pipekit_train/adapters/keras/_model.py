@@ -127,7 +127,7 @@ class KerasModel(ModelOp):
         """An ordinary ``keras.Model`` holding a copy of the bound weights (for ``predict``, ``save``, ``fit``...)."""
         from . import _tree
 
-        return _tree.to_keras(self, self._bound("to_keras"))
+        return _tree.to_keras(self, self.require_module("to_keras"))
 
     def bind(self, module: Any, *, check: bool = True) -> ModelOp:
         """Bound to a `KerasState`, or to a built ``keras.Model`` of this architecture (its values are copied)."""
@@ -150,7 +150,7 @@ class KerasModel(ModelOp):
     def weights(self) -> dict[str, np.ndarray]:
         from . import _tree
 
-        return _tree.weights(self._bound("weights"))
+        return _tree.weights(self.require_module("weights"))
 
     def with_weights(self, arrays: Mapping[str, np.ndarray]) -> KerasModel:
         from . import _tree
@@ -167,8 +167,8 @@ class KerasModel(ModelOp):
         the batch, what ``pipekit-train export`` serializes with ``jax.export``."""
         from . import _tree
 
-        return _tree.inference_function(self._bound("inference_function"))
+        return _tree.inference_function(self.require_module("inference_function"))
 
     def __call__(self, x: Any) -> Any:
         """Predictions (inference mode) for a batch `x`."""
-        return self._bound("__call__")(x)
+        return self.require_module("__call__")(x)

@@ -97,7 +97,7 @@ class TorchModel(ModelOp):
         """A copy of the bound module, in eval mode (for ``torch.save``, tracing, or your own loop)."""
         from . import _tree
 
-        return _tree.copy_module(self._bound("to_torch")).eval()
+        return _tree.copy_module(self.require_module("to_torch")).eval()
 
     # The ModelOp protocol ------------------------------------------------------------------------------------
     def factory_name(self) -> str:
@@ -112,7 +112,7 @@ class TorchModel(ModelOp):
     def weights(self) -> dict[str, np.ndarray]:
         from . import _tree
 
-        return _tree.weights(self._bound("weights"))
+        return _tree.weights(self.require_module("weights"))
 
     def with_weights(self, arrays: Mapping[str, np.ndarray]) -> TorchModel:
         from . import _tree
@@ -132,4 +132,4 @@ class TorchModel(ModelOp):
         """Predictions (eval mode, no gradients) for a batch `x`, as NumPy arrays."""
         from . import _tree
 
-        return _tree.predict(self._bound("__call__"), x)
+        return _tree.predict(self.require_module("__call__"), x)
