@@ -100,6 +100,13 @@ class Backend(abc.ABC):
         bound models of this backend). The core calls it only for a backend that lists the capability."""
         raise NotImplementedError(f"backend {self.name!r} lists the 'transfer' capability but has no transfer method")
 
+    def extended_fields(self, loop: Any, steps: int) -> dict[str, Any] | None:
+        """For ``pipekit-train extend``: the `TrainingLoop` fields, besides ``max_steps``, that a stage `steps`
+        steps longer than `loop` changes, for a backend whose stage length lives in another field too (a sampler
+        kernel's ``num_samples``); raise `pipekit.ConfigError` when no longer stage continues this one exactly.
+        Default ``None``: a trained stage, whose learning-rate schedule the core checks."""
+        return None
+
     # What the conformance kit (and `TrainingLoop.example`) build with ----------------------------------------
     def example_model(self, in_size: int, out_size: int) -> ModelOp | None:
         """A small model of ``in_size -> out_size`` (the model the conformance kit trains). Default: ``None``, no

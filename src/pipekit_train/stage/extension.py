@@ -63,10 +63,6 @@ class Extension:
         }
 
 
-def _is_sampler(loop: TrainingLoop) -> bool:
-    return hasattr(loop.task, "samples_for")  # an MCMC kernel (`NUTS`, `HMC`, `MALA`): one step is one iteration
-
-
 def _schedule_refusal(loop: TrainingLoop, stage: str, steps: int) -> str | None:
     """Why the stage's learning-rate schedule would not continue as a longer stage's (``None``: it would)."""
     from ..optim._config import resolve_optimizer_config
@@ -99,15 +95,9 @@ def extended_loop(loop: TrainingLoop, steps: int, *, name: str, new_segment: boo
         )
     # Its own checkpoints, in its own folder: a `checkpoint_dir` of the stage would mix the two stages' steps.
     changes: dict[str, Any] = {"max_steps": loop.max_steps + steps, "name": name, "checkpoint_dir": None}
-    if _is_sampler(loop):
-        kernel = loop.task
-        if steps % kernel.thinning:
-            raise ConfigError(
-                f"extend: steps must be a multiple of {type(kernel).__name__}.thinning ({kernel.thinning}) for stage "
-                f"{stage!r}, got {steps}; the kept draws of a longer stage would otherwise start elsewhere"
-            )
-        if kernel.num_samples is not None:
-            changes["task"] = kernel.replace(num_samples=kernel.num_samples + steps)
+    sampled = loop.adapter().extended_fields(loop, steps)
+    if sampled is not None:
+        changes.update(sampled)
     else:
         refusal = _schedule_refusal(loop, stage, steps)
         if refusal is not None and not new_segment:

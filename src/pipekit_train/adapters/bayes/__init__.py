@@ -47,6 +47,7 @@ from ._registry import register_numpyro_guide as register_numpyro_guide
 from ._registry import register_numpyro_model as register_numpyro_model
 from ._registry import registered_guides as registered_guides
 from ._registry import registered_numpyro_models as registered_numpyro_models
+from ._spec import SamplerBackendSpec as SamplerBackendSpec
 
 if TYPE_CHECKING:
     from ._arviz import inference_data as inference_data

@@ -120,6 +120,16 @@ class _Kernel(Operator, register=False):
             )
         return num_samples
 
+    def extended(self, steps: int, stage: str) -> _Kernel:
+        """This kernel for a stage `steps` iterations longer (``num_samples`` grows when it is set); a
+        `ConfigError` when `steps` is not a multiple of `thinning` (the kept draws would start elsewhere)."""
+        if steps % self.thinning:
+            raise ConfigError(
+                f"extend: steps must be a multiple of {type(self).__name__}.thinning ({self.thinning}) for stage "
+                f"{stage!r}, got {steps}; the kept draws of a longer stage would otherwise start elsewhere"
+            )
+        return self if self.num_samples is None else self.replace(num_samples=self.num_samples + steps)
+
     @property
     def max_draws(self) -> int | None:
         """``until.max_draws``: the most sampling iterations per chain a stage sampling until converged runs."""

@@ -12,31 +12,23 @@ NumPyro-model backends share: the kernels, the chunked sampler stage, the diagno
 
 from __future__ import annotations
 
-from typing import Any
-
 from pipekit_train.adapters.bayes import HMC as HMC
 from pipekit_train.adapters.bayes import MALA as MALA
 from pipekit_train.adapters.bayes import NUTS as NUTS
 from pipekit_train.adapters.bayes import BlackjaxModel as BlackjaxModel
-from pipekit_train.backends import LazyBackend
+from pipekit_train.adapters.bayes import SamplerBackendSpec
 
 __all__ = ["HMC", "MALA", "NUTS", "BlackjaxBackendSpec", "BlackjaxModel", "backend"]
 
 
-class BlackjaxBackendSpec(LazyBackend):
+class BlackjaxBackendSpec(SamplerBackendSpec):
     """BlackJAX's kernels over a registered NumPyro model's log density; the trained model is the posterior."""
 
     name = "blackjax"
     #: BlackJAX samples; NumPyro gives the model's log density and the transforms to the constrained space.
     requires = ("blackjax", "numpyro")
     extra = "blackjax"
-    #: The posterior-predictive mean over the draws is a JAX function of the inputs (`NumpyroModel.inference_function`).
-    capabilities: frozenset[str] = frozenset({"export"})
     impl = "pipekit_train.adapters.blackjax._sampler"
-
-    def example_fields(self) -> dict[str, Any]:
-        """The conformance kit's loop fields for a sampler: NUTS as the task (5 warm-up iterations), no loss."""
-        return {"loss": None, "task": NUTS(num_warmup=5, max_tree_depth=4), "val_dataset": None}
 
     def example_model(self, in_size: int, out_size: int) -> BlackjaxModel:
         """A Bayesian linear regression (``x``, ``y``) for the sampler variant of the conformance kit."""
