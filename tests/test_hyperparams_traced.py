@@ -1,4 +1,4 @@
-"""Hyperparameters are values, not programs: the optimizer's numbers live in its state (backends/_optax.py).
+"""Hyperparameters are values, not programs: the optimizer's numbers live in its state (backends/_optax*.py).
 
 Two stages or a sweep that differ only in numbers compile the train step once; the numbers still decide the
 result (bitwise the numbers of plain optax), and a checkpoint's numbers give way to the configuration's.
@@ -26,15 +26,9 @@ from pipekit_train import (
 )
 from pipekit_train.adapters.equinox._steps import CompileCounter, train_chunk
 from pipekit_train.backends import _optax as pk_optax
-from pipekit_train.backends._optax import (
-    Hyperparams,
-    LrScaleState,
-    StructuredOptimizer,
-    build_optimizer,
-    learning_rate_at,
-    refresh_hyperparams,
-    set_lr_scale,
-)
+from pipekit_train.backends._optax import StructuredOptimizer, build_optimizer
+from pipekit_train.backends._optax_numbers import Hyperparams, refresh_hyperparams
+from pipekit_train.backends._optax_schedule import LrScaleState, learning_rate_at, set_lr_scale
 
 
 def _regression(n: int = 128, d: int = 8, seed: int = 0) -> TrainingDataset:

@@ -13,7 +13,9 @@ import pytest
 import pipekit
 from pipekit import ConfigError, ShapeError
 from pipekit_train import ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, read_jsonl, run_settings
-from pipekit_train.losses._losses import KL, MSE, NLL, Composite, CrossEntropy, Loss, split_loss_output
+from pipekit_train.losses._builtin import KL, MSE, NLL, CrossEntropy
+from pipekit_train.losses._composite import Composite
+from pipekit_train.losses._loss import Loss, split_loss_output
 
 P = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
 T = np.array([[0.0, 2.5], [1.0, 1.0]], np.float32)

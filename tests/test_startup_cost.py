@@ -338,7 +338,7 @@ def test_logged_constant_rate_compiles_nothing_and_is_the_programs(warmup: int) 
     """The first log line's ``lr`` of a constant schedule (past its warm-up) is read on the host: nothing is
     compiled for it, and it is bitwise the compiled formula's value (the rate the step applies)."""
     from pipekit_train.adapters.equinox._steps import CompileCounter
-    from pipekit_train.backends._optax import _schedule_scalars, _scheduled_lr_jit, learning_rate_at
+    from pipekit_train.backends._optax_schedule import _schedule_scalars, _scheduled_lr_jit, learning_rate_at
     from pipekit_train.optim._config import resolve_optimizer_config, schedule_numbers
 
     config = {"name": "adamw", "lr": 0.1 + 1e-9, "warmup_steps": warmup}  # not a float32: rounded once, as the step

@@ -13,7 +13,10 @@ from . import (
     data,  # noqa: F401
 )
 from .backends import _model as _models  # noqa: F401
-from .losses import _losses  # noqa: F401
+from .losses import (
+    _builtin,  # noqa: F401
+    _composite,  # noqa: F401
+)
 from .provenance import _register  # noqa: F401
 from .stage import loop  # noqa: F401
 from .sweep import _sweep  # noqa: F401

@@ -13,9 +13,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from pipekit import ConfigError, PipekitError
-from pipekit_train.backends._optax import (
+from pipekit_train.backends._optax import build_optimizer
+from pipekit_train.backends._optax_schedule import (
     LrScaleState,
-    build_optimizer,
     build_schedule,
     get_lr_scale,
     learning_rate_at,

@@ -9,7 +9,7 @@ import pipekit
 from pipekit import ConfigError
 from pipekit_train import MSE, Checkpoint, EquinoxModel, TrainingLoop, read_jsonl, run_settings
 from pipekit_train.data import ArraySource, GaussianNoise, MaskInputs, TrainingDataset
-from pipekit_train.data._transforms import hashed_uniform
+from pipekit_train.data._noise import hashed_uniform
 
 
 def _dataset(n: int = 40, width: int = 16, **kwargs) -> TrainingDataset:

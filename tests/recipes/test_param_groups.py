@@ -25,7 +25,8 @@ from pipekit_train import (
     run_settings,
 )
 from pipekit_train.adapters.equinox._steps import train_chunk
-from pipekit_train.backends._optax import L2SPState, build_optimizer, reset_anchor
+from pipekit_train.backends._optax import build_optimizer
+from pipekit_train.backends._optax_transforms import L2SPState, reset_anchor
 
 CLF = EquinoxModel(factory="classifier", kwargs={"in_size": 8, "num_classes": 3, "latent_size": 4, "hidden": [8]})
 

@@ -59,7 +59,7 @@ import os
 import signal
 
 from pipekit_train import Callback
-from pipekit_train.data._dataset import BatchIterator
+from pipekit_train.data._iterator import BatchIterator
 
 _next = BatchIterator.__next__
 
@@ -111,7 +111,7 @@ def _run_here(work: Path, run: str, *extra: str) -> int:
     no second import of JAX. The hook is imported here for the run only: `BatchIterator` and `sys.path` are put back
     and the module forgotten afterwards, so no other test draws batches through it."""
     from pipekit_train.cli._main import main
-    from pipekit_train.data._dataset import BatchIterator
+    from pipekit_train.data._iterator import BatchIterator
 
     saved_next, saved_path, saved_env, here = BatchIterator.__next__, list(sys.path), dict(os.environ), os.getcwd()
     os.environ["RECORD_IDS"] = str(work / run)

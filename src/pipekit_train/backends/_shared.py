@@ -193,7 +193,7 @@ def check_loss_fits(loop: Any, spec: dict[str, Any]) -> None:
     that exception at the user's line, not as a shape mismatch."""
     import jax
 
-    from ..losses._losses import target_problem
+    from ..losses._composite import target_problem
 
     shape, dtype = spec[loop.input_key]
     out = loop.model_op.check_input(tuple(shape), dtype)

@@ -39,28 +39,28 @@ if TYPE_CHECKING:
     from ._model import check_factory_kwargs as check_factory_kwargs
     from ._model import parse_path as parse_path
     from ._model import weights_digest as weights_digest
-    from ._optax import FrozenUntilState as FrozenUntilState
-    from ._optax import Hyperparams as Hyperparams
-    from ._optax import L2SPState as L2SPState
-    from ._optax import LrScaleState as LrScaleState
     from ._optax import StructuredOptimizer as StructuredOptimizer
-    from ._optax import add_decayed_weights as add_decayed_weights
-    from ._optax import add_decayed_weights_toward_start as add_decayed_weights_toward_start
     from ._optax import build_optimizer as build_optimizer
-    from ._optax import build_schedule as build_schedule
-    from ._optax import clip_by_global_norm as clip_by_global_norm
-    from ._optax import frozen_until as frozen_until
-    from ._optax import get_lr_scale as get_lr_scale
-    from ._optax import learning_rate_at as learning_rate_at
-    from ._optax import refresh_hyperparams as refresh_hyperparams
-    from ._optax import reset_anchor as reset_anchor
-    from ._optax import restart_schedule as restart_schedule
-    from ._optax import scale_by_adam as scale_by_adam
-    from ._optax import scale_by_lion as scale_by_lion
-    from ._optax import scale_by_rms as scale_by_rms
-    from ._optax import scale_by_scheduled_lr as scale_by_scheduled_lr
-    from ._optax import set_lr_scale as set_lr_scale
-    from ._optax import trace as trace
+    from ._optax_numbers import Hyperparams as Hyperparams
+    from ._optax_numbers import refresh_hyperparams as refresh_hyperparams
+    from ._optax_schedule import LrScaleState as LrScaleState
+    from ._optax_schedule import build_schedule as build_schedule
+    from ._optax_schedule import get_lr_scale as get_lr_scale
+    from ._optax_schedule import learning_rate_at as learning_rate_at
+    from ._optax_schedule import restart_schedule as restart_schedule
+    from ._optax_schedule import scale_by_scheduled_lr as scale_by_scheduled_lr
+    from ._optax_schedule import set_lr_scale as set_lr_scale
+    from ._optax_transforms import FrozenUntilState as FrozenUntilState
+    from ._optax_transforms import L2SPState as L2SPState
+    from ._optax_transforms import add_decayed_weights as add_decayed_weights
+    from ._optax_transforms import add_decayed_weights_toward_start as add_decayed_weights_toward_start
+    from ._optax_transforms import clip_by_global_norm as clip_by_global_norm
+    from ._optax_transforms import frozen_until as frozen_until
+    from ._optax_transforms import reset_anchor as reset_anchor
+    from ._optax_transforms import scale_by_adam as scale_by_adam
+    from ._optax_transforms import scale_by_lion as scale_by_lion
+    from ._optax_transforms import scale_by_rms as scale_by_rms
+    from ._optax_transforms import trace as trace
     from ._shared import BUILTIN_FACTORIES as BUILTIN_FACTORIES
     from ._shared import MISSING as MISSING
     from ._shared import FactoryRegistry as FactoryRegistry

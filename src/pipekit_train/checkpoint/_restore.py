@@ -25,7 +25,7 @@ from ._layout import (
     _uncommitted_reason,
 )
 
-#: Only the optimizer's numbers (`optim._optax.Hyperparams`) are missing: a checkpoint of an older version.
+#: Only the optimizer's numbers (`backends._optax_numbers.Hyperparams`) are missing: a checkpoint of an older version.
 _MSG_BEFORE_HYPERPARAMS = (
     "it was written before the optimizer's numbers (learning rate, betas, schedule) moved into the optimizer "
     "state: resume it with the pipekit-train that wrote it, or start a new run from its weights with init_from"

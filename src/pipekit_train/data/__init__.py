@@ -3,9 +3,19 @@ sources (`ArraySource`, `NpzSource`, `NpySource`, `CsvSource`, `RandomAccessSour
 registered datasets) and the transforms (`Standardize` is fitted on the training split). See ``docs/datasets.md``."""
 
 from ._csv import CsvSource as CsvSource
-from ._dataset import BatchIterator as BatchIterator
 from ._dataset import TrainingDataset as TrainingDataset
 from ._grain import RandomAccessSource as RandomAccessSource
+from ._iterator import BatchIterator as BatchIterator
+from ._layout import Flatten as Flatten
+from ._layout import Rename as Rename
+from ._layout import Reshape as Reshape
+from ._layout import Select as Select
+from ._noise import GaussianNoise as GaussianNoise
+from ._noise import MaskInputs as MaskInputs
+from ._noise import RandomTransform as RandomTransform
+from ._numeric import Cast as Cast
+from ._numeric import Normalize as Normalize
+from ._numeric import OneHot as OneHot
 from ._sources import ArraySource as ArraySource
 from ._sources import NpySource as NpySource
 from ._sources import NpzSource as NpzSource
@@ -13,14 +23,4 @@ from ._sources import RegisteredSource as RegisteredSource
 from ._sources import Source as Source
 from ._sources import register_dataset as register_dataset
 from ._standardize import Standardize as Standardize
-from ._transforms import Cast as Cast
-from ._transforms import Flatten as Flatten
-from ._transforms import GaussianNoise as GaussianNoise
-from ._transforms import MaskInputs as MaskInputs
-from ._transforms import Normalize as Normalize
-from ._transforms import OneHot as OneHot
-from ._transforms import RandomTransform as RandomTransform
-from ._transforms import Rename as Rename
-from ._transforms import Reshape as Reshape
-from ._transforms import Select as Select
 from ._transforms import Transform as Transform

@@ -34,8 +34,11 @@ import numpy as np
 
 from pipekit import ConfigError
 
-from ._dataset import TrainingDataset, _Plan, position_index
-from ._transforms import Cast, Flatten, Normalize, OneHot, Rename, Reshape, Select, Transform
+from ._dataset import TrainingDataset
+from ._iterator import _Plan, position_index
+from ._layout import Flatten, Rename, Reshape, Select
+from ._numeric import Cast, Normalize, OneHot
+from ._transforms import Transform
 
 __all__ = ["DEVICE_RESIDENT_MAX_BYTES", "DeviceWindow", "ResidentBatches", "resident_reason"]
 

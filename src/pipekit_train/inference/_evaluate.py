@@ -112,7 +112,7 @@ def _loss_means(loss: Any, bound: Any, dataset: Any, batch_size: int, x_key: str
     ``validate/loss`` is computed (docs/metrics.md). Names: ``loss`` and ``<aux_prefix><name>``."""
     import jax
 
-    from ..losses._losses import split_loss_output
+    from ..losses._loss import split_loss_output
 
     prefix = getattr(loss, "aux_prefix", "loss/")
     step = jax.jit(lambda p, t: split_loss_output(loss(p, t)))

@@ -14,7 +14,8 @@ from ..backends._registry import check_backend_name, get_backend
 from ..backends._shared import stage_name as stage_name
 from ..callbacks._base import Callback
 from ..data._dataset import TrainingDataset
-from ..losses._losses import Loss, as_loss
+from ..losses._function import as_loss
+from ..losses._loss import Loss
 from ..optim._recipes import GradientRule, ParamGroup
 from ..tracking._metrics import Metric
 from ..tracking._writers import MetricWriter
@@ -323,7 +324,7 @@ class TrainingLoop(StatefulOperator):
     @classmethod
     def example(cls) -> TrainingLoop:
         from ..data import NpzSource
-        from ..losses._losses import MSE
+        from ..losses._builtin import MSE
 
         return cls(
             model_op=_example_model(),

@@ -174,7 +174,7 @@ def preset_record(loop: TrainingLoop) -> dict[str, Any] | None:
 
 
 def _register_builtins() -> None:
-    from ..losses._losses import MSE
+    from ..losses._builtin import MSE
     from ..optim._recipes import ParamGroup
 
     register_preset(

@@ -24,8 +24,11 @@ from pipekit_train.adapters.equinox._primitives import (
     task_loss,
     train_step,
 )
-from pipekit_train.backends._optax import build_optimizer, get_lr_scale, set_lr_scale
-from pipekit_train.losses._losses import MSE, Composite, CrossEntropy, Loss
+from pipekit_train.backends._optax import build_optimizer
+from pipekit_train.backends._optax_schedule import get_lr_scale, set_lr_scale
+from pipekit_train.losses._builtin import MSE, CrossEntropy
+from pipekit_train.losses._composite import Composite
+from pipekit_train.losses._loss import Loss
 
 
 def _regression(n=64):

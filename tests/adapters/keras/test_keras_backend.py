@@ -435,7 +435,7 @@ def test_a_key_keras_cannot_honour_is_refused_naming_the_backend():
     ],
 )
 def test_schedules_match_the_jax_backends(config):
-    from pipekit_train.backends._optax import learning_rate_at
+    from pipekit_train.backends._optax_schedule import learning_rate_at
 
     opt = build_keras_optimizer(config, max_steps=100)
     schedule = opt._learning_rate

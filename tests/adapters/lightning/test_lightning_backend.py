@@ -39,7 +39,8 @@ from pipekit_train.adapters.lightning import (
     register_torch_model,
     to_torch_loss,
 )
-from pipekit_train.backends._optax import build_optimizer, learning_rate_at
+from pipekit_train.backends._optax import build_optimizer
+from pipekit_train.backends._optax_schedule import learning_rate_at
 from pipekit_train.stage.preflight import check
 
 RNG = np.random.default_rng(0)

@@ -44,7 +44,7 @@ _NO_DECAY_NAMES = ["bias", "gamma", "beta"]
 class PipekitSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """The learning rate an ``optimizer_config`` schedules, as a Keras `LearningRateSchedule`.
 
-    The numbers are the JAX backends' (`pipekit_train.backends._optax.build_schedule`), by loop step: with
+    The numbers are the JAX backends' (`pipekit_train.backends.kit.build_schedule`), by loop step: with
     gradient accumulation Keras passes the number of updates, which is multiplied back by `accum`. When `scale`
     is set (a Keras variable of the optimizer, see `build_keras_optimizer`) the rate is multiplied by it.
 

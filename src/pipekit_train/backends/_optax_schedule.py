@@ -1,0 +1,220 @@
+"""The learning rate: the schedule's numbers and formulas, and the run-time factor on them.
+
+`scale_by_scheduled_lr`, the last verb of every chain, multiplies the updates by ``-(schedule(count) *
+group_scale) * scale``: the schedule (constant, warmup_cosine, onecycle, exponential: optax's formulas, bitwise) with
+its numbers in the state, and ``scale``, the run-time factor ReduceLROnPlateau changes (`get_lr_scale`,
+`set_lr_scale`); `restart_schedule` counts the schedules from 0 again (a new schedule segment). `build_schedule` and
+`learning_rate_at` give the same rates outside the step (a backend computing its own, the logged ``lr``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from pipekit import ConfigError, PipekitError
+
+from ..optim._config import resolve_optimizer_config, schedule_numbers
+from ._optax_numbers import Hyperparams, _hyper_init, _scalar
+
+__all__ = [
+    "LrScaleState",
+    "build_schedule",
+    "get_lr_scale",
+    "learning_rate_at",
+    "restart_schedule",
+    "scale_by_scheduled_lr",
+    "set_lr_scale",
+]
+
+
+# The learning-rate schedule ------------------------------------------------------------------------------
+def _inverse(steps: int) -> np.float32:
+    """``1 / steps`` rounded as XLA rounds it: with a constant divisor it multiplies by the float32 reciprocal."""
+    return np.float32(1) / np.float32(max(int(steps), 1))
+
+
+def _schedule_scalars(kind: str, numbers: Mapping[str, Any]) -> dict[str, np.generic]:
+    """`schedule_numbers` as the program's scalars, with what optax's program computes from constants done here.
+
+    XLA folds arithmetic on constants and turns ``x / constant`` into ``x * (1 / constant)``. With the numbers
+    in the state the program cannot, so the folded values (reciprocals, ``1 - alpha``, onecycle's products) are
+    computed here once, in the same float32 arithmetic, and the schedule multiplies where optax's divides: the
+    rates are bitwise those of optax's schedules.
+    """
+    if kind == "onecycle":
+        # optax.cosine_onecycle_schedule: cumprod in float32 of (lr / 25, 25, 1 / (25 * final_div)).
+        start = np.float32(numbers["lr"] / 25.0)
+        peak = np.float32(start * np.float32(25.0))
+        end = np.float32(peak * np.float32(1.0 / (25.0 * numbers["final_div"])))
+        peak_at, end_at = int(numbers["peak_at"]), int(numbers["end_at"])
+        return {
+            "start": start,
+            "peak": peak,
+            "end": end,
+            "peak_at": np.int32(peak_at),
+            "end_at": np.int32(end_at),
+            "inv_rise": _inverse(peak_at),
+            "inv_fall": _inverse(end_at - peak_at),
+        }
+    out = {k: _scalar(v) for k, v in numbers.items()}
+    out["inv_warmup"] = _inverse(numbers["warmup"])
+    if kind == "warmup_cosine":
+        # optax: lr * ((1 - alpha) * 0.5 * (1 + cos(pi * t / length)) + alpha), which XLA folds to
+        # lr * ((1 + cos(t * (pi / length))) * ((1 - alpha) * 0.5) + alpha).
+        out["half_one_minus_alpha"] = np.float32(np.float32(1 - numbers["alpha"]) * np.float32(0.5))
+        out["pi_over_length"] = np.float32(np.float32(np.pi) * _inverse(numbers["decay_steps"] - numbers["warmup"]))
+    elif kind == "exponential":
+        out["inv_decay_steps"] = _inverse(numbers["decay_steps"])
+    return out
+
+
+def _scheduled_lr(kind: str, h: Mapping[str, Any], count: Any) -> jax.Array:
+    """The learning rate at loop step `count` of a schedule of `kind` with the numbers `h` (optax's formulas).
+
+    The numbers may be arrays in the state, NumPy scalars or tracers; `kind` is the only Python branch.
+    """
+    if kind == "onecycle":
+
+        def segment(lo: Any, inv: Any, a: Any, b: Any) -> jax.Array:
+            pct = (count - lo) * inv
+            return jnp.asarray(b + (a - b) / 2.0 * (jnp.cos(jnp.pi * pct) + 1))
+
+        falling = jnp.where(count < h["end_at"], segment(h["peak_at"], h["inv_fall"], h["peak"], h["end"]), h["end"])
+        return jnp.where(count < h["peak_at"], segment(0, h["inv_rise"], h["start"], h["peak"]), falling)
+    lr, warmup = h["lr"], h["warmup"]
+    after = count - warmup
+    main: Any
+    if kind == "warmup_cosine":
+        length = h["decay_steps"] - warmup
+        cosine = 1 + jnp.cos(jnp.minimum(after, length) * h["pi_over_length"])
+        main = (cosine * h["half_one_minus_alpha"] + h["alpha"]) * lr
+    elif kind == "exponential":
+        rate, bound = h["decay_rate"], h["bound"]
+        decayed = jnp.where(after <= 0, lr, lr * jnp.power(rate, after * h["inv_decay_steps"]))
+        main = jnp.where(rate < 1, jnp.maximum(decayed, bound), jnp.minimum(decayed, bound))
+    else:
+        main = lr
+    # optax.linear_schedule(0, lr, warmup) joined to the main schedule at `warmup` (join_schedules).
+    rising = (0.0 - lr) * (1 - jnp.clip(count, 0, warmup) * h["inv_warmup"]) + lr
+    return jnp.where(count < warmup, rising, main)
+
+
+_scheduled_lr_jit = jax.jit(_scheduled_lr, static_argnums=0)
+
+
+def build_schedule(config: Mapping[str, Any], *, max_steps: int) -> Callable[[Any], jax.Array]:
+    """The learning-rate schedule of `config`, a function of the step (steps as the loop counts them).
+
+    It takes an int, an array or a tracer (Keras' step variable, a `jax.vmap` over steps).
+    """
+    cfg = resolve_optimizer_config(config)
+    scalars = _schedule_scalars(cfg["schedule"], schedule_numbers(cfg, _check_positive_int("max_steps", max_steps)))
+    return functools.partial(_scheduled_lr, cfg["schedule"], scalars)
+
+
+def learning_rate_at(config: Mapping[str, Any], step: int, max_steps: int) -> float:
+    """The scheduled learning rate at loop step `step`, for logging (multiply by `get_lr_scale` for the effective one).
+
+    The same float32 arithmetic as the compiled step's, in one compiled call per schedule kind.
+
+    Example:
+        >>> learning_rate_at({"lr": 1.0, "schedule": "warmup_cosine", "warmup_steps": 4}, 2, max_steps=100)
+        0.5
+    """
+    cfg = resolve_optimizer_config(config)
+    scalars = _schedule_scalars(cfg["schedule"], schedule_numbers(cfg, _check_positive_int("max_steps", max_steps)))
+    if cfg["schedule"] == "constant" and step >= int(scalars["warmup"]):
+        return float(scalars["lr"])  # what the program returns past the warm-up, bitwise; nothing to compile
+    return float(_scheduled_lr_jit(cfg["schedule"], scalars, np.int32(step)))
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"build_optimizer: {name} must be an int >= 1, got {value!r}")
+    return value
+
+
+# The run-time learning-rate scale ------------------------------------------------------------------------
+class LrScaleState(NamedTuple):
+    """State of `scale_by_scheduled_lr`: the step count, the run-time factor and the schedule's numbers."""
+
+    # `count` shadows `tuple.count`, as in optax's own states; the field names are checkpoint keys: keep them.
+    count: jax.Array  # type: ignore[assignment]
+    scale: jax.Array
+    hyper: Hyperparams
+
+
+def scale_by_scheduled_lr(
+    kind: str, numbers: Mapping[str, Any], *, accum: int = 1, group_scale: float = 1.0
+) -> optax.GradientTransformation:
+    """Multiply updates by ``-(schedule(count) * group_scale) * scale``; ``scale`` (1.0 at init) is changed with
+    `set_lr_scale`.
+
+    Args:
+        kind: the schedule (constant, warmup_cosine, onecycle, exponential): structure.
+        numbers: its numbers, as `pipekit_train.optim._config.schedule_numbers` gives them: values in the state.
+        accum: inside `optax.MultiSteps` the count is the number of real updates; it is multiplied back to loop
+            steps.
+        group_scale: a parameter group's ``lr_scale`` (a value in the state).
+
+    One transform, one multiply per leaf: the factors are folded into the learning rate before it meets the
+    updates. A separate "multiply by scale" after the learning rate would add a second rounding step per element
+    and change which product XLA contracts into a fused multiply-add with the parameter update, so results would
+    drift from a plain optax optimizer in the last bit; folded, ``scale == 1`` gives exactly the numbers of
+    ``optax.sgd`` / ``optax.adam`` (tests/test_loop.py checks bitwise).
+    """
+    hyper = _hyper_init({**_schedule_scalars(kind, numbers), "group_scale": group_scale})
+
+    def init_fn(params: Any) -> LrScaleState:
+        del params
+        return LrScaleState(count=jnp.zeros((), jnp.int32), scale=jnp.ones((), jnp.float32), hyper=hyper())
+
+    def update_fn(updates: Any, state: LrScaleState, params: Any = None) -> tuple[Any, LrScaleState]:
+        del params
+        h = state.hyper.values
+        step = state.count if accum == 1 else state.count * accum
+        step_size = -(_scheduled_lr(kind, h, step) * h["group_scale"]) * state.scale
+        updates = jax.tree.map(lambda g: jnp.asarray(step_size, dtype=g.dtype) * g, updates)
+        return updates, state._replace(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _is_scale(node: Any) -> bool:
+    return isinstance(node, LrScaleState)
+
+
+def get_lr_scale(opt_state: Any) -> float:
+    """The current run-time learning-rate factor in `opt_state` (inside `optax.MultiSteps` too)."""
+    found = [n for n in jax.tree.leaves(opt_state, is_leaf=_is_scale) if _is_scale(n)]
+    if not found:
+        raise PipekitError("opt_state holds no learning-rate scale; build the optimizer with build_optimizer")
+    return float(found[0].scale)
+
+
+def set_lr_scale(opt_state: Any, value: float) -> Any:
+    """A copy of `opt_state` with the run-time learning-rate factor set to `value` (same dtype and shape)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"set_lr_scale: value must be a finite float >= 0, got {value!r}")
+    get_lr_scale(opt_state)  # raises when there is none
+    # A new array per node: with parameter groups there are several, and the step donates each buffer once.
+    return jax.tree.map(
+        lambda n: n._replace(scale=jnp.asarray(value, jnp.float32)) if _is_scale(n) else n, opt_state, is_leaf=_is_scale
+    )
+
+
+def restart_schedule(opt_state: Any) -> Any:
+    """A copy of `opt_state` whose learning-rate schedules count from 0 again (a new schedule segment: a stage
+    extended with ``new_segment``); the moments, the other counters and the run-time factor stay."""
+    get_lr_scale(opt_state)  # raises when there is none
+    return jax.tree.map(
+        lambda n: n._replace(count=jnp.zeros((), jnp.int32)) if _is_scale(n) else n, opt_state, is_leaf=_is_scale
+    )
