@@ -67,7 +67,9 @@ def test_register_backend_in_process_and_its_checks(scratch_backend):
     assert "scratch" in available_backends()
     with pytest.raises(BackendError, match=r"module scratch_adapter has no `backend` object"):
         get_backend("scratch")
-    with pytest.raises(BackendError, match=r"lacks name, requires, extra, capabilities, check, build, start, info"):
+    with pytest.raises(
+        BackendError, match=r"object is not a pipekit_train.backends.Backend; subclass it \(its abstract methods check, "
+    ):
         register_backend("scratch", object())
     module.backend = scratch = _Scratch()
     register_backend("scratch", "scratch_adapter:backend")
