@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from pipekit_train.backends import CAPABILITIES, Backend, available_backends, get_backend
-from pipekit_train.backends._contract import CONTRACT
+from pipekit_train.backends import StepBackend
+from pipekit_train.backends._contract import CONTRACT, STEP_CONTRACT
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "adapters" / "README.md").read_text()
@@ -34,16 +35,44 @@ def _table_names(text: str) -> list[str]:
     return names
 
 
-def test_the_readme_the_protocol_and_contract_agree() -> None:
+def test_the_readme_and_the_contract_types_agree() -> None:
+    """Section 3's member table is `Backend`'s members in the class's order; the StepBackend table is
+    `StepBackend`'s; the capabilities table is `CAPABILITIES`; abstract members are marked required."""
     section = _section("## 3. The backend object")
     documented = _table_names(section.split("The capabilities:")[0].split("| member |")[1])
     assert documented == list(CONTRACT)
-    protocol = {n for n in vars(Backend) if not n.startswith("_")} | set(Backend.__annotations__)
-    assert protocol == set(CONTRACT)
+    assert list(CONTRACT) == [n for n in vars(Backend) if not n.startswith("_")]
     table = section.split("The capabilities:")[1].split("### The `StepBackend`")[0]
     first_cells = [row.split("|")[1] for row in table.splitlines() if row.startswith("| `")]
     listed = set(re.findall(r"`([a-z_]+)`", "\n".join(first_cells)))
     assert listed == set(CAPABILITIES), sorted(listed ^ set(CAPABILITIES))
+    steps = section.split("### The `StepBackend`")[1]
+    assert _table_names(steps.split("| `StepBackend` method |")[1].split("\n\n")[0]) == list(STEP_CONTRACT)
+    for cls, text in ((Backend, section.split("### The `StepBackend`")[0]), (StepBackend, steps)):
+        required = {m for m in re.findall(r"^\| `([a-z_]+)[^|]*\| required\.", text, re.M)}
+        assert required == set(cls.__abstractmethods__), (cls.__name__, sorted(required ^ cls.__abstractmethods__))
+
+
+def test_the_readme_lists_every_model_member_the_core_calls() -> None:
+    """Section 2's table is every public member `ModelOp` defines (and ``__call__``), plus the `Operator`
+    members a backend implements (`example`, `validate`); nothing else."""
+    from pipekit import Operator
+    from pipekit_train.backends import ModelOp
+
+    section = _section("## 2. The model operator")
+    documented = _table_names(section.split("| member | who |")[1].split("\n\n")[0])
+    assert len(documented) == len(set(documented))
+    own = {n for n in vars(ModelOp) if not n.startswith("_")} | {"__call__"}
+    assert set(documented) == own | {"example", "validate"}, sorted(set(documented) ^ (own | {"example", "validate"}))
+    assert {"example", "validate"} <= set(vars(Operator))
+
+
+def test_the_readme_lists_the_kit() -> None:
+    from pipekit_train.backends import kit
+
+    section = _section("## 4. The adapter kit")
+    named = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", section))
+    assert set(kit.__all__) <= named, sorted(set(kit.__all__) - named)
 
 
 @pytest.mark.parametrize("name", available_backends())
@@ -84,7 +113,8 @@ def test_the_reference_backend_implements_only_what_the_readme_documents() -> No
     import numpy_linear
 
     members = {n for n in vars(type(numpy_linear.backend)) if not n.startswith("_")}
-    assert members == set(CONTRACT) | {"example_model"}
+    assert members <= set(CONTRACT), sorted(members - set(CONTRACT))
+    assert Backend.__abstractmethods__ <= members
 
 
 def test_the_template_is_a_working_backend(tmp_path: Any) -> None:
