@@ -67,9 +67,10 @@ class InputSpec:
 # Inference functions ------------------------------------------------------------------------------------------
 def inference_function(model: Any) -> Callable[[Any], Any]:
     """``predict(x)`` over a batch for the bound model operator `model` (its `ModelOp.inference_function`)."""
+    from ..backends._model import ModelOp
     from ..backends._registry import able_to
 
-    if getattr(model, "module", None) is None:
+    if not isinstance(model, ModelOp) or model.module is None:
         raise ExportError(f"{model!r} has no weights bound; export a trained model (an artifact or a model URI)")
     try:
         fn: Callable[[Any], Any] = model.inference_function()

@@ -132,7 +132,9 @@ class LocalModelRegistry:
         Putting the same model again returns the same URI and writes nothing. The same weights under a different
         architecture are refused: the address covers the weights only, so it could not tell the two apart.
         """
-        if getattr(model_op, "module", None) is None or not callable(getattr(model_op, "weights", None)):
+        from ..backends._model import ModelOp
+
+        if not isinstance(model_op, ModelOp) or model_op.module is None:
             raise ModelRegistryError(
                 f"LocalModelRegistry.put needs a model operator bound to weights (op.bind(module)), got {model_op!r}"
             )
