@@ -68,7 +68,8 @@ def test_register_backend_in_process_and_its_checks(scratch_backend):
     with pytest.raises(BackendError, match=r"module scratch_adapter has no `backend` object"):
         get_backend("scratch")
     with pytest.raises(
-        BackendError, match=r"object is not a pipekit_train.backends.Backend; subclass it \(its abstract methods check, "
+        BackendError,
+        match=r"object is not a pipekit_train.backends.Backend; subclass it \(its abstract methods check, ",
     ):
         register_backend("scratch", object())
     module.backend = scratch = _Scratch()

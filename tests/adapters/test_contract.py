@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from pipekit_train.backends import CAPABILITIES, Backend, available_backends, get_backend
-from pipekit_train.backends import StepBackend
+from pipekit_train.backends import CAPABILITIES, Backend, StepBackend, available_backends, get_backend
 from pipekit_train.backends._contract import CONTRACT, STEP_CONTRACT
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,12 +14,16 @@ from pipekit_train.backends import Backend, ModelOp, StepBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "pipekit_train"
-BACKEND_PACKAGES = ("adapters/equinox", "adapters/keras", "adapters/lightning", "adapters/numpyro",
-                    "adapters/blackjax", "adapters/bayes")
-MEMBERS = {n for cls in (Backend, StepBackend, ModelOp) for n in vars(cls) if not n.startswith("_")} - {"backend"}
-CORE = sorted(
-    p for p in PACKAGE.rglob("*.py") if not str(p.relative_to(PACKAGE)).startswith(BACKEND_PACKAGES)
+BACKEND_PACKAGES = (
+    "adapters/equinox",
+    "adapters/keras",
+    "adapters/lightning",
+    "adapters/numpyro",
+    "adapters/blackjax",
+    "adapters/bayes",
 )
+MEMBERS = {n for cls in (Backend, StepBackend, ModelOp) for n in vars(cls) if not n.startswith("_")} - {"backend"}
+CORE = sorted(p for p in PACKAGE.rglob("*.py") if not str(p.relative_to(PACKAGE)).startswith(BACKEND_PACKAGES))
 
 
 def probes(source: str) -> list[str]:

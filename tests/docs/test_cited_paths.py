@@ -14,7 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted(
-    [*(ROOT / "docs").rglob("*.md"), *(ROOT / "design").rglob("*.md"), ROOT / "README.md", ROOT / "adapters" / "README.md"]
+    [
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "design").rglob("*.md"),
+        ROOT / "README.md",
+        ROOT / "adapters" / "README.md",
+    ]
 )
 PACKAGE = ROOT / "src" / "pipekit_train"
 _SUBPACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())

@@ -13,7 +13,6 @@ the checkpoint writer's thread). The test fails when
 
 from __future__ import annotations
 
-import collections
 import re
 import sys
 import threading
@@ -125,8 +124,12 @@ def test_the_run_goes_through_the_hops_in_order(traced: dict[str, Any]) -> None:
 def test_the_run_touches_only_files_the_flow_lists(traced: dict[str, Any]) -> None:
     touched = {f for f, _ in traced["first"]}
     listed = {f for f, _ in HOPS} | USED
-    assert touched - listed == set(), f"files the run calls into that design/overview.md does not list: {sorted(touched - listed)}"
-    assert listed - touched == set(), f"files design/overview.md lists that the run never calls: {sorted(listed - touched)}"
+    assert touched - listed == set(), (
+        f"files the run calls into that design/overview.md does not list: {sorted(touched - listed)}"
+    )
+    assert listed - touched == set(), (
+        f"files design/overview.md lists that the run never calls: {sorted(listed - touched)}"
+    )
 
 
 #: The names the core may call in a backend's package: the contract's members and an operator's own.

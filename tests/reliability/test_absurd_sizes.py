@@ -16,8 +16,8 @@ import pytest
 
 from pipekit import ConfigError
 from pipekit_train import Checkpoint, EarlyStopping
-from pipekit_train.cli import main
 from pipekit_train.backends._shared import check_model_size, memory_limit
+from pipekit_train.cli import main
 
 PIPE = """\
 pipekit: 1
