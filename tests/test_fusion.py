@@ -30,7 +30,7 @@ from pipekit_train import (
     run_settings,
 )
 from pipekit_train.adapters.equinox._steps import CompileCounter, train_chunk
-from pipekit_train.engine._loop import AUTO_CHUNK_BYTES, AUTO_MAX_STEPS, ChunkPlan, chunk_plan, needs_every_step
+from pipekit_train.engine._chunks import AUTO_CHUNK_BYTES, AUTO_MAX_STEPS, ChunkPlan, chunk_plan, needs_every_step
 
 
 def _data(n: int = 256, d: int = 8, seed: int = 0) -> TrainingDataset:

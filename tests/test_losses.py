@@ -353,7 +353,7 @@ def test_a_plain_callable_as_the_loss_is_wrapped_in_a_loss_function():
 
 
 def test_a_callable_loss_has_no_yaml_form_and_records_name_it(tmp_path):
-    from pipekit_train.engine._hooks import fingerprint
+    from pipekit_train.engine._fingerprint import fingerprint
 
     np.savez(tmp_path / "t.npz", x=P, y=T)
     source = pipekit.registered()["NpzSource"](path=str(tmp_path / "t.npz"))

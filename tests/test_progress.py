@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipekit_train import MSE, ArraySource, EarlyStopping, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
-from pipekit_train.engine._loop import NonFiniteLossError
+from pipekit_train.engine._protocol import NonFiniteLossError
 from pipekit_train.tracking._progress import PhaseClock, Progress, plain_output
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """SIGINT and SIGTERM outside training: one line, exit code 128 + signal, nothing left that blocks a rerun.
 
-Training has its own handlers (`checkpoint._resume`: the step finishes, a checkpoint is committed, the stage stops,
+Training has its own handlers (`engine._stop`: the step finishes, a checkpoint is committed, the stage stops,
 exit 130 / 143). Everywhere else in the ``pipekit-train`` command a signal ends the process at once: it prints one
 line, removes a run directory this process began in which nothing was kept yet (so the same command runs again;
 one with finished stages is kept, for ``--resume auto``), and exits without running anything else: no traceback,

@@ -336,7 +336,8 @@ def test_force_resume_continues_a_changed_finished_stage_from_its_last_checkpoin
 
 # The checkpoint cadence -------------------------------------------------------------------------------------------
 # With fused steps, chunks end at checkpoint steps (engine/_chunks.py): a cadence is compared only where it shapes the
-# chunks (`_resume.cadence_shapes_chunks`), so a change that is accepted resumes into the uninterrupted run's chunks.
+# chunks (`_fingerprint.cadence_shapes_chunks`), so a change that is accepted resumes into the uninterrupted run's
+# chunks.
 
 
 def _chunks(loop: Any, every: int | None) -> list[tuple[int, int]]:
@@ -369,7 +370,7 @@ def test_a_cadence_taken_as_shaping_no_chunk_never_does():
     lets most cadences that are multiples of a boundary through (the rule is useful)."""
     from types import SimpleNamespace
 
-    from pipekit_train.engine._hooks import cadence_shapes_chunks
+    from pipekit_train.engine._fingerprint import cadence_shapes_chunks
 
     free = checked = 0
     for setting in ("auto", 2, 4, 6):

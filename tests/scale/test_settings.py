@@ -20,7 +20,7 @@ import pytest
 from pipekit import ConfigError
 from pipekit_train import MSE, ArraySource, Checkpoint, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
 from pipekit_train.checkpoint import Checkpointer
-from pipekit_train.engine._hooks import fingerprint
+from pipekit_train.engine._fingerprint import fingerprint
 from pipekit_train.provenance import LocalModelRegistry
 from pipekit_train.scale._mesh import check_mesh, mesh_plan
 from pipekit_train.scale._precision import check_precision

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
+    from ._evaluation import evaluate as evaluate
     from ._loop import Engine as Engine
-    from ._loop import evaluate as evaluate
     from ._loop import run_steps as run_steps
     from ._protocol import AdapterResult as AdapterResult
     from ._protocol import EngineSnapshot as EngineSnapshot

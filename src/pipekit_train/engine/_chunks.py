@@ -6,11 +6,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..callbacks._base import Callback
 
-__all__ = ["AUTO_CHUNK_BYTES", "AUTO_MAX_STEPS", "ChunkPlan", "callback_keys", "chunk_plan", "needs_every_step"]
+if TYPE_CHECKING:
+    from ..backends._contract import StepBackend
+    from ._protocol import StageHooks
+
+__all__ = [
+    "AUTO_CHUNK_BYTES",
+    "AUTO_MAX_STEPS",
+    "ChunkPlan",
+    "Schedule",
+    "callback_keys",
+    "chunk_plan",
+    "needs_every_step",
+]
 
 
 #: `steps_per_call: auto` fuses at most this many steps into one compiled call: enough that the dispatch costs
@@ -93,3 +105,52 @@ def callback_keys(callbacks: tuple[Callback, ...]) -> list[str]:
         keys.append(f"{name}:{seen.get(name, 0)}")
         seen[name] = seen.get(name, 0) + 1
     return keys
+
+
+class Schedule:
+    """The engine's schedule: the epoch of a step, and the steps of the next dispatch (a part of `Engine`)."""
+
+    loop: Any
+    backend: StepBackend
+    hooks: StageHooks | None
+    chunks: ChunkPlan
+    step: int
+    steps_per_epoch: int | None
+
+    def epoch_of(self, step: int) -> int:
+        """The epoch of `step`: `steps_per_epoch`, or else the training set's batches per epoch, make an epoch."""
+        spe = self.steps_per_epoch
+        return step // spe if spe else 0
+
+    def _periods(self) -> list[int]:
+        """The step multiples a chunk must not cross: log, eval, epoch (`steps_per_epoch`), checkpoint cadences."""
+        loop = self.loop
+        every = [loop.log_every_n_steps]
+        if loop.val_dataset is not None:
+            every.append(loop.eval_every_n_steps)
+        if loop.steps_per_epoch:
+            every.append(loop.steps_per_epoch)
+        if self.hooks is not None:
+            every.extend(self.hooks.boundaries())
+        every.extend(self.backend.chunk_periods())  # a sampler's `until` checks (adapters/numpyro)
+        return [e for e in every if e]
+
+    def _boundaries(self) -> list[int]:
+        return [*self._periods(), self.chunks.size]
+
+    def next_chunk(self) -> int:
+        """How many steps the next dispatch runs: up to the `ChunkPlan`'s size, never past a boundary.
+
+        With `auto` a stretch shorter than the plan's size runs in chunks of its `small` size, then single steps,
+        so the stage compiles at most three chunk lengths.
+        """
+        remaining: int = self.loop.max_steps - self.step
+        stop = min(self.step + remaining, *(((self.step // e) + 1) * e for e in self._boundaries()))
+        boundary = self.backend.next_boundary(self.step)  # one not at multiples of a period (after warm-up)
+        if boundary is not None:
+            stop = min(stop, boundary)
+        span = stop - self.step
+        plan = self.chunks
+        if not plan.auto or span >= plan.size:
+            return max(1, min(span, plan.size))
+        return plan.small if span >= plan.small else 1

@@ -1,12 +1,21 @@
-"""The window of step metrics between two logging points: kept on the device as the steps return them, read to
-the host once per log interval (one transfer for the window, not one per step)."""
+"""The logging window: the step metrics between two logging points, kept on the device as the steps return them and
+read to the host once per log interval (one transfer for the window, not one per step), then written as the
+window's train and time records (`LogWindow`, the engine's records: every one goes to the writer and the
+callbacks' `on_log`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ..callbacks._base import Callback, TrainContext
+from ..tracking._progress import PhaseClock, Progress
+from ..tracking._writers import MetricWriter
+
+if TYPE_CHECKING:
+    from ..backends._contract import StepBackend
 
 
 class _LazyStepMetrics(Mapping[str, Any]):
@@ -85,3 +94,103 @@ def _columns(window: list[tuple[int, Mapping[str, Any]]]) -> dict[str, np.ndarra
                     return None
                 parts[k].append(v[first : first + count])
     return {k: np.concatenate(p) for k, p in parts.items()}
+
+
+class LogWindow:
+    """The engine's records: the window's train and time records at each log step, possibly a dispatch later
+    (`_deferrable`), and every record sent to the writer and the callbacks (a part of `Engine`)."""
+
+    loop: Any
+    backend: StepBackend
+    writer: MetricWriter
+    callbacks: tuple[Callback, ...]
+    ctx: TrainContext
+    clock: PhaseClock
+    progress: Progress | None
+    step: int
+    window: list[tuple[int, Mapping[str, Any]]]
+    last_train: dict[str, Any]
+    _deferred: tuple[list[tuple[int, Mapping[str, Any]]], float] | None
+    _showing_stop: bool
+
+    if TYPE_CHECKING:
+
+        def epoch_of(self, step: int) -> int: ...
+
+        def _check_finite(self, step: int, loss: Any) -> None: ...
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        """Send one record to the writer and to every callback's `on_log`: all of them see the same values.
+
+        The metrics a signal's stop shows after its checkpoint (`_stop_for_resume`) are marked ``interrupted``:
+        the history drops them once the resumed run logs on, and writers that cannot take a point back
+        (TensorBoard, MLflow) leave them out."""
+        if self._showing_stop and record.get("type") == "metrics":
+            record = {**record, "interrupted": True}
+        self.writer.write(record)
+        for cb in self.callbacks:
+            cb.on_log(self.ctx, record)
+
+    def _deferrable(self) -> bool:
+        """Whether this log step's record may be written after the next chunk is dispatched.
+
+        Waiting for the chunk's metrics at every log step leaves the device idle while the host writes records
+        and dispatches the next chunk; with one chunk per log window (`auto`) that was the loop's largest cost
+        over a hand-written scan. Only where nothing else happens at this step: no evaluation, epoch end,
+        last step or stop, and no callback reading records (`on_log`), so every record is written with the same
+        values and in the same order, only a chunk later. A checkpoint at this step writes the record first
+        (`snapshot`), whether it is saved now or after the next dispatch (`_finish_save`).
+        """
+        loop, step = self.loop, self.step
+        if step >= loop.max_steps or self.ctx.stop_reason is not None:
+            return False
+        if loop.val_dataset is not None and step % loop.eval_every_n_steps == 0:
+            return False
+        if loop.steps_per_epoch and step % loop.steps_per_epoch == 0:
+            return False
+        return all(type(cb).on_log is Callback.on_log for cb in self.callbacks)
+
+    def _flush_deferred(self) -> None:
+        assert self._deferred is not None
+        window, lr = self._deferred
+        self._deferred = None
+        self._flush(window, lr)
+
+    def _flush_window(self, keep: bool = False) -> None:
+        """Write the pending records; with `keep` (a signal's stop) the window's record is marked ``interrupted``
+        and the window stays pending, for the checkpoint."""
+        if self._deferred is not None:
+            self._flush_deferred()
+        if not self.window:
+            return
+        window = self.window
+        if not keep:
+            self.window = []
+        self._flush(window, None)
+
+    def _flush(self, window: list[tuple[int, Mapping[str, Any]]], lr: float | None) -> None:
+        """Write the train (and time) record of `window`; `lr`: the learning rate at its last step, if known."""
+        steps = [s for s, _ in window]
+        step = steps[-1]
+        columns = _columns(window)
+        record: dict[str, float] = {}
+        if columns is not None:  # one array per metric: the same values and means, without a dict per step
+            losses = np.asarray(columns["loss"], dtype=np.float64)
+            if not np.isfinite(losses).all():
+                i = int(np.flatnonzero(~np.isfinite(losses))[0])
+                self._check_finite(steps[i], losses[i])
+            for key, column in columns.items():  # in float64: a window restored from a checkpoint (Python floats)
+                record[key] = float(np.mean(np.asarray(column, dtype=np.float64)))  # gives the same mean
+        else:
+            values = _on_host(window)
+            for s, v in zip(steps, values):
+                self._check_finite(s, v["loss"])
+            for key in values[0]:
+                record[key] = float(np.mean(np.asarray([v[key] for v in values], dtype=np.float64)))
+        record["lr"] = lr if lr is not None else self.backend.learning_rate(step)
+        self.last_train = record
+        epoch = self.epoch_of(step)
+        self._emit({"type": "metrics", "context": "time", "step": step, "epoch": epoch, **self.clock.summary()})
+        self._emit({"type": "metrics", "context": "train", "step": step, "epoch": epoch, **record})
+        if self.progress is not None:
+            self.progress.logged(step, epoch, record.get("loss"))

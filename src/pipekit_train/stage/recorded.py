@@ -232,7 +232,7 @@ def changed_since_finished(info: RunInfo, loop: TrainingLoop, artifact: Any, ste
     Without a checkpoint to resume, ``False`` (take it as it is) when nothing that changes its result changed (the
     same fingerprint), else refused with the fingerprint's diff: it is never trained again from scratch."""
     from ..checkpoint._errors import CheckpointMismatchError
-    from ..engine._hooks import _diff, fingerprint
+    from ..engine._fingerprint import _diff, fingerprint
 
     directory = loop.checkpoint_directory(info.stage_dir)
     if loop.checkpoint_settings is not None and os.path.isdir(directory) and any(os.scandir(directory)):
