@@ -40,7 +40,8 @@ from pipekit_train.checkpoint import (
     list_runs,
     write_average,
 )
-from pipekit_train.checkpoint._layout import MANIFEST, _with_io_retry
+from pipekit_train.checkpoint._layout import _with_io_retry
+from pipekit_train.checkpoint._manifest import MANIFEST
 
 
 def make_state(seed: int = 0, n: int = 1000) -> dict:
@@ -297,11 +298,11 @@ def test_best_only_keep_declines_what_it_would_not_retain(tmp_path):
 
 
 def test_manifest_records_each_checkpoint_and_lookups_use_it(tmp_path, monkeypatch):
-    from pipekit_train.checkpoint import _checkpointer
+    from pipekit_train.checkpoint import _writer
 
     # The writer of step 500 waits until the lookup below has run: a fast one committed it first, by chance.
     writing, looked = threading.Event(), threading.Event()
-    write_flat = _checkpointer.write_flat
+    write_flat = _writer.write_flat
 
     def held_back(directory: Path, step: int, *args: Any, **kwargs: Any) -> Any:
         if step == 500:
@@ -309,7 +310,7 @@ def test_manifest_records_each_checkpoint_and_lookups_use_it(tmp_path, monkeypat
             assert looked.wait(60)
         return write_flat(directory, step, *args, **kwargs)
 
-    monkeypatch.setattr(_checkpointer, "write_flat", held_back)
+    monkeypatch.setattr(_writer, "write_flat", held_back)
     with Checkpointer(tmp_path, keep=(Best(k=2), Last(n=1)), monitor="validate/acc", mode="max") as ckpt:
         for step, score in [(100, 0.5), (200, 0.8), (300, 0.6), (400, None)]:
             meta = {"score": score, "epoch": step // 100, "stage": "s0", "run_id": "run-a"}

@@ -61,12 +61,12 @@ def test_a_damaged_record_of_an_unlisted_step_is_ignored_not_trusted(tmp_path: P
 KILLED_BEFORE_THE_DELETION = """\
 import os, signal, sys
 import numpy as np
-import pipekit_train.checkpoint._checkpointer as checkpointer
+import pipekit_train.checkpoint._retention as retention
 from pipekit_train import Checkpointer, Last
 
 def killed(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
-checkpointer.retire = checkpointer._delete_step = killed
+retention.retire = retention._delete_step = killed
 with Checkpointer(sys.argv[1], keep=(Last(n=1),), async_save=False) as ckpt:
     for step in (10, 20):
         ckpt.save(step, state={"w": np.full(3, step, np.float32)}, data_iter={"i": step}, meta={})
@@ -147,14 +147,14 @@ KILLED_AFTER_THE_LAST_COMMIT = """\
 import os, signal, sys
 import pipekit
 import pipekit_train
-import pipekit_train.checkpoint._checkpointer as checkpointer
+import pipekit_train.checkpoint._retention as retention
 
-write = checkpointer._write_manifest
+write = retention._write_manifest
 def killed(directory, header, entries):
     if any(e.step == 40 for e in entries):
         os.kill(os.getpid(), signal.SIGKILL)
     write(directory, header, entries)
-checkpointer._write_manifest = killed
+retention._write_manifest = killed
 with pipekit_train.run_settings(run_dir=sys.argv[2], store=False):
     pipekit.loads(open(sys.argv[1]).read()).run()
 """

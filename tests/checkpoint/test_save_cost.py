@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from pipekit_train import Checkpointer, Last, PipekitTrainWarning
-from pipekit_train.checkpoint import _checkpointer
+from pipekit_train.checkpoint import _retention, _writer
 
 HERE = Path(__file__).resolve().parent
 
@@ -86,7 +86,7 @@ def test_an_orbax_checkpoint_is_ten_fixed_files_and_a_few_data_files_whatever_th
 def test_an_async_save_returns_before_anything_is_written_and_commits_whole(tmp_path, monkeypatch, layout):
     gate, started = threading.Event(), threading.Event()
     threads: dict[str, str] = {}
-    host_leaves = _checkpointer._host_leaves
+    host_leaves = _writer._host_leaves
 
     def gated(leaves):
         threads["host copy and write"] = threading.current_thread().name
@@ -94,7 +94,7 @@ def test_an_async_save_returns_before_anything_is_written_and_commits_whole(tmp_
         assert gate.wait(60)
         return host_leaves(leaves)
 
-    monkeypatch.setattr(_checkpointer, "_host_leaves", gated)
+    monkeypatch.setattr(_writer, "_host_leaves", gated)
     ckpt = Checkpointer(tmp_path, keep=(Last(n=1),), async_save=True, layout=layout)
     try:
         first = small_state()
@@ -148,7 +148,7 @@ CHILD = textwrap.dedent(
     import os, signal, sys, threading, time
     import jax, jax.numpy as jnp
     from pipekit_train import Checkpointer, Last
-    from pipekit_train.checkpoint import _checkpointer
+    from pipekit_train.checkpoint import _retention, _writer
 
     directory, window, layout = sys.argv[1], sys.argv[2], sys.argv[3]
     ckpt = Checkpointer(directory, keep=(Last(n=1),), async_save=True, layout=layout)
@@ -159,9 +159,9 @@ CHILD = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGKILL)
 
     if window == "after-commit":  # step 2 was renamed into place; the manifest does not list it yet
-        _checkpointer._write_manifest = kill
+        _retention._write_manifest = kill
     elif layout == "flat":  # state.bin of step 2 is written into the temporary directory, not yet renamed
-        _checkpointer.write_flat.__globals__["_datasync"] = kill
+        _writer.write_flat.__globals__["_datasync"] = kill
     else:  # Orbax is writing step 2 into its temporary directory
         def watch():
             while not any(".orbax-checkpoint-tmp" in name for name in os.listdir(directory)):
@@ -461,8 +461,8 @@ def test_a_manifest_that_cannot_be_written_still_syncs_the_commit_and_drops_noth
 
         synced: list[Path] = []
         real_fsync_dir = _flat.fsync_dir
-        monkeypatch.setattr(_checkpointer, "_write_manifest", full_disk)
-        monkeypatch.setattr(_checkpointer, "fsync_dir", lambda path: (synced.append(Path(path)), real_fsync_dir(path)))
+        monkeypatch.setattr(_retention, "_write_manifest", full_disk)
+        monkeypatch.setattr(_retention, "fsync_dir", lambda path: (synced.append(Path(path)), real_fsync_dir(path)))
         ckpt.save(2, state=small_state(), data_iter={"i": 2}, meta={})
         with pytest.raises(
             CheckpointSaveError, match=r"step 2 committed in .* could not be updated .*nothing was deleted"

@@ -537,7 +537,7 @@ def test_cli_short_views_show_the_objective_first_and_no_timing(tmp_path: Path, 
 
 
 def test_each_contexts_loss_comes_before_its_other_metrics():
-    from pipekit_train.cli._artifacts import metric_order
+    from pipekit_train.cli._artifacts_text import metric_order
 
     final = {"test/accuracy": 0.25, "test/loss": 2.3, "validate/accuracy": 0.24, "validate/loss": 2.2, "train/loss": 2}
     assert metric_order(final) == ["validate/loss", "validate/accuracy", "test/loss", "test/accuracy", "train/loss"]

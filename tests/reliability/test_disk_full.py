@@ -134,16 +134,16 @@ def small_disk(tmp_path: Path) -> Iterator[tuple[Path, bool]]:
 def _inject_enospc(monkeypatch: pytest.MonkeyPatch, at_step: int, layout: str) -> None:
     """No tmpfs: make the write of `at_step` fail as a full disk does (the fallback of `small_disk`)."""
     if layout == "flat":
-        from pipekit_train.checkpoint import _checkpointer
+        from pipekit_train.checkpoint import _writer
 
-        write = _checkpointer.write_flat
+        write = _writer.write_flat
 
         def flat_full(directory: Any, step: int, *args: Any, **kwargs: Any) -> Any:
             if step == at_step:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
             return write(directory, step, *args, **kwargs)
 
-        monkeypatch.setattr(_checkpointer, "write_flat", flat_full)
+        monkeypatch.setattr(_writer, "write_flat", flat_full)
         return
     import orbax.checkpoint as ocp
 

@@ -11,7 +11,8 @@ import numpy as np
 
 from ._checkpointer import Checkpointer
 from ._errors import CheckpointError, CheckpointMismatchError, CheckpointNotFoundError
-from ._layout import _check_step, _load_entries, _step, _uncommitted_reason
+from ._layout import _check_step, _uncommitted_reason
+from ._manifest import _load_entries, _step
 from ._selectors import Average, Best, Last, ManifestEntry, Mode, Selector
 
 

@@ -11,17 +11,14 @@ retained checkpoint, so ``latest`` / ``best`` lookups and `list_runs` never open
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
 import os
-import queue
 import shutil
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -29,52 +26,31 @@ from typing import Any, Literal
 from pipekit import ConfigError
 
 from .._warnings import PipekitTrainWarning
-from ..scale._distributed import barrier, is_primary, process_count
-from ._errors import (
-    CheckpointError,
-    CheckpointNotFoundError,
-    CheckpointSaveError,
-)
-from ._flat import fsync_dir, plan_offsets, retire, write_flat
-from ._kill_point import at_save
+from ..scale._distributed import is_primary, process_count
+from ._errors import CheckpointError, CheckpointNotFoundError
 from ._layout import (
-    _ITEMS,
-    FORMAT,
-    MANIFEST,
     HeldState,
-    _add_digests,
     _check_json,
     _check_step,
-    _delete_step,
-    _file_digests,
-    _host_leaves,
-    _json_digest,
     _never_committed,
     _optional,
     _pending,
     _prepare_state,
-    _remove_stale_tmp,
-    _scan,
-    _short,
-    _space_note,
-    _step,
     _uncommitted_after,
     _uncommitted_reason,
-    _with_io_retry,
-    _write_manifest,
 )
+from ._manifest import MANIFEST, _scan, _step, _write_manifest
 from ._selectors import Best, Last, ManifestEntry, Mode, Selector, finite_score, union_select
 from ._settings import _check_keep, check_layout
+from ._writer import _finish_at_exit, _Job, _submit, _Writer
 
 logger = logging.getLogger("pipekit_train.checkpoint")
-#: Orbax's own threads of one save, named as Orbax 0.12 names them (joined after a failed save).
-_ORBAX_SAVE_THREADS = frozenset({"write_metadata_after_commits", "json_ch_save"})
 
 Layout = Literal["auto", "flat", "orbax"]
 
 
 # The checkpointer --------------------------------------------------------------------------------------------
-class Checkpointer:
+class Checkpointer(_Writer):
     """Writes checkpoints into one directory, keeps what the selectors pick, and restores them.
 
     A checkpoint is committed when its step directory has been renamed into place with its commit marker (by
@@ -290,84 +266,6 @@ class Checkpointer:
         self._job = _submit(functools.partial(self._write, step, snapshot, data_iter, meta, entry))
         return True
 
-    def _write(
-        self,
-        step: int,
-        snapshot: HeldState,
-        data_iter: dict[str, Any],
-        meta: dict[str, Any],
-        entry: ManifestEntry,
-    ) -> None:
-        """Checksum the host copies, write and commit the checkpoint, update the manifest, rotate.
-
-        On the writer thread, beside training: everything here that holds the GIL delays the training thread's next
-        dispatch, so nothing walks the state's tree again (`_prepare_state` flattened it and its plan holds the
-        sizes and empty containers) and the JSON is encoded by the C encoder (`_write_manifest`).
-        """
-        hosts = _host_leaves(snapshot.leaves)
-        leaves = snapshot.records
-        _add_digests(leaves, hosts)
-        flat = self.layout == "flat"
-        size = plan_offsets(leaves.values(), snapshot.nbytes) if flat else 0
-        record: dict[str, Any] = {
-            "format": FORMAT,
-            "layout": self.layout,
-            "step": step,
-            "time": entry.time,
-            "metric": self.monitor,
-            "mode": self.mode,
-            "score": entry.score,
-            "leaves": leaves,
-            "data_iter_sha256": _json_digest(data_iter),
-            "user": meta,
-        }
-        if flat:  # Orbax keeps the tree's structure itself; a restore "as saved" needs them
-            record["empty"] = snapshot.empty
-        record["record_sha256"] = _json_digest(record)
-        where = " in the background" if self.async_save else ""
-        intact = f"the checkpoints already listed in {MANIFEST} are intact"
-        if flat:
-            if not self._cleared_tmp:  # the first save: what a killed process left half-written goes
-                _remove_stale_tmp(self.directory)
-                self._cleared_tmp = True
-            texts = [json.dumps(value, allow_nan=True).encode() for value in (data_iter, record)]
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                spare, self._spare = self._spare, None
-                # The manifest's write (`_finalize`) fsyncs the directory: that makes this commit's rename durable.
-                files = write_flat(self.directory, step, hosts, list(leaves.values()), size, *texts, spare=spare)
-            except OSError as e:
-                raise CheckpointSaveError(
-                    f"saving step {step} to {self.directory} failed{where}: {e}{_space_note(self.directory, e)}; "
-                    f"{intact} (free space or fix the directory, then resume with --resume auto)"
-                ) from e
-            self._finalize(entry, files)
-            return
-        import jax
-
-        tree = jax.tree_util.tree_unflatten(snapshot.treedef, hosts)
-        import orbax.checkpoint as ocp
-
-        args = ocp.args.Composite(
-            state=ocp.args.PyTreeSave(tree),
-            data_iter=ocp.args.JsonSave(data_iter),
-            meta=ocp.args.JsonSave(record),
-        )
-        at_save(step)  # `pipekit-train check-resume` kills here: the save begun, nothing committed
-        try:
-            self._get_manager().save(step, args=args, force=True)
-        except Exception as e:
-            self._discard_manager()
-            raise CheckpointSaveError(
-                f"saving step {step} to {self.directory} failed{where}: {_short(e)}{_space_note(self.directory, e)}; "
-                f"{intact} (free space or fix the directory, then resume with --resume auto)"
-            ) from e
-        try:
-            self._finalize(entry, None)
-        except CheckpointSaveError:
-            self._discard_manager()
-            raise
-
     def wait(self) -> None:
         """Wait for an asynchronous save to commit and be rotated; raise `CheckpointSaveError` if it failed.
 
@@ -382,24 +280,6 @@ class Checkpointer:
         if error is not None:
             self._discard_manager()
             raise error
-
-    def _discard_manager(self) -> None:
-        """Drop a manager whose last save failed: Orbax re-raises that failure once in every thread that waits."""
-        manager, self._manager = self._manager, None
-        if manager is None:
-            return
-        with contextlib.suppress(Exception):  # the failure just reported
-            manager.wait_until_finished()
-        # The waiting stops at the first failure; Orbax's other writer threads of that save (its metadata writer)
-        # still run, and a process that exits now prints their tracebacks after the one-line error. Let them end.
-        for thread in threading.enumerate():
-            if thread.name in _ORBAX_SAVE_THREADS and thread is not threading.current_thread():
-                with contextlib.suppress(Exception):  # Orbax's join re-raises the thread's own failure
-                    thread.join(timeout=60)
-        try:
-            manager.close()
-        except Exception as e:
-            logger.warning("closing the Orbax manager of %s after a failed save: %s", self.directory, e)
 
     def close(self) -> None:
         """Wait for the last save (raising its failure) and release Orbax's resources."""
@@ -476,78 +356,6 @@ class Checkpointer:
             )
         return which
 
-    # Internals -------------------------------------------------------------------------------------------
-    def _is_own(self, entry: ManifestEntry) -> bool:
-        return entry.metric == self.monitor and entry.mode == self.mode
-
-    def _get_manager(self) -> Any:
-        if self._manager is None:
-            import orbax.checkpoint as ocp
-            from orbax.checkpoint import checkpoint_managers as cm
-
-            options = ocp.CheckpointManagerOptions(
-                # Asynchronous saves already run in our own thread (`_write_in_background`): a second, Orbax-owned
-                # thread per save would only add its start-up and hand-over to every save.
-                enable_async_checkpointing=False,
-                # Retention is ours: the manifest must be written between commit and deletion (see design).
-                preservation_policy=cm.preservation_policy.PreserveAll(),
-                # Cadence is ours too (`Checkpoint.should_save`); every save we hand over is written.
-                save_decision_policy=cm.FixedIntervalPolicy(1),
-                cleanup_tmp_directories=True,
-                create=True,
-            )
-            # The state is written uncompressed: zstd over float weights saved ~9% of the bytes for about half of
-            # a large save's CPU time (docs/performance.md), time the training threads share on a CPU machine. The
-            # reader (`_restore`) needs no setting: tensorstore records the codec in each array's metadata.
-            handlers = {
-                "state": ocp.PyTreeCheckpointHandler(use_compression=False),
-                "data_iter": ocp.JsonCheckpointHandler(),
-                "meta": ocp.JsonCheckpointHandler(),
-            }
-            assert tuple(handlers) == _ITEMS
-            self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
-        return self._manager
-
-    def _finalize(self, entry: ManifestEntry, files: dict[str, list[Any]] | None) -> None:
-        """After `entry.step` committed: record it in the manifest, then delete what no selector keeps.
-
-        `files` are the flat writer's file digests; ``None`` (the orbax layout) reads them from the step directory.
-        """
-        step_dir = self.directory / str(entry.step)
-        if files is None:
-            try:
-                self._manager.wait_until_finished()
-            except Exception as e:
-                raise CheckpointSaveError(
-                    f"saving step {entry.step} to {self.directory} failed in the background: {_short(e)}"
-                    f"{_space_note(self.directory, e)}; the checkpoints already listed in {MANIFEST} are intact"
-                ) from e
-        reason = _uncommitted_reason(step_dir)
-        if reason is not None:
-            raise CheckpointSaveError(f"step {entry.step} did not commit in {self.directory}: {reason}")
-        if files is None:
-            files = _with_io_retry(lambda: _file_digests(step_dir))
-        entry = dataclasses.replace(entry, files=files)
-        with self._lock:
-            entries = [e for e in self._entries.values() if _uncommitted_reason(self.directory / str(e.step)) is None]
-            entries.append(entry)
-            retained, doomed = self._retention(entries)
-            try:
-                if is_primary():  # several processes: process 0 writes the manifest and deletes, after Orbax's commit
-                    self._write_listed(retained, doomed)
-            except OSError as e:
-                self._entries[entry.step] = entry  # listed by the next manifest write that succeeds
-                if self.layout == "flat":  # the commit's rename (`write_flat` left its fsync to this write)
-                    with contextlib.suppress(OSError):
-                        fsync_dir(self.directory)
-                raise CheckpointSaveError(
-                    f"step {entry.step} committed in {self.directory} but {MANIFEST} could not be updated ({e})"
-                    f"{_space_note(self.directory, e)}; nothing was deleted"
-                ) from e
-            self._entries = {e.step: e for e in retained}
-        self._delete(doomed)
-        barrier("checkpoint-manifest")  # no process reads the manifest before process 0 wrote it
-
     def prune(self) -> list[int]:
         """Delete the committed checkpoints that no selector in `keep` retains, as a `save` does after its commit.
 
@@ -576,40 +384,6 @@ class Checkpointer:
         logger.info("deleted checkpoint step(s) %s of %s: not kept by %s", doomed, self.directory, list(self.keep))
         return doomed
 
-    def _retention(self, entries: list[ManifestEntry]) -> tuple[list[ManifestEntry], list[int]]:
-        """(the entries `keep` retains, by step; the steps it does not), over committed `entries`.
-
-        A resume point (`ManifestEntry.resume_point`) is kept while it is the latest and never counted by the
-        selectors, so what they keep is what they keep in a run that was never stopped."""
-        own = [e for e in entries if self._is_own(e) and not e.resume_point]
-        kept = union_select(self.keep, own, self.mode) | {e.step for e in entries if not self._is_own(e)}
-        latest = max(entries, key=_step, default=None)
-        if latest is not None and latest.resume_point:
-            kept.add(latest.step)
-        retained = sorted((e for e in entries if e.step in kept), key=_step)
-        return retained, sorted(e.step for e in entries if e.step not in kept)
-
-    def _write_listed(self, retained: list[ManifestEntry], doomed: list[int]) -> None:
-        """Write the manifest listing `retained`; ``dropping`` names `doomed`, the steps deleted right after, so a
-        stop before their deletion is told from a save that never reached the manifest (`__init__`)."""
-        header: dict[str, Any] = {"monitor": self.monitor, "mode": self.mode, "keep": [repr(s) for s in self.keep]}
-        if doomed:
-            header["dropping"] = doomed
-        _with_io_retry(lambda: _write_manifest(self.directory, header, retained))
-
-    def _delete(self, doomed: list[int]) -> None:
-        """Delete the step directories of `doomed` (process 0 of several); the manifest no longer lists them."""
-        for step in doomed if is_primary() else []:
-            step_dir = self.directory / str(step)
-            if self.layout == "flat" and self._spare is None:  # one rename; the next save rewrites its files
-                self._spare = retire(step_dir)
-                if self._spare is not None or not step_dir.exists():
-                    continue
-            try:
-                _with_io_retry(functools.partial(_delete_step, step_dir))
-            except OSError as e:
-                logger.warning("could not delete checkpoint step %s in %s: %s", step, self.directory, e)
-
 
 def _json_copy(value: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of checked JSON data (any `Mapping` becomes a dict, as it is written)."""
@@ -620,76 +394,3 @@ def _json_copy(value: Mapping[str, Any]) -> dict[str, Any]:
         raise TypeError(f"{type(obj).__name__} is not JSON data")  # `_check_json` refused it already
 
     return json.loads(json.dumps(value, default=as_dict))  # type: ignore[no-any-return]
-
-
-class _Job:
-    """One background write: `fn`, then `done` is set, with `error` holding what it raised."""
-
-    __slots__ = ("done", "error", "fn")
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-
-_JOBS: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-_WRITER: threading.Thread | None = None
-_WRITER_LOCK = threading.Lock()
-
-
-def _submit(fn: Any) -> _Job:
-    """Queue `fn` on the one writer thread of this process (started on first use, and again after a fork).
-
-    One long-lived thread rather than one per save: starting a thread hands it the GIL and the caller waits up to
-    a switch interval (5 ms) to get it back, which the training thread would pay at every save.
-    """
-    global _WRITER, _JOBS
-    with _WRITER_LOCK:
-        if _WRITER is None or not _WRITER.is_alive():
-            _JOBS = queue.SimpleQueue()
-            _WRITER = threading.Thread(target=_write_jobs, args=(_JOBS,), name="pipekit-checkpoint-writer", daemon=True)
-            _WRITER.start()
-        job = _Job(fn)
-        _JOBS.put(job)
-    return job
-
-
-def _write_jobs(jobs: queue.SimpleQueue[_Job]) -> None:
-    while True:
-        job = jobs.get()
-        try:
-            job.fn()
-        except BaseException as e:  # handed to the caller by the next wait()
-            logger.error("checkpoint: %s", e)
-            job.error = e
-        finally:
-            job.done.set()
-            del job
-
-
-_PENDING: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
-_EXIT_HOOK = False
-
-
-def _finish_at_exit(checkpointer: Checkpointer) -> None:
-    """Make interpreter exit wait for `checkpointer`'s background save (a forgotten `close` would lose it).
-
-    The hook must run before `concurrent.futures` stops accepting work, which Orbax's background write still
-    needs; `atexit` runs too late for that, so the hook goes where concurrent.futures registers its own.
-    """
-    global _EXIT_HOOK
-    _PENDING.add(checkpointer)
-    if not _EXIT_HOOK:
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            register(_wait_for_pending)
-            _EXIT_HOOK = True
-
-
-def _wait_for_pending() -> None:
-    for checkpointer in list(_PENDING):
-        try:
-            checkpointer.close()
-        except Exception as e:
-            logger.error("checkpoint of %s failed while exiting: %s", checkpointer.directory, e)

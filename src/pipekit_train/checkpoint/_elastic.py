@@ -118,7 +118,8 @@ def check_resume_topology(loop: Any, stage_dir: str, stage: str) -> None:
     """Before pre-flight (whose batch check would say only "use another batch_size", which a resume cannot): refuse
     in one line a resume whose latest checkpoint was written on another topology that the new device count cannot
     continue. Nothing to resume, or the same topology: nothing to say."""
-    from ._layout import _read_record_json, _uncommitted_reason
+    from ._layout import _uncommitted_reason
+    from ._manifest import _read_record_json
 
     if loop.checkpoint_settings is None:
         return

@@ -12,7 +12,8 @@ from typing import Any
 
 from .._warnings import PipekitTrainWarning
 from ._errors import CheckpointNotFoundError
-from ._layout import MANIFEST, _is_tmp, _scan, _uncommitted_reason
+from ._layout import _is_tmp, _uncommitted_reason
+from ._manifest import MANIFEST, _scan
 from ._selectors import Best, ManifestEntry
 
 
