@@ -36,7 +36,7 @@ def test_example_round_trips_and_validates(path: Path, monkeypatch: pytest.Monke
         return
     if type(op).__name__ == "Sweep":  # every trial pre-flighted, its pipeline file read relative to it
         from pipekit_train.sweep import load_sweep
-        from pipekit_train.sweep._driver import preflight
+        from pipekit_train.sweep._plan import preflight
 
         sweep = load_sweep(str(path))
         assert len(preflight(sweep, sweep.pipeline)) > 0

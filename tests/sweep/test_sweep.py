@@ -22,7 +22,7 @@ import pytest
 from pipekit_train.cli._main import main
 from pipekit_train.provenance import ArtifactStore
 from pipekit_train.sweep import LocalExecutor, load_sweep, run_sweep, sweep_status
-from pipekit_train.sweep._driver import random_params
+from pipekit_train.sweep._plan import random_params
 
 PIPELINE = """\
 pipekit: 1
@@ -290,7 +290,7 @@ def test_ray_executor_auto_starts_a_local_ray_when_none_answers(ray_tmpdir):
     ray = pytest.importorskip("ray")
     from pipekit import ConfigError
     from pipekit_train.sweep import RayExecutor
-    from pipekit_train.sweep._driver import _RayPool
+    from pipekit_train.sweep._executors import _RayPool
 
     assert not ray.is_initialized()
     with pytest.raises(ConfigError, match=r"^Sweep.executor.address 127.0.0.1:1: no Ray cluster answers there \("):

@@ -15,7 +15,8 @@ from ._imports import add_import_flag, import_modules, requested_imports
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from ..sweep import load_sweep, run_sweep, sweep_status
-    from ..sweep._driver import default_run_dir, format_table
+    from ..sweep._journal import default_run_dir
+    from ..sweep._report import format_table
 
     if args.json and not args.status:
         raise UsageError("--json prints the table of --status: use it with --status")

@@ -9,8 +9,9 @@ suggests one, recording nothing.
 
 from __future__ import annotations
 
-from ._driver import SweepResult, load_sweep, run_sweep, sweep_status
+from ._driver import load_sweep, run_sweep
 from ._lr_find import LRFindResult, lr_find
+from ._report import SweepResult, sweep_status
 from ._sweep import LocalExecutor, RayExecutor, Sweep, SweepPruning
 
 __all__ = [

@@ -31,8 +31,9 @@ from typing import Any
 from pipekit import ConfigError, Operator
 
 from .._signals import phase
-from ._driver import Journal, apply_params, outcome, run_trial, trial_key
+from ._journal import Journal
 from ._sweep import Sweep
+from ._trial import apply_params, outcome, run_trial, trial_key
 
 _FINISHED = ("completed", "pruned", "failed")
 #: A trial's state in the journal for each of Optuna's (``WAITING``: enqueued, not used here).

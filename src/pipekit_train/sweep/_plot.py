@@ -8,7 +8,7 @@ from typing import Any
 
 from pipekit import ConfigError
 
-from ._driver import SweepResult
+from ._report import SweepResult
 
 
 def _curves(trial: dict[str, Any], context: str, name: str) -> tuple[list[int], list[float]]:

@@ -1,6 +1,6 @@
 """The `Sweep` operator: a pipeline, the fields to vary (a grid or distributions), the objective and the executor.
 
-Only the shape of the configuration is checked here (no file is read, nothing is imported); `_driver.preflight`
+Only the shape of the configuration is checked here (no file is read, nothing is imported); `_plan.preflight`
 checks the trials' pipelines before any trial runs.
 """
 
@@ -43,7 +43,7 @@ class RayExecutor(Operator, name="ray"):
     Attributes:
         address: The Ray cluster: ``auto`` (the one this process is connected to; else the one ``$RAY_ADDRESS`` or
             ``ray start`` names, if it answers; else a private local instance, started for the sweep and stopped
-            after it) or ``HOST:PORT`` (refused in one line when nothing answers there). `_driver.ray_address`.
+            after it) or ``HOST:PORT`` (refused in one line when nothing answers there). `_executors.ray_address`.
         resources_per_trial: What each trial's task asks of Ray (``{CPU: 1}``, ``{GPU: 1}``, custom resources).
     """
 
