@@ -113,3 +113,15 @@ def test_every_module_imports_on_its_own() -> None:
     names = [n for n in _modules() if not n.endswith("__main__")]
     proc = subprocess.run([sys.executable, "-c", _ISOLATED, *names], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+def test_files_hold_one_idea() -> None:
+    """At most three source files pass 500 lines, and each says in its docstring why it is one idea (issue 40)."""
+    long = {}
+    for path in sorted(SRC.parent.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").count("\n")
+        if lines > 500:
+            long[str(path.relative_to(SRC.parent))] = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    assert len(long) <= 3, sorted(long)
+    for path, docstring in long.items():
+        assert "One idea" in docstring, f"{path} passes 500 lines: its docstring says why it is one idea"

@@ -6,6 +6,10 @@ fields, their type hints (the same hints values are checked against), their defa
 (its first paragraph, and per-field text under Google-style ``Args:`` / ``Attributes:`` sections, read from the
 class and then its bases). Nothing is imported here but the registry's own entry points.
 
+One idea in one module, although it passes 500 lines: the JSON Schema and the field tables are two renderings of
+one reading of an operator's fields (type hints to schema fragments and to readable type names, defaults, the
+docstring's per-field text); split, each half would re-implement that reading.
+
 Example:
     >>> import pipekit
     >>> from pipekit._schema import field_table

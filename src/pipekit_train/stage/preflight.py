@@ -189,7 +189,7 @@ def _check_capabilities(loop: TrainingLoop, backend: Backend, stage: str) -> Non
 def _check_registries(loop: TrainingLoop, stage: str) -> None:
     """Refuse a `RegisterModel` registry that cannot be written (read-only or full): found now, not after the whole
     training, when the callback stores the model. The run's own folders and the store are checked when the run
-    directory is known (`stage.runner`)."""
+    directory is known (`stage.driver`)."""
     from .._lock import check_writable
     from ..provenance._model_registry import ENV_VAR, LocalModelRegistry
     from ..provenance._register import RegisterModel
