@@ -237,12 +237,14 @@ class CheckpointHooks:
 
 
 def make_hooks(loop: Any, info: Any, settings: Any) -> CheckpointHooks:
-    """The hooks for one stage: with its `Checkpoint` callback (if any) and the run's resume setting."""
+    """The hooks for one stage: with its `Checkpoint` callback (if any) and the run's settings (a
+    `pipekit_train.stage.RunSettings`: ``resume``, ``force_resume``, ``extension``, ``fork``)."""
     config = loop.checkpoint_settings
     resume = settings.resume == "auto" or loop.resume == "auto"
-    extension = getattr(settings, "extension", None)
-    force = bool(getattr(settings, "force_resume", False))
-    hooks = CheckpointHooks(loop, info, resume or extension is not None, config, force=force, extension=extension)
+    extension = settings.extension
+    hooks = CheckpointHooks(
+        loop, info, resume or extension is not None, config, force=bool(settings.force_resume), extension=extension
+    )
     if info.stage_index == 0:  # a fork starts the run's first stage
-        hooks.fork_point = getattr(settings, "fork", None)
+        hooks.fork_point = settings.fork
     return hooks
