@@ -65,12 +65,15 @@ def test_the_committed_csvs_are_what_make_data_writes(tmp_path: Path):
         assert Path(written).read_bytes() == (WINE / Path(written).name).read_bytes()
 
 
-def test_the_artifact_records_the_classes_and_columns_fitted_on_the_training_file(trained):
-    _, _, artifact = trained
+def test_the_artifact_records_the_classes_and_columns_fitted_on_the_training_file(trained, capsys):
+    root, store, artifact = trained
     stats = artifact.source_statistics
     assert stats["classes"] == ["class_0", "class_1", "class_2"]
     assert len(stats["inputs"]) == 13 and "id" not in stats["inputs"] and "target" not in stats["inputs"]
     assert set(artifact.data_statistics) == {"x"}
+    capsys.readouterr()
+    assert _cli(root, store, "artifacts", "show", artifact.artifact_id[:12]) == 0
+    assert "classes    class_0, class_1, class_2" in capsys.readouterr().out
 
 
 def test_evaluate_on_the_test_csv_matches_logistic_regression(trained, capsys):
@@ -110,6 +113,11 @@ def test_predict_reads_a_csv_without_the_target_column(trained, tmp_path):
     out = tmp_path / "u.csv"
     assert _cli(root, store, "predict", artifact.artifact_id[:12], "--data", str(path), "-o", str(out)) == 0
     assert len(_rows(out)) == 6
+    rows[3] = [*rows[3][:-1], "class_9"]  # a label predict does not read
+    with open(path, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+    assert _cli(root, store, "predict", artifact.artifact_id[:12], "--data", str(path), "-o", str(out)) == 0
+    assert len(_rows(out)) == 46
 
 
 @pytest.mark.parametrize(

@@ -65,8 +65,8 @@ class Evaluation:
 def load_data(path: str | os.PathLike[str], loop: Any = None, *, targets: bool = True) -> Any:
     """A `TrainingDataset` (in record order) from an ``.npz`` file, a YAML file holding a `TrainingDataset`, or a
     ``.csv`` file read with the `CsvSource` settings and transforms of `loop`'s training dataset (every row of the
-    file: its ``where``, ``split`` and ``fractions`` do not apply; without `targets`, a file that lacks the target
-    columns is read without them)."""
+    file: its ``where``, ``split`` and ``fractions`` do not apply; without `targets`, the target columns are not
+    read, so the file may lack them)."""
     import pipekit
 
     from ..data import NpzSource, TrainingDataset
@@ -108,8 +108,8 @@ def _csv_dataset(path: str, loop: Any, targets: bool) -> Any:
 
     source = source.replace(path=path, where={}, split=None, fractions={})
     transforms = tuple(loop.dataset.transforms)
-    if not targets and any(t not in source.header_names() for t in source.targets):
-        source = source.replace(targets=(), class_labels=False)  # predict: a file without the labels
+    if not targets and source.targets:  # predict: the labels are not read (a file may lack them, or hold new ones)
+        source = source.replace(targets=(), class_labels=False)
         y = source.target_key  # the target's Standardize goes with it (predict inverts the recorded one)
         transforms = tuple(
             Standardize(keys=tuple(k for k in t.keys if k != y), statistics=t.statistics)
