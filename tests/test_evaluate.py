@@ -112,12 +112,12 @@ def test_the_cli_evaluates_and_refuses_bad_input_in_one_line(trained):
     assert listed.returncode == 0 and artifact_id[:12] in listed.stdout
 
 
-def test_data_must_be_npz_or_a_yaml_training_dataset(tmp_path: Path):
+def test_data_must_be_npz_csv_or_a_yaml_training_dataset(tmp_path: Path):
     from pipekit import ConfigError
     from pipekit_train.inference._evaluate import load_data
 
-    with pytest.raises(ConfigError, match=r"--data test.csv: expected an .npz file or a .yaml file"):
-        load_data("test.csv")
+    with pytest.raises(ConfigError, match=r"--data test.parquet: expected an .npz file, a .csv file or a .yaml file"):
+        load_data("test.parquet")
     (tmp_path / "loss.yaml").write_text("pipekit: 1\ntype: MSE\n")
     with pytest.raises(ConfigError, match=r"loss.yaml: the file must hold a TrainingDataset .*got MSE"):
         load_data(tmp_path / "loss.yaml")

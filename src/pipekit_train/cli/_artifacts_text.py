@@ -118,6 +118,11 @@ def _show(a: TrainingArtifact) -> str:
     lines += [f"           {text}" for text in imports[1:]]
     if a.run_dir:
         lines.append(f"files      {a.run_dir}")
+    fitted = a.source_statistics or {}
+    if fitted.get("classes"):  # a CsvSource's class_labels, fitted on the training split
+        lines.append(f"classes    {', '.join(str(c) for c in fitted['classes'])}"[:300])
+    if fitted.get("features"):
+        lines.append(f"features   {len(fitted['features'])}: {', '.join(fitted['features'])}"[:300])
     if a.user:
         lines.append("user")  # what callbacks put in ctx.artifact_fields
         width = max(len(k) for k in a.user)

@@ -1,11 +1,12 @@
 """``pipekit-train evaluate``, ``predict`` and ``evaluations``: a trained model on new data, and what was measured.
 
-``evaluate ARTIFACT_ID|MODEL_URI --data FILE.yaml|FILE.npz [--metric M]... [--import MODULE]...`` prints the metrics
-and records the evaluation in the artifact store, linked to the artifact; ``predict ... --data FILE -o out.npz``
-writes the model's outputs and records what they came from; both import the artifact's recorded modules, then
-``$PIPEKIT_IMPORT`` and ``--import``, before reading the stage's pipeline; ``evaluations [--dataset-hash H]
-[--artifact ID] [--metric NAME]`` lists the recorded evaluations. Exit codes: 0 done, 2 a mistake in what was
-asked (one line on standard error), 1 a failure.
+``evaluate ARTIFACT_ID|MODEL_URI --data FILE.yaml|FILE.npz|FILE.csv [--metric M]... [--import MODULE]...`` prints
+the metrics and records the evaluation in the artifact store, linked to the artifact (a ``.csv`` is read with the
+training stage's `CsvSource` settings); ``predict ... --data FILE -o out.npz|out.csv`` writes the model's outputs
+(a ``.csv``: the row, the predicted class name and one probability per class) and records what they came from;
+both import the artifact's recorded modules, then ``$PIPEKIT_IMPORT`` and ``--import``, before reading the stage's
+pipeline; ``evaluations [--dataset-hash H] [--artifact ID] [--metric NAME]`` lists the recorded evaluations. Exit
+codes: 0 done, 2 a mistake in what was asked (one line on standard error), 1 a failure.
 """
 
 from __future__ import annotations
@@ -112,7 +113,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         store=_store(args),
         record=not args.no_record,
     )
-    print(f"wrote {args.output} (predictions {out.dtype}{list(out.shape)})")
+    if str(args.output).lower().endswith(".csv"):
+        print(f"wrote {args.output} ({out.shape[0]} rows; outputs {out.dtype}{list(out.shape)})")
+    else:
+        print(f"wrote {args.output} (predictions {out.dtype}{list(out.shape)})")
     return EXIT_OK
 
 
@@ -144,7 +148,12 @@ def add_evaluate_commands(sub: Any) -> None:
         description="Evaluate the model an artifact (or a model URI) names on a dataset and record the result.",
     )
     p.add_argument("model", metavar="ARTIFACT_ID|MODEL_URI")
-    p.add_argument("--data", required=True, metavar="FILE", help="an .npz file or a YAML TrainingDataset")
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="FILE",
+        help="an .npz file, a YAML TrainingDataset, or a .csv read with the training stage's CsvSource settings",
+    )
     p.add_argument(
         "--metric",
         action="append",
@@ -160,12 +169,23 @@ def add_evaluate_commands(sub: Any) -> None:
 
     p = sub.add_parser(
         "predict",
-        help="a trained model's outputs for a dataset, into an .npz",
+        help="a trained model's outputs for a dataset, into an .npz or a .csv",
         description="Write the outputs of the model an artifact (or a model URI) names for every record of a dataset.",
     )
     p.add_argument("model", metavar="ARTIFACT_ID|MODEL_URI")
-    p.add_argument("--data", required=True, metavar="FILE", help="an .npz file or a YAML TrainingDataset")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.npz", help="where to write 'predictions'")
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="FILE",
+        help="an .npz file, a YAML TrainingDataset, or a .csv read with the training stage's CsvSource settings",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT.npz|OUT.csv",
+        help="an .npz ('predictions': the outputs) or a .csv (row, predicted class, one probability per class)",
+    )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")
     p.add_argument("--no-record", action="store_true", help="do not record the prediction in the artifact store")

@@ -79,6 +79,7 @@ class _Memo:
 _ARRAYS = _Memo()
 _HASHES = _Memo()
 _FITTED = _Memo()
+_SOURCES = _Memo()
 
 
 def _file_identity(source: object) -> Hashable:
@@ -234,22 +235,34 @@ class TrainingDataset(Operator):
             yield batch
 
     def fitted(self) -> TrainingDataset:
-        """This dataset with every unfitted `Standardize` fitted on its own records (itself when there is none).
+        """This dataset with its source fitted on its own records (`Source.fit`: a `CsvSource`'s classes,
+        categories and imputed values) and every unfitted `Standardize` fitted on them (itself when nothing is
+        left to fit).
 
         A `TrainingLoop` fits its training dataset this way and gives the same statistics to its validation and
-        test datasets (`with_statistics`). Computed once per process for equal datasets.
+        test datasets (`with_statistics`, `with_source_statistics`). Computed once per process for equal datasets.
         """
         from ._standardize import Standardize
 
-        if not any(isinstance(t, Standardize) and not t.fitted for t in self.transforms):
+        ds = self
+        serializable = type(self.source)._yaml_serializable
+        if not self.source.fitted:
+            key = (self.source, _file_identity(self.source)) if serializable else None
+            ds = self.replace(source=_SOURCES.get(self.source, key, self.source.fit))
+        if not any(isinstance(t, Standardize) and not t.fitted for t in ds.transforms):
+            return ds
+        key = (ds.source, _file_identity(ds.source), ds.transforms) if serializable else None
+        fitted = _FITTED.get(ds, key, lambda: fit_statistics(ds.arrays(), ds.transforms))
+        return ds.replace(transforms=fitted)
+
+    def with_source_statistics(
+        self, statistics: dict[str, Any] | None, owner: str = "TrainingDataset"
+    ) -> TrainingDataset:
+        """This dataset with an unfitted source given `statistics` (the training split's `Source.fitted_statistics`,
+        as a stage's artifact records them in ``source_statistics``); itself when there are none."""
+        if not statistics or self.source.fitted:
             return self
-        key = (
-            (self.source, _file_identity(self.source), self.transforms)
-            if type(self.source)._yaml_serializable
-            else None
-        )
-        fitted = _FITTED.get(self, key, lambda: fit_statistics(self.arrays(), self.transforms))
-        return self.replace(transforms=fitted)
+        return self.replace(source=self.source.with_fitted(statistics, owner))
 
     def with_statistics(self, statistics: dict[str, Any], owner: str = "TrainingDataset") -> TrainingDataset:
         """This dataset with every unfitted `Standardize` given `statistics` (``{key: {"mean", "std"}}``, those

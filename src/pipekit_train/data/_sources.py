@@ -50,7 +50,30 @@ def check_arrays(owner: str, arrays: Mapping[str, Any]) -> Arrays:
 
 
 class Source(Operator, register=False):
-    """Abstract: an operator whose `load` returns a dict of equally long numpy arrays."""
+    """Abstract: an operator whose `load` returns a dict of equally long numpy arrays.
+
+    A source may have settings fitted on the training split (`CsvSource`'s classes, categories and imputed
+    values): `fitted` says whether they are known, `fit` fits them on the source's own records, `fitted_statistics`
+    is what a stage records in its artifact (``source_statistics``) and `with_fitted` gives another split (or
+    ``evaluate``/``predict``) those recorded values. A source with nothing to fit keeps these defaults.
+    """
+
+    @property
+    def fitted(self) -> bool:
+        """Whether nothing is left to fit (the default: a source with nothing to fit)."""
+        return True
+
+    def fit(self) -> Source:
+        """This source with its settings fitted on its own records (itself when there is nothing to fit)."""
+        return self
+
+    def fitted_statistics(self) -> dict[str, Any] | None:
+        """What was fitted, as plain JSON data for the artifact, or ``None`` (nothing fitted)."""
+        return None
+
+    def with_fitted(self, statistics: dict[str, Any] | None, owner: str) -> Source:
+        """This source with the fitted values `statistics` (another split's `fitted_statistics`), if unfitted."""
+        return self
 
     def load(self) -> Arrays:
         """Read the arrays. `TrainingDataset` calls this once per process and caches the result."""

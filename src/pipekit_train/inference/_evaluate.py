@@ -62,18 +62,23 @@ class Evaluation:
         return dataclasses.asdict(self)
 
 
-def load_data(path: str | os.PathLike[str]) -> Any:
-    """A `TrainingDataset` (in record order) from an ``.npz`` file or a YAML file holding a `TrainingDataset`."""
+def load_data(path: str | os.PathLike[str], loop: Any = None, *, targets: bool = True) -> Any:
+    """A `TrainingDataset` (in record order) from an ``.npz`` file, a YAML file holding a `TrainingDataset`, or a
+    ``.csv`` file read with the `CsvSource` settings and transforms of `loop`'s training dataset (every row of the
+    file: its ``where``, ``split`` and ``fractions`` do not apply; without `targets`, the target columns are not
+    read, so the file may lack them)."""
     import pipekit
 
     from ..data import NpzSource, TrainingDataset
 
     text = os.fspath(path)
     ext = os.path.splitext(text)[1].lower()
+    if ext in (".npz", ".csv") and not os.path.exists(text):
+        raise FileNotFoundError(f"--data {text}: no such file")
     if ext == ".npz":
-        if not os.path.exists(text):
-            raise FileNotFoundError(f"--data {text}: no such file")
         return TrainingDataset(source=NpzSource(path=text), shuffle=False)
+    if ext == ".csv":
+        return _csv_dataset(text, loop, targets)
     if ext in (".yaml", ".yml"):
         loaded = pipekit.load(text)
         if not isinstance(loaded, TrainingDataset):
@@ -82,7 +87,38 @@ def load_data(path: str | os.PathLike[str]) -> Any:
                 f"{type(loaded).__name__}"
             )
         return loaded.replace(shuffle=False)
-    raise ConfigError(f"--data {text}: expected an .npz file or a .yaml file holding a TrainingDataset, got {ext!r}")
+    raise ConfigError(
+        f"--data {text}: expected an .npz file, a .csv file or a .yaml file holding a TrainingDataset, got {ext!r}"
+    )
+
+
+def _csv_dataset(path: str, loop: Any, targets: bool) -> Any:
+    """`path` read as the training stage's `CsvSource` reads its file (columns, delimiter, dtypes, encodings), every
+    row of it, through the training dataset's transforms."""
+    from ..data import CsvSource, TrainingDataset
+
+    source = getattr(getattr(loop, "dataset", None), "source", None)
+    if not isinstance(source, CsvSource):
+        trained = f"the stage trained on a {type(source).__name__}" if loop is not None else "its stage is not known"
+        raise ConfigError(
+            f"--data {path}: a .csv file is read with the training stage's CsvSource settings, but {trained}; pass "
+            "an .npz file or a YAML TrainingDataset"
+        )
+    from ..data import Standardize
+
+    source = source.replace(path=path, where={}, split=None, fractions={})
+    transforms = tuple(loop.dataset.transforms)
+    if not targets and source.targets:  # predict: the labels are not read (a file may lack them, or hold new ones)
+        source = source.replace(targets=(), class_labels=False)
+        y = source.target_key  # the target's Standardize goes with it (predict inverts the recorded one)
+        transforms = tuple(
+            Standardize(keys=tuple(k for k in t.keys if k != y), statistics=t.statistics)
+            if isinstance(t, Standardize)
+            else t
+            for t in transforms
+            if not (isinstance(t, Standardize) and set(t.keys) <= {y})
+        )
+    return TrainingDataset(source=source, transforms=transforms, shuffle=False)
 
 
 def _training_loop(artifact: Any) -> tuple[Any, str]:
@@ -150,7 +186,9 @@ def evaluate(
 
     Args:
         model: An artifact id (or a unique prefix) in `store`, or a model URI (``pipekit-model:sha256:...``).
-        data: An ``.npz`` file, or a YAML file holding a `TrainingDataset` (its transforms apply).
+        data: An ``.npz`` file, a YAML file holding a `TrainingDataset` (its transforms apply), or a ``.csv``
+            file, read with the training stage's `CsvSource` settings and transforms, with the classes and
+            categories its training split recorded (an unseen class is an error naming the line and column).
         metrics: `Metric` operators. Default: the stage's loss (``loss`` and its aux values, such as
             ``accuracy`` for `CrossEntropy`) and the metrics its `TrainingLoop.metrics` names: what the stage
             logged as ``test/...``.
@@ -178,7 +216,7 @@ def evaluate(
     for i, m in enumerate(metrics):
         if not isinstance(m, Metric):
             raise ConfigError(f"evaluate: metrics[{i}] must be a Metric operator (Accuracy, MAE, ...), got {m!r}")
-    dataset = load_data(data)
+    dataset = load_data(data, loop).with_source_statistics(_source_statistics(artifact), f"--data {os.fspath(data)}")
     x_key, y_key = _keys(loop, input_key, target_key)
     _check_keys(dataset, data, x_key, y_key)
     stats = _statistics(artifact)
@@ -219,6 +257,11 @@ def _made(artifact: Any, uri: str, bound: Any, dataset: Any, data: Any, **fields
 def _statistics(artifact: Any) -> dict[str, Any]:
     """The `Standardize` statistics the artifact's training split recorded (empty for none, or no artifact)."""
     return dict(getattr(artifact, "data_statistics", None) or {})
+
+
+def _source_statistics(artifact: Any) -> dict[str, Any]:
+    """What the artifact's training source was fitted to (a `CsvSource`'s classes, categories; empty for none)."""
+    return dict(getattr(artifact, "source_statistics", None) or {})
 
 
 def in_data_units(dataset: Any, stats: dict[str, Any], x_key: str, y_key: str, owner: str) -> Any:
@@ -284,8 +327,11 @@ def predict(
 
     Args:
         model: An artifact id (or a unique prefix) in `store`, or a model URI (``pipekit-model:sha256:...``).
-        data: An ``.npz`` file, or a YAML file holding a `TrainingDataset` (its transforms apply).
-        output: An ``.npz`` file to write (``predictions``), or ``None``.
+        data: An ``.npz`` file, a YAML file holding a `TrainingDataset` (its transforms apply), or a ``.csv``
+            file, read with the training stage's `CsvSource` settings and transforms (the target columns may be
+            absent).
+        output: An ``.npz`` file to write (``predictions``), a ``.csv`` file (`_write_csv`: the row, the predicted
+            class and one probability per class for a classifier; the outputs otherwise), or ``None``.
         batch_size: Records per batch.
         input_key: The model input entry of a batch. Default: the artifact's `input_key`, else ``"x"``.
         store: The artifact store (a path, an `ArtifactStore`, or ``None`` for the default).
@@ -301,8 +347,9 @@ def predict(
         raise ConfigError(f"predict: batch_size must be a positive int, got {batch_size!r}")
     store = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
     bound, artifact, uri = _resolve(model, store, None)
-    dataset = load_data(data)
     loop, why_not = _training_loop(artifact)
+    fitted = _source_statistics(artifact)
+    dataset = load_data(data, loop, targets=False).with_source_statistics(fitted, f"--data {os.fspath(data)}")
     if loop is None and input_key is None and artifact is not None:
         raise ConfigError(
             _MSG_NO_LOOP.format(what="predict", model=model, reason=why_not).replace(
@@ -316,7 +363,9 @@ def predict(
     unscaled = _Unstandardized(bound, stats, y_key)
     parts = [np.asarray(unscaled(batch[x_key])) for batch in prepared.epoch_batches(batch_size)]
     predictions = np.concatenate(parts) if parts else np.zeros((0,))
-    if output is not None:
+    if output is not None and os.fspath(output).lower().endswith(".csv"):
+        _write_csv(os.fspath(output), predictions, loop, fitted.get("classes"))
+    elif output is not None:
         tmp = os.fspath(output) + ".tmp.npz"
         np.savez(tmp, predictions=predictions)
         os.replace(tmp, output)
@@ -337,3 +386,40 @@ def predict(
         with store:
             store.record_evaluation(prediction.to_dict())
     return predictions
+
+
+def _write_csv(path: str, predictions: np.ndarray, loop: Any, classes: Any) -> None:
+    """`predictions` as a CSV file, one line per input row: ``row`` (the row's index among the file's data rows, as
+    ``pandas.read_csv`` numbers them), then, for a classifier (the stage recorded classes, or trained with
+    `CrossEntropy`), ``predicted`` (the class name, or index) and ``p_<class>`` (the softmax probability of each
+    class); otherwise one column per output, named after the stage's `CsvSource` targets when they match."""
+    import csv
+
+    from ..losses import CrossEntropy
+
+    out = predictions.reshape(len(predictions), -1) if predictions.ndim != 1 else predictions[:, None]
+    classifier = classes is not None or isinstance(getattr(loop, "loss", None), CrossEntropy)
+    rows: list[list[Any]]
+    if classifier and out.shape[1] > 1:
+        names = [str(c) for c in classes] if classes is not None else [str(i) for i in range(out.shape[1])]
+        if len(names) != out.shape[1]:
+            raise ConfigError(
+                f"-o {path}: the model gives {out.shape[1]} logits but the stage recorded {len(names)} classes"
+            )
+        z = out.astype(np.float64) - out.max(axis=1, keepdims=True)
+        p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        header = ["row", "predicted", *(f"p_{n}" for n in names)]
+        rows = [[i, names[int(k)], *(f"{v:.6g}" for v in p[i])] for i, k in enumerate(p.argmax(axis=1))]
+    else:
+        targets = list(getattr(getattr(getattr(loop, "dataset", None), "source", None), "targets", ()) or ())
+        names = targets if len(targets) == out.shape[1] else [f"prediction_{j}" for j in range(out.shape[1])]
+        if out.shape[1] == 1 and not targets:
+            names = ["prediction"]
+        header = ["row", *names]
+        rows = [[i, *(f"{v:.8g}" for v in r)] for i, r in enumerate(out.tolist())]
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
+    os.replace(tmp, path)

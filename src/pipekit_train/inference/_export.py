@@ -303,6 +303,7 @@ def export_model(
         "outputs": [{"shape": _plain_shape(a.shape), "dtype": str(a.dtype)} for a in exported.out_avals],
         "batch": "symbolic" if symbolic_batch else batch,
         "data_statistics": None if artifact is None else artifact.data_statistics,
+        "source_statistics": None if artifact is None else artifact.source_statistics,
         "platforms": list(exported.platforms),
         "calling_convention_version": exported.calling_convention_version,
         "jax_version": jax.__version__,

@@ -55,7 +55,8 @@ def _check_class_targets(predicted: Any, target: Any) -> str | None:
     if kind == "floating" and tuple(target.shape) != logits:
         return (
             f"floating targets {_shown(target)} are not class probabilities of the logits' shape {logits} (class "
-            "indices must be integers: convert them with a Cast transform to int32)"
+            "indices must be integers: a CsvSource reads them with target_dtype: int32, or class names with "
+            "class_labels: true; other sources, a Cast transform to int32)"
         )
     if kind not in ("integer", "floating"):
         return f"the targets are {_shown(target)}, neither integer class indices nor floating probabilities"

@@ -106,6 +106,11 @@ class TrainingArtifact:
         data_statistics: What the stage's `Standardize` transforms were fitted to on its training split:
             ``{key: {"mean": [...], "std": [...]}}`` (one number per column), which ``evaluate``, ``predict`` and
             ``export`` apply again (and invert on the target), or ``None``. Left out of `to_dict` when ``None``.
+        source_statistics: What the stage's training source was fitted to on its training split (a `CsvSource`:
+            ``{"inputs", "features", "classes", "categories", "fill"}``: the input columns, the encoded feature
+            names, the class labels in index order, each categorical column's categories, the values that fill a
+            missing cell), which validation, ``evaluate`` and ``predict`` read new rows with (``predict`` writes the
+            class names back), or ``None``. Left out of `to_dict` when ``None``.
         code: The code the run trained with, as `provenance._code.capture_code` recorded it: ``{"stored",
             "reason", "repo_root", "commit", "cwd", "patch", "files", "bytes", "cap_bytes"}``, whose digests name
             blobs in the store (``reproduce --restore-code`` rebuilds the tree from them), or ``None`` (recorded
@@ -149,6 +154,7 @@ class TrainingArtifact:
     preset: dict[str, Any] | None = None
     user: dict[str, Any] | None = None
     data_statistics: dict[str, Any] | None = None
+    source_statistics: dict[str, Any] | None = None
     code: dict[str, Any] | None = None
     fork: dict[str, Any] | None = None
     sweep: dict[str, Any] | None = None
@@ -219,6 +225,8 @@ class TrainingArtifact:
             del out["user"]
         if self.data_statistics is None:
             del out["data_statistics"]
+        if self.source_statistics is None:
+            del out["source_statistics"]
         if self.code is None:
             del out["code"]
         if self.fork is None:

@@ -122,6 +122,9 @@ def _run_claimed(
         result = train(fitted, plan.backend, step_backend, info, hooks)
         if statistics:
             result.artifact_fields["data_statistics"] = statistics
+        source_statistics = fitted.dataset.source.fitted_statistics()
+        if source_statistics:
+            result.artifact_fields["source_statistics"] = source_statistics
         if settings.extension is not None:
             result.artifact_fields["extension"] = settings.extension.record()
         return finish(loop, result, info, settings, hooks)
@@ -156,23 +159,29 @@ def _run_identity(settings: RunSettings, state: TrainerCarryState | None) -> tup
 
 
 def fit_data(loop: TrainingLoop) -> tuple[TrainingLoop, dict[str, Any]]:
-    """`loop` with each unfitted `Standardize` of its training dataset fitted on that dataset, the validation and
-    test datasets given the same statistics, and the statistics (``{key: {"mean", "std"}}``, empty when none)."""
+    """`loop` with its training dataset's source (`Source.fit`: a `CsvSource`'s classes, categories, imputed
+    values) and each unfitted `Standardize` fitted on that dataset, the validation and test datasets given the same
+    values, and the `Standardize` statistics (``{key: {"mean", "std"}}``, empty when none). The fitted source's
+    `fitted_statistics` is what the artifact records as ``source_statistics``."""
     from ..data._standardize import Standardize, statistics_of
 
     def unfitted(ds: Any) -> bool:
-        return ds is not None and any(isinstance(t, Standardize) and not t.fitted for t in ds.transforms)
+        return ds is not None and (
+            not ds.source.fitted or any(isinstance(t, Standardize) and not t.fitted for t in ds.transforms)
+        )
 
     datasets = (loop.dataset, loop.val_dataset, loop.test_dataset)
     if not any(unfitted(ds) for ds in datasets):
         return loop, statistics_of(loop.dataset.transforms)
     train = loop.dataset.fitted()
     statistics = statistics_of(train.transforms)
+    source_statistics = train.source.fitted_statistics()
     changes: dict[str, Any] = {"dataset": train}
     for role in ("val_dataset", "test_dataset"):
         ds = getattr(loop, role)
         if unfitted(ds):
-            changes[role] = ds.with_statistics(statistics, f"TrainingLoop.{role}")
+            owner = f"TrainingLoop.{role}"
+            changes[role] = ds.with_source_statistics(source_statistics, owner).with_statistics(statistics, owner)
     return loop.replace(**changes), statistics
 
 

@@ -105,10 +105,17 @@ def check_without_jax(loop: TrainingLoop, stage: str) -> None:
     _check_capabilities(loop, backend, stage)
     _check_registries(loop, stage)
     loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
-    for role in ("dataset", "val_dataset", "test_dataset"):
-        if getattr(loop, role) is not None:
-            _check_finite_data(getattr(loop, role), f"stage {stage!r}: TrainingLoop.{role}")
-    for role, ds in (("val_dataset", loop.val_dataset), ("test_dataset", loop.test_dataset)):
+    # Validation and test data are read with what the training split's source fitted (classes, categories).
+    fitted = None if loop.dataset.source.fitted else loop.dataset.source.fit().fitted_statistics()
+    datasets = {
+        role: ds if role == "dataset" else ds.with_source_statistics(fitted, f"stage {stage!r}: TrainingLoop.{role}")
+        for role in ("dataset", "val_dataset", "test_dataset")
+        if (ds := getattr(loop, role)) is not None
+    }
+    for role, ds in datasets.items():
+        _check_finite_data(ds, f"stage {stage!r}: TrainingLoop.{role}")
+    for role in ("val_dataset", "test_dataset"):
+        ds = datasets.get(role)
         if ds is None:
             continue
         spec, train_spec = ds.element_spec(), loop.dataset.element_spec()

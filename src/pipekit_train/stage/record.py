@@ -269,6 +269,7 @@ def _build_artifact(
         forced_resume=forced,
         model_summary=fields.pop("model_summary", None),
         data_statistics=fields.pop("data_statistics", None),
+        source_statistics=fields.pop("source_statistics", None),
         preset=preset_record(loop),
         code=settings.code.record if settings.code is not None else None,
         fork=fork,
