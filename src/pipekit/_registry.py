@@ -9,7 +9,6 @@ names them in. Nothing named inside a YAML file is ever imported.
 
 from __future__ import annotations
 
-import importlib.metadata
 import threading
 from typing import TYPE_CHECKING
 
@@ -53,6 +52,8 @@ def load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
+    import importlib.metadata  # here, not at import: `import pipekit` stays cheaper than `import numpy`
+
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             obj = ep.load()

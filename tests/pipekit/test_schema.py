@@ -328,3 +328,18 @@ def test_the_field_table_renders_defaults_as_yaml():
     assert rows["`model_op`"][2] == "required"
     assert rows["`loss`"][1:3] == ["`Loss or null`", "`null`"]
     assert rows["`callbacks`"][1:3] == ["`list of Callback`", "`[]`"]
+
+
+def test_import_pipekit_leaves_editor_help_and_entry_points_for_later() -> None:
+    """``import pipekit`` imports neither the schema module nor ``importlib.metadata`` (issue 45: they made it cost
+    more than ``import numpy``); both come on first use. A fresh process: the modules a process has imported are
+    the point."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipekit; before = [m for m in ('pipekit._schema', 'importlib.metadata') if m in sys.modules]; "
+        "pipekit.describe; print(before, 'pipekit._schema' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[] True"
