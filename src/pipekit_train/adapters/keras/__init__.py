@@ -7,7 +7,7 @@ object of the contract in the repository's ``adapters/README.md``; ``docs/backen
 
 Also public: `to_keras_loss` (a pipekit loss for ``model.compile``), `build_keras_optimizer` and
 `PipekitSchedule` (an ``optimizer_config`` for Keras), and `register_converter` / `convert_model` (moving
-models between backends; every built-in factory converts among Equinox, Keras and Lightning).
+models between backends; every built-in factory converts among Equinox, Keras, Lightning and Flax).
 """
 
 from __future__ import annotations

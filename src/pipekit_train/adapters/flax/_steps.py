@@ -1,0 +1,137 @@
+"""The compiled train and eval steps of the Flax backend: NNX's functional API inside one `jax.jit` we own.
+
+The module is split once (``nnx.split``) into its graph definition (static), its params, its other variables
+(BatchNorm statistics) and its RNG streams; the state crosses the `jax.jit` boundary as flat lists of arrays. A step
+merges a module from them (``nnx.merge``, training mode), reseeds every RNG stream from ``fold_in(key, step)`` so
+dropout masks are a function of ``(seed, step)`` (exact on resume, whatever the streams' counters said), runs the
+loss under `jax.grad`, reads the updated statistics back (``nnx.split``) and applies the optax update; the EMA
+follows. Nothing mutable outlives a step, so ``n > 1`` steps run in one dispatch with `lax.scan`.
+
+The functions are module-level `jax.jit`\\ s keyed by the graph definition, the loss and the optimizer (static and
+hashable), so a second stage or run with the same structure compiles nothing new.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from pipekit_train.backends.kit import ema_decay
+from pipekit_train.losses import split_loss_output
+
+from ._tree import merged
+
+State = tuple[list[jax.Array], list[jax.Array], Any, list[jax.Array]]  # params, rest, opt_state, ema
+
+
+class Layout(NamedTuple):
+    """How the flat lists rebuild the module: its graph definition and the two states' tree definitions."""
+
+    graphdef: Any
+    params: Any
+    rest: Any
+
+
+class Spec(NamedTuple):
+    """What a batch's loss is: `loss` on ``model(batch[input_key])`` against ``batch[target_key]``."""
+
+    loss: Any
+    input_key: str
+    target_key: str
+    aux_prefix: str
+
+
+def reseed(module: Any, key: jax.Array) -> None:
+    """Every RNG stream of `module` set to ``fold_in(key, i)`` (its i-th stream in graph order), its count to 0."""
+    streams = [node for _, node in nnx.iter_graph(module) if isinstance(node, nnx.RngStream)]
+    for i, stream in enumerate(streams):
+        stream.key[...] = jax.random.fold_in(key, i)
+        stream.count[...] = jnp.zeros_like(stream.count[...])
+
+
+def _loss(
+    layout: Layout, spec: Spec, params: list[Any], rest: list[Any], rngs: Any, batch: dict[str, Any], key: Any
+) -> tuple[jax.Array, tuple[dict[str, Any], list[Any]]]:
+    training = key is not None
+    module = merged(
+        layout.graphdef,
+        jax.tree.unflatten(layout.params, params),
+        rngs,
+        jax.tree.unflatten(layout.rest, rest),
+        training,
+    )
+    if training:
+        reseed(module, key)
+    total, aux = split_loss_output(spec.loss(module(batch[spec.input_key]), batch[spec.target_key]))
+    metrics = {"loss": total}
+    for name, value in aux.items():
+        metrics[f"{spec.aux_prefix}{name}"] = value
+    _, _, _, new_rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
+    return total, (metrics, jax.tree.leaves(new_rest))
+
+
+def _one(
+    state: State,
+    rngs: Any,
+    batch: dict[str, Any],
+    step: jax.Array,
+    base_key: jax.Array,
+    layout: Layout,
+    spec: Spec,
+    optimizer: optax.GradientTransformation,
+    ema_config: tuple[float, bool] | None,
+) -> tuple[State, dict[str, Any]]:
+    params, rest, opt_state, ema = state
+    key = jax.random.fold_in(base_key, step)
+    grads, (metrics, rest) = jax.grad(lambda p: _loss(layout, spec, p, rest, rngs, batch, key), has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    if ema_config is not None:
+        decay, warmup = ema_config
+        d = ema_decay(jnp.float32(decay), warmup, step)
+        ema = [d * e + (1.0 - d) * p for e, p in zip(ema, params)]
+    return (list(params), list(rest), opt_state, ema), metrics
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "spec", "optimizer", "n", "ema_config"), donate_argnums=(0,))
+def train_chunk(
+    state: State,
+    rngs: Any,
+    batches: dict[str, Any],
+    step: jax.Array,
+    base_key: jax.Array,
+    *,
+    layout: Layout,
+    spec: Spec,
+    optimizer: optax.GradientTransformation,
+    n: int,
+    ema_config: tuple[float, bool] | None,
+) -> tuple[State, dict[str, Any]]:
+    """``n`` optimizer steps from `step` (`batches` stacked along a leading axis when ``n > 1``); the state is
+    donated and returned updated, with the metrics (a leading axis ``n`` when ``n > 1``)."""
+    one = functools.partial(
+        _one, rngs=rngs, base_key=base_key, layout=layout, spec=spec, optimizer=optimizer, ema_config=ema_config
+    )
+    if n == 1:
+        return one(state, batch=batches, step=step)
+
+    def body(carry: tuple[State, jax.Array], batch: dict[str, Any]) -> Any:
+        s, i = carry
+        s, m = one(s, batch=batch, step=i)
+        return (s, i + 1), m
+
+    (state, _), metrics = jax.lax.scan(body, (state, step), batches)
+    return state, metrics
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "spec"))
+def eval_batch(
+    params: list[Any], rest: list[Any], rngs: Any, batch: dict[str, Any], *, layout: Layout, spec: Spec
+) -> dict[str, Any]:
+    """Metrics of one batch in inference mode (``eval()``: dropout off, running statistics), no gradients."""
+    return _loss(layout, spec, params, rest, rngs, batch, None)[1][0]
