@@ -46,7 +46,7 @@ class FlaxBackendSpec(LazyBackend):
     extra = "flax"
     #: Models carried, converted, transferred and warm-started; NNX merged in inference mode is a pure JAX
     #: function of the batch, so its models export.
-    capabilities = frozenset({"weights", "transfer", "init_from", "export"})
+    capabilities = frozenset({"weights", "transfer", "init_from", "export", "ema"})
     impl = "pipekit_train.adapters.flax._adapter"
 
     def example_model(self, in_size: int, out_size: int) -> FlaxModel:

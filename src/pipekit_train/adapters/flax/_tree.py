@@ -179,8 +179,14 @@ def fill(op: ModelOp, arrays: Mapping[str, np.ndarray]) -> FlaxState:
 
 
 def merged(graphdef: Any, params: Any, rngs: Any, rest: Any, training: bool) -> Any:
-    """The module merged from its parts, in training or inference mode (``train()`` / ``eval()``)."""
-    module = nnx.merge(graphdef, params, rngs, rest)
+    """A fresh module merged from its parts, in training or inference mode (``train()`` / ``eval()``).
+
+    ``nnx.merge`` reuses the `Variable` objects of the states it is given; each state is mapped to new ones first,
+    so whatever the module does to its variables (a BatchNorm update, a reseeded RNG stream) stays in it, at the
+    trace level it runs at, and never reaches the caller's states.
+    """
+    fresh = lambda state: jax.tree.map(lambda x: x, state)
+    module = nnx.merge(graphdef, fresh(params), fresh(rngs), fresh(rest))
     module.train() if training else module.eval()
     return module
 
