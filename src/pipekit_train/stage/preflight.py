@@ -171,8 +171,6 @@ def _check_capabilities(loop: TrainingLoop, backend: Backend, stage: str) -> Non
             "init_from",
             "remove it",
         )
-    if loop.ema_settings is not None and "ema" not in backend.capabilities:
-        raise _refusal(stage, loop, f"keep an EMA of the weights ({loop.ema_settings!r})", "ema", "remove the callback")
     if "schedules" not in backend.capabilities:
         from ..optim._schedules import schedules_in
 
@@ -186,6 +184,8 @@ def _check_capabilities(loop: TrainingLoop, backend: Backend, stage: str) -> Non
                 "schedules",
                 "use a fixed value",
             )
+    if loop.ema_settings is not None and "ema" not in backend.capabilities:
+        raise _refusal(stage, loop, f"keep an EMA of the weights ({loop.ema_settings!r})", "ema", "remove the callback")
 
 
 def _check_registries(loop: TrainingLoop, stage: str) -> None:
