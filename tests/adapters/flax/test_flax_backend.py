@@ -8,6 +8,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,3 +252,30 @@ def test_sigkill_then_resume_auto_is_bitwise_with_dropout_and_batchnorm(tmp_path
         resumed, artifact = loop.run()
     assert artifact.backend_info["steps"] == 40
     assert resumed.weights_hash() == full.weights_hash()
+
+
+def test_the_digits_pretrain_finetune_example_runs_from_yaml_with_the_cli(tmp_path, monkeypatch, capsys):
+    """``examples/digits/pretrain_finetune_flax.yaml``, shortened, through ``pipekit-train run``: the pretrained
+    encoder is transferred into the classifier, and the finetuned model is a trained Flax classifier."""
+    from pipekit_train.cli import main
+
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(root)
+    pipeline = pipekit.load(root / "examples" / "digits" / "pretrain_finetune_flax.yaml")
+    short = pipeline.replace(
+        stages=tuple(
+            s.replace(
+                max_steps=20,
+                eval_every_n_steps=10,
+                log_every_n_steps=10,
+                steps_per_call=5,
+                callbacks=(),
+                optimizer_config={**s.optimizer_config, "warmup_steps": 5},
+            )
+            for s in pipeline.stages
+        )
+    )
+    (tmp_path / "pipe.yaml").write_text(pipekit.dumps(short))
+    assert main(["run", str(tmp_path / "pipe.yaml"), "--run-dir", str(tmp_path / "run"), "--no-store"]) == 0
+    out = capsys.readouterr().out
+    assert "pretrain" in out and "finetune" in out
