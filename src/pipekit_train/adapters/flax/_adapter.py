@@ -26,9 +26,10 @@ from pipekit_train.backends.kit import (
     refresh_hyperparams,
     set_lr_scale,
 )
+from pipekit_train.scale import mesh_plan
 
 from ._model import FlaxModel, FlaxState
-from ._steps import Layout, Spec, eval_batch, train_chunk
+from ._steps import Layout, Spec, eval_batch, sharded_train_chunk, train_chunk
 from ._tree import apply_transfer
 
 _OPTIMIZERS: dict[Any, Any] = {}
@@ -58,6 +59,8 @@ class FlaxBackend(StepBackend):
     def __init__(self, loop: Any, state: FlaxState, base_key: jax.Array) -> None:
         self.loop = loop
         self.model_op = loop.model_op
+        # Data parallel (`TrainingLoop.mesh`): None trains on the default device; else the state lives replicated.
+        self.plan = mesh_plan(loop)
         self.optimizer = _optimizer(loop)
         ema = loop.ema_settings
         self.ema_callback = ema
@@ -74,12 +77,25 @@ class FlaxBackend(StepBackend):
             self.optimizer.init(params),
             _copy(params) if ema is not None else [],
         )
+        self._place()
         self.base_key = base_key
+
+    def _place(self) -> None:
+        """Put the state (and the RNG streams' state) on the stage's mesh, replicated; nothing without a mesh."""
+        if self.plan is not None:
+            self.state = jax.device_put(self.state, self.plan.replicated)
+            self.rngs = jax.device_put(self.rngs, self.plan.replicated)
 
     # StepBackend -------------------------------------------------------------------------------------------
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Any:
         n = len(batches)
         batch = batches[0] if n == 1 else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+        if self.plan is not None:
+            fn = sharded_train_chunk(
+                self.plan, layout=self.layout, spec=self.spec, optimizer=self.optimizer, n=n, ema_config=self.ema_config
+            )
+            self.state, metrics = fn(self.state, self.rngs, batch, np.int32(step), self.base_key)
+            return metrics
         self.state, metrics = train_chunk(
             self.state,
             self.rngs,
@@ -122,6 +138,7 @@ class FlaxBackend(StepBackend):
         e = _copy(ema if ema is not None else p) if self.ema_config is not None else []
         o = jax.tree.map(lambda x: x, opt_state) if opt_state is not None else old[2]
         self.state = (p, _copy(rest), o, e)
+        self._place()
 
     def set_model(self, model_op: Any) -> None:
         module = model_op.module
@@ -143,6 +160,7 @@ class FlaxBackend(StepBackend):
     def set_lr_scale(self, value: float) -> None:
         p, r, o, e = self.state
         self.state = (p, r, set_lr_scale(o, value), e)
+        self._place()
 
     def learning_rate(self, step: int) -> float:
         return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()

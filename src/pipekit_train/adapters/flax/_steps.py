@@ -98,8 +98,7 @@ def _one(
     return (list(params), list(rest), opt_state, ema), metrics
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "spec", "optimizer", "n", "ema_config"), donate_argnums=(0,))
-def train_chunk(
+def _train_chunk(
     state: State,
     rngs: Any,
     batches: dict[str, Any],
@@ -127,6 +126,41 @@ def train_chunk(
 
     (state, _), metrics = jax.lax.scan(body, (state, step), batches)
     return state, metrics
+
+
+train_chunk = jax.jit(
+    _train_chunk, static_argnames=("layout", "spec", "optimizer", "n", "ema_config"), donate_argnums=(0,)
+)
+
+#: The data-parallel chunks (`sharded_train_chunk`), one `jax.jit` per mesh and static configuration.
+_SHARDED: dict[Any, Any] = {}
+
+
+def sharded_train_chunk(
+    plan: Any,
+    *,
+    layout: Layout,
+    spec: Spec,
+    optimizer: optax.GradientTransformation,
+    n: int,
+    ema_config: tuple[float, bool] | None,
+) -> Any:
+    """`train_chunk` on `plan`'s mesh (``TrainingLoop.mesh``, data parallel): ``fn(state, rngs, batches, step,
+    base_key)`` with the batch split along ``data`` (axis 1 of stacked batches) and everything else replicated; the
+    state is donated. Cached by the mesh and the static configuration: a second stage compiles nothing new."""
+    key = (plan, layout, spec, optimizer, n, ema_config)
+    fn = _SHARDED.get(key)
+    if fn is None:
+        rep = plan.replicated
+        static = {"layout": layout, "spec": spec, "optimizer": optimizer, "n": n, "ema_config": ema_config}
+        body = functools.partial(_train_chunk, **static)
+        fn = _SHARDED[key] = jax.jit(
+            body,
+            in_shardings=(rep, rep, plan.batch(stacked=n > 1), rep, rep),
+            out_shardings=(rep, rep),
+            donate_argnums=(0,),
+        )
+    return fn
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "spec"))
