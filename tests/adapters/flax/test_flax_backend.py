@@ -279,3 +279,12 @@ def test_the_digits_pretrain_finetune_example_runs_from_yaml_with_the_cli(tmp_pa
     assert main(["run", str(tmp_path / "pipe.yaml"), "--run-dir", str(tmp_path / "run"), "--no-store"]) == 0
     out = capsys.readouterr().out
     assert "pretrain" in out and "finetune" in out
+
+
+def test_mixed_precision_computes_in_bfloat16_and_keeps_float32_weights(tmp_path):
+    full, full_art = _train(_loop(), tmp_path / "full")
+    low, low_art = _train(_loop(precision={"compute": "bfloat16"}), tmp_path / "low")
+    assert low_art.backend_info["precision"] == "bfloat16"
+    assert all(np.asarray(w).dtype == np.float32 for w in low.weights().values())  # statistics included
+    assert low.weights_hash() != full.weights_hash()
+    np.testing.assert_allclose(np.asarray(low(X)), np.asarray(full(X)), rtol=0.1, atol=0.1)

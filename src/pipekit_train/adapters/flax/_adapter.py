@@ -26,7 +26,7 @@ from pipekit_train.backends.kit import (
     refresh_hyperparams,
     set_lr_scale,
 )
-from pipekit_train.scale import mesh_plan
+from pipekit_train.scale import compute_dtype, mesh_plan
 
 from ._model import FlaxModel, FlaxState
 from ._steps import Layout, Spec, eval_batch, sharded_train_chunk, train_chunk
@@ -68,7 +68,9 @@ class FlaxBackend(StepBackend):
         p_leaves, p_def = jax.tree.flatten(state.params)
         r_leaves, r_def = jax.tree.flatten(state.rest)
         self.layout = Layout(state.graphdef, p_def, r_def)
-        self.spec = Spec(loop.loss, loop.input_key, loop.target_key, getattr(loop.loss, "aux_prefix", "loss/"))
+        self.compute = compute_dtype(loop.precision)  # mixed precision: None trains in float32
+        prefix = getattr(loop.loss, "aux_prefix", "loss/")
+        self.spec = Spec(loop.loss, loop.input_key, loop.target_key, prefix, self.compute)
         self.rngs = state.rngs  # reseeded from (seed, step) inside every step: never part of the saved state
         params = _copy(p_leaves)
         self.state: tuple[list[Any], list[Any], Any, list[Any]] = (
@@ -152,7 +154,10 @@ class FlaxBackend(StepBackend):
 
     def summary(self) -> dict[str, Any]:
         """What the artifact's ``backend_info`` records of this run."""
-        return {"num_params": int(sum(int(np.size(a)) for a in self.state[0]))}
+        return {
+            "num_params": int(sum(int(np.size(a)) for a in self.state[0])),
+            "precision": self.compute or "float32",
+        }
 
     def get_lr_scale(self) -> float:
         return get_lr_scale(self.state[2])

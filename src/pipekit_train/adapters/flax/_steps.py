@@ -5,7 +5,10 @@ The module is split once (``nnx.split``) into its graph definition (static), its
 merges a module from them (``nnx.merge``, training mode), reseeds every RNG stream from ``fold_in(key, step)`` so
 dropout masks are a function of ``(seed, step)`` (exact on resume, whatever the streams' counters said), runs the
 loss under `jax.grad`, reads the updated statistics back (``nnx.split``) and applies the optax update; the EMA
-follows. Nothing mutable outlives a step, so ``n > 1`` steps run in one dispatch with `lax.scan`.
+follows. Nothing mutable outlives a step, so ``n > 1`` steps run in one dispatch with `lax.scan`. With
+``TrainingLoop.precision`` the params and the input are cast to the compute dtype inside the differentiated function
+(the gradient comes back float32); ``TrainingLoop.mesh`` compiles the same chunk with the batch split over the
+devices and the state replicated (`sharded_train_chunk`).
 
 The functions are module-level `jax.jit`\\ s keyed by the graph definition, the loss and the optimizer (static and
 hashable), so a second stage or run with the same structure compiles nothing new.
@@ -23,6 +26,7 @@ from flax import nnx
 
 from pipekit_train.backends.kit import ema_decay
 from pipekit_train.losses import split_loss_output
+from pipekit_train.scale import cast_floating
 
 from ._tree import merged
 
@@ -38,12 +42,14 @@ class Layout(NamedTuple):
 
 
 class Spec(NamedTuple):
-    """What a batch's loss is: `loss` on ``model(batch[input_key])`` against ``batch[target_key]``."""
+    """What a batch's loss is: `loss` on ``model(batch[input_key])`` against ``batch[target_key]``, computed in
+    `compute` (``TrainingLoop.precision``; ``None``: float32)."""
 
     loss: Any
     input_key: str
     target_key: str
     aux_prefix: str
+    compute: str | None = None
 
 
 def reseed(module: Any, key: jax.Array) -> None:
@@ -58,16 +64,20 @@ def _loss(
     layout: Layout, spec: Spec, params: list[Any], rest: list[Any], rngs: Any, batch: dict[str, Any], key: Any
 ) -> tuple[jax.Array, tuple[dict[str, Any], list[Any]]]:
     training = key is not None
+    low = spec.compute  # mixed precision: the float32 params are cast inside the differentiated function
     module = merged(
         layout.graphdef,
-        jax.tree.unflatten(layout.params, params),
+        jax.tree.unflatten(layout.params, cast_floating(params, low)),
         rngs,
-        jax.tree.unflatten(layout.rest, rest),
+        jax.tree.unflatten(layout.rest, rest),  # statistics stay float32: NNX updates them in place, in their dtype
         training,
     )
     if training:
         reseed(module, key)
-    total, aux = split_loss_output(spec.loss(module(batch[spec.input_key]), batch[spec.target_key]))
+    predicted = module(cast_floating(batch[spec.input_key], low))  # the input is cast, the target is not
+    total, aux = split_loss_output(spec.loss(predicted, batch[spec.target_key]))
+    if low is not None:
+        total, aux = total.astype(jnp.float32), cast_floating(aux, "float32")
     metrics = {"loss": total}
     for name, value in aux.items():
         metrics[f"{spec.aux_prefix}{name}"] = value
