@@ -202,6 +202,8 @@ class SlowFlaxSteps(Callback):
 
 
 @pytest.mark.slow
+# a kill between a save's commit and the manifest's update is one of the windows: the resume says so, and lists it
+@pytest.mark.filterwarnings("ignore:.*were committed but missing from manifest.json")
 def test_sigkill_then_resume_auto_is_bitwise_with_dropout_and_batchnorm(tmp_path):
     """A ``pipekit-train run`` subprocess killed with SIGKILL after a checkpoint, then resumed with
     ``resume="auto"``: bitwise the uninterrupted run's weights (dropout masks and BatchNorm statistics included)."""

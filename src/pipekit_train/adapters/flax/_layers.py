@@ -130,5 +130,5 @@ class ConvNet(nnx.Module):
         x = jnp.reshape(x, (-1, s, s, 1))
         fn = ACTIVATIONS[self.activation]
         for conv in self.convs:
-            x = nnx.max_pool(fn(conv(x)), (2, 2), strides=(2, 2))
+            x = nnx.max_pool(fn(conv(x)), (2, 2), strides=(2, 2))  # type: ignore[no-untyped-call]
         return self.head(jnp.reshape(x, (x.shape[0], -1)))

@@ -79,11 +79,11 @@ class FlaxState:
 
     def module(self) -> Any:
         """A fresh ``nnx.Module`` holding copies of the arrays (mutating it changes nothing here)."""
-        import jax
         from flax import nnx
 
-        copy = lambda s: jax.tree.map(lambda x: x, s)  # new Variable objects, the same arrays
-        return nnx.merge(self.graphdef, copy(self.params), copy(self.rngs), copy(self.rest))
+        from ._tree import fresh  # new Variable objects, the same arrays
+
+        return nnx.merge(self.graphdef, fresh(self.params), fresh(self.rngs), fresh(self.rest))
 
     def __call__(self, x: Any) -> Any:
         """Predictions (inference mode) for a batch, compiled once per architecture."""

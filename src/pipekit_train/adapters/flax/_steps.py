@@ -81,8 +81,8 @@ def _loss(
     metrics = {"loss": total}
     for name, value in aux.items():
         metrics[f"{spec.aux_prefix}{name}"] = value
-    _, _, _, new_rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
-    return total, (metrics, jax.tree.leaves(new_rest))
+    _, *states = nnx.split(module, nnx.Param, nnx.RngState, ...)
+    return total, (metrics, jax.tree.leaves(states[2]))
 
 
 def _one(

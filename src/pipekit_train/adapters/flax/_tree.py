@@ -47,7 +47,8 @@ def name_of(path: Path) -> str:
 
 def split(module: Any) -> FlaxState:
     """An ``nnx.Module`` as a `FlaxState` (graph definition, params, other variables, RNG state)."""
-    graphdef, params, rngs, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
+    graphdef, *states = nnx.split(module, nnx.Param, nnx.RngState, ...)
+    params, rngs, rest = states
     return FlaxState(graphdef, params, rest, rngs)
 
 
@@ -113,7 +114,7 @@ def abstract(op: ModelOp) -> FlaxState:
 
 
 def _flat(state: Any) -> list[tuple[Path, Any]]:
-    return [(tuple(path), var) for path, var in nnx.to_flat_state(state)]
+    return [(tuple(path), var) for path, var in nnx.to_flat_state(state)]  # type: ignore[arg-type]
 
 
 def _specs(state: FlaxState) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -178,6 +179,11 @@ def fill(op: ModelOp, arrays: Mapping[str, np.ndarray]) -> FlaxState:
     return FlaxState(base.graphdef, _replaced(base.params, values), _replaced(base.rest, values), base.rngs)
 
 
+def fresh(state: Any) -> Any:
+    """`state` with new `Variable` objects holding the same (immutable) arrays."""
+    return jax.tree.map(lambda x: x, state)
+
+
 def merged(graphdef: Any, params: Any, rngs: Any, rest: Any, training: bool) -> Any:
     """A fresh module merged from its parts, in training or inference mode (``train()`` / ``eval()``).
 
@@ -185,7 +191,6 @@ def merged(graphdef: Any, params: Any, rngs: Any, rest: Any, training: bool) -> 
     so whatever the module does to its variables (a BatchNorm update, a reseeded RNG stream) stays in it, at the
     trace level it runs at, and never reaches the caller's states.
     """
-    fresh = lambda state: jax.tree.map(lambda x: x, state)
     module = nnx.merge(graphdef, fresh(params), fresh(rngs), fresh(rest))
     module.train() if training else module.eval()
     return module
@@ -261,6 +266,10 @@ def _under(state: FlaxState, prefix: Path) -> dict[Path, Any]:
     }
 
 
+def _spec(values: Mapping[Path, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {name_of(p): (tuple(v.shape), str(v.dtype)) for p, v in values.items()}
+
+
 def apply_transfer(transfer: Transfer, source: Any, target: Any) -> FlaxState:
     """`target` with each ``transfer.paths`` entry replaced by the source's sub-tree (the same arrays, bit for bit).
 
@@ -281,12 +290,12 @@ def apply_transfer(transfer: Transfer, source: Any, target: Any) -> FlaxState:
                 raise ConfigError(
                     f"Transfer: path {path!r} not found in the {role} model; its top-level parts: {', '.join(parts)}"
                 )
-        spec = lambda d: {name_of(p): (tuple(v.shape), str(v.dtype)) for p, v in d.items()}
-        if spec(src) != spec(dst):
-            diff = next(n for n in [*spec(dst), *spec(src)] if spec(src).get(n) != spec(dst).get(n))
+        src_spec, dst_spec = _spec(src), _spec(dst)
+        if src_spec != dst_spec:
+            diff = next(n for n in [*dst_spec, *src_spec] if src_spec.get(n) != dst_spec.get(n))
             raise ShapeError(
                 f"Transfer: source {source_path!r} does not fit target {target_path!r}: at {diff or '<root>'} the "
-                f"source has {spec(src).get(diff, 'nothing')} and the target has {spec(dst).get(diff, 'nothing')}"
+                f"source has {src_spec.get(diff, 'nothing')} and the target has {dst_spec.get(diff, 'nothing')}"
             )
         for rel, value in src.items():
             values[(*t_steps, *rel)] = value
