@@ -29,7 +29,7 @@ from pipekit_train.backends.kit import (
 from pipekit_train.scale import compute_dtype, mesh_plan
 
 from ._model import FlaxModel, FlaxState
-from ._steps import Layout, Spec, eval_batch, sharded_train_chunk, train_chunk
+from ._steps import Layout, Spec, eval_batch, sharded_train_chunk, static_arg, train_chunk
 from ._tree import apply_transfer
 
 _OPTIMIZERS: dict[Any, Any] = {}
@@ -67,11 +67,13 @@ class FlaxBackend(StepBackend):
         self.ema_config = (fixed_value(ema.decay, "EMA.decay"), bool(ema.warmup)) if ema is not None else None
         p_leaves, p_def = jax.tree.flatten(state.params)
         r_leaves, r_def = jax.tree.flatten(state.rest)
-        self.layout = Layout(state.graphdef, p_def, r_def)
+        rng_leaves, rng_def = jax.tree.flatten(state.rngs)
+        self.graphdef, self.defs = state.graphdef, (p_def, r_def, rng_def)
+        self.layout = static_arg(Layout(state.graphdef, p_def, r_def, rng_def))
         self.compute = compute_dtype(loop.precision)  # mixed precision: None trains in float32
         prefix = getattr(loop.loss, "aux_prefix", "loss/")
-        self.spec = Spec(loop.loss, loop.input_key, loop.target_key, prefix, self.compute)
-        self.rngs = state.rngs  # reseeded from (seed, step) inside every step: never part of the saved state
+        self.spec = static_arg(Spec(loop.loss, loop.input_key, loop.target_key, prefix, self.compute))
+        self.rngs = rng_leaves  # reseeded from (seed, step) inside every step: never part of the saved state
         params = _copy(p_leaves)
         self.state: tuple[list[Any], list[Any], Any, list[Any]] = (
             params,
@@ -89,6 +91,14 @@ class FlaxBackend(StepBackend):
             self.rngs = jax.device_put(self.rngs, self.plan.replicated)
 
     # StepBackend -------------------------------------------------------------------------------------------
+    def resident_data(self) -> bool:
+        """Whether `train_window` can take device-resident data: on one device (no mesh), yes."""
+        return self.plan is None
+
+    def train_window(self, window: Any, n: int, step: int) -> Any:
+        """`train` for device-resident data: `window` (a `DeviceWindow`) is gathered inside the compiled chunk."""
+        return self._chunk(window, step, n)
+
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Any:
         n = len(batches)
         batch = batches[0] if n == 1 else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
@@ -98,6 +108,10 @@ class FlaxBackend(StepBackend):
             )
             self.state, metrics = fn(self.state, self.rngs, batch, np.int32(step), self.base_key)
             return metrics
+        return self._chunk(batch, step, n)
+
+    def _chunk(self, batch: Any, step: int, n: int) -> Any:
+        """`n` steps through the compiled chunk (one device); `batch` is stacked batches or a `DeviceWindow`."""
         self.state, metrics = train_chunk(
             self.state,
             self.rngs,
@@ -122,10 +136,10 @@ class FlaxBackend(StepBackend):
     def bound_model(self) -> FlaxModel:
         use_ema = self.ema_callback is not None and self.ema_callback.return_ema
         state = FlaxState(
-            self.layout.graphdef,
-            jax.tree.unflatten(self.layout.params, _copy(self._params(use_ema))),
-            jax.tree.unflatten(self.layout.rest, _copy(self.state[1])),
-            self.rngs,
+            self.graphdef,
+            jax.tree.unflatten(self.defs[0], _copy(self._params(use_ema))),
+            jax.tree.unflatten(self.defs[1], _copy(self.state[1])),
+            jax.tree.unflatten(self.defs[2], self.rngs),
         )
         bound: FlaxModel = self.model_op.bind(state, check=False)
         return bound

@@ -34,11 +34,38 @@ State = tuple[list[jax.Array], list[jax.Array], Any, list[jax.Array]]  # params,
 
 
 class Layout(NamedTuple):
-    """How the flat lists rebuild the module: its graph definition and the two states' tree definitions."""
+    """How the flat lists rebuild the module: its graph definition and the states' tree definitions."""
 
     graphdef: Any
     params: Any
     rest: Any
+    rngs: Any
+
+
+class Static:
+    """A `jax.jit` static argument with its hash computed once, compared by identity first.
+
+    JAX hashes and compares static arguments on every call; a `Layout` holds the module's graph definition, whose
+    hash walks the graph. `static_arg` gives one wrapper per value, so a dispatch costs a pointer comparison.
+    """
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Static) and (self.value is other.value or bool(self.value == other.value))
+
+
+@functools.lru_cache(maxsize=256)
+def static_arg(value: Any) -> Static:
+    """The one `Static` wrapper of `value` (and of every value equal to it) in this process."""
+    return Static(value)
 
 
 class Spec(NamedTuple):
@@ -61,14 +88,14 @@ def reseed(module: Any, key: jax.Array) -> None:
 
 
 def _loss(
-    layout: Layout, spec: Spec, params: list[Any], rest: list[Any], rngs: Any, batch: dict[str, Any], key: Any
+    layout: Layout, spec: Spec, params: list[Any], rest: list[Any], rngs: list[Any], batch: dict[str, Any], key: Any
 ) -> tuple[jax.Array, tuple[dict[str, Any], list[Any]]]:
     training = key is not None
     low = spec.compute  # mixed precision: the float32 params are cast inside the differentiated function
     module = merged(
         layout.graphdef,
         jax.tree.unflatten(layout.params, cast_floating(params, low)),
-        rngs,
+        jax.tree.unflatten(layout.rngs, rngs),
         jax.tree.unflatten(layout.rest, rest),  # statistics stay float32: NNX updates them in place, in their dtype
         training,
     )
@@ -87,7 +114,7 @@ def _loss(
 
 def _one(
     state: State,
-    rngs: Any,
+    rngs: list[Any],
     batch: dict[str, Any],
     step: jax.Array,
     base_key: jax.Array,
@@ -110,31 +137,41 @@ def _one(
 
 def _train_chunk(
     state: State,
-    rngs: Any,
+    rngs: list[Any],
     batches: dict[str, Any],
     step: jax.Array,
     base_key: jax.Array,
     *,
-    layout: Layout,
-    spec: Spec,
+    layout: Static,
+    spec: Static,
     optimizer: optax.GradientTransformation,
     n: int,
     ema_config: tuple[float, bool] | None,
 ) -> tuple[State, dict[str, Any]]:
     """``n`` optimizer steps from `step` (`batches` stacked along a leading axis when ``n > 1``); the state is
-    donated and returned updated, with the metrics (a leading axis ``n`` when ``n > 1``)."""
+    donated and returned updated, with the metrics (a leading axis ``n`` when ``n > 1``). `layout` and `spec` are
+    the `Layout` and `Spec` wrapped by `static_arg`; `rngs` the RNG streams' state as leaves."""
     one = functools.partial(
-        _one, rngs=rngs, base_key=base_key, layout=layout, spec=spec, optimizer=optimizer, ema_config=ema_config
+        _one,
+        rngs=rngs,
+        base_key=base_key,
+        layout=layout.value,
+        spec=spec.value,
+        optimizer=optimizer,
+        ema_config=ema_config,
     )
+    # Device-resident data (`pipekit_train.data.DeviceWindow`): the chunk gathers its own batches, all n at once.
+    window: Any = batches if hasattr(batches, "stacked") else None
     if n == 1:
-        return one(state, batch=batches, step=step)
+        return one(state, batch=window.take(0) if window is not None else batches, step=step)
 
     def body(carry: tuple[State, jax.Array], batch: dict[str, Any]) -> Any:
         s, i = carry
         s, m = one(s, batch=batch, step=i)
         return (s, i + 1), m
 
-    (state, _), metrics = jax.lax.scan(body, (state, step), batches)
+    xs = window.stacked(n) if window is not None else batches
+    (state, _), metrics = jax.lax.scan(body, (state, step), xs)
     return state, metrics
 
 
@@ -149,8 +186,8 @@ _SHARDED: dict[Any, Any] = {}
 def sharded_train_chunk(
     plan: Any,
     *,
-    layout: Layout,
-    spec: Spec,
+    layout: Static,
+    spec: Static,
     optimizer: optax.GradientTransformation,
     n: int,
     ema_config: tuple[float, bool] | None,
@@ -175,7 +212,7 @@ def sharded_train_chunk(
 
 @functools.partial(jax.jit, static_argnames=("layout", "spec"))
 def eval_batch(
-    params: list[Any], rest: list[Any], rngs: Any, batch: dict[str, Any], *, layout: Layout, spec: Spec
+    params: list[Any], rest: list[Any], rngs: list[Any], batch: dict[str, Any], *, layout: Static, spec: Static
 ) -> dict[str, Any]:
     """Metrics of one batch in inference mode (``eval()``: dropout off, running statistics), no gradients."""
-    return _loss(layout, spec, params, rest, rngs, batch, None)[1][0]
+    return _loss(layout.value, spec.value, params, rest, rngs, batch, None)[1][0]
