@@ -284,9 +284,48 @@ def test_the_digits_pretrain_finetune_example_runs_from_yaml_with_the_cli(tmp_pa
 
 
 def test_mixed_precision_computes_in_bfloat16_and_keeps_float32_weights(tmp_path):
-    full, full_art = _train(_loop(), tmp_path / "full")
+    full, _ = _train(_loop(), tmp_path / "full")
     low, low_art = _train(_loop(precision={"compute": "bfloat16"}), tmp_path / "low")
     assert low_art.backend_info["precision"] == "bfloat16"
     assert all(np.asarray(w).dtype == np.float32 for w in low.weights().values())  # statistics included
     assert low.weights_hash() != full.weights_hash()
     np.testing.assert_allclose(np.asarray(low(X)), np.asarray(full(X)), rtol=0.1, atol=0.1)
+
+
+def test_scheduled_loss_weight_and_ema_decay_follow_the_step_and_are_logged(tmp_path):
+    """The `schedules` capability: a `Composite` weight and the EMA decay read at the traced step, logged as
+    ``schedule/<name>``; a `Constant` schedule is bitwise its float."""
+    from pipekit_train import Composite, Constant, Cosine, CrossEntropy, Linear, read_jsonl
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 8)).astype(np.float32)
+    labels = x[:, :3].argmax(axis=1).astype(np.int32)
+
+    def run(decay, name):
+        loop = _loop(
+            model_op=FlaxModel(factory="classifier", kwargs={"in_size": 8, "num_classes": 3, "latent_size": 4}),
+            dataset=TrainingDataset(source=ArraySource(arrays={"x": x, "y": labels})),
+            loss=Composite(
+                components=(
+                    (1.0, CrossEntropy()),
+                    (Linear(start=0.0, end=1.0, steps=6, begin=2), CrossEntropy(label_smoothing=0.5)),
+                )
+            ),
+            log_every_n_steps=1,
+            steps_per_call=1,
+            callbacks=(EMA(decay=decay, warmup=False),),
+        )
+        model, _ = _train(loop, tmp_path / name)
+        records = read_jsonl(tmp_path / name / "stage0" / "metrics.jsonl")
+        return model, [r for r in records if r.get("context") == "train" and r.get("type") == "metrics"]
+
+    plain, _ = run(0.8, "plain")
+    constant, _ = run(Constant(value=0.8), "constant")
+    assert constant.weights_hash() == plain.weights_hash()
+    _, records = run(Cosine(start=0.5, end=0.9, steps=4), "cosine")
+    weights = {r["step"]: r["schedule/weight/CrossEntropy_1"] for r in records}
+    assert [weights[t] for t in range(1, 13)] == pytest.approx(
+        [0.0, 0.0, 0.0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0, 1.0, 1.0, 1.0], abs=1e-6
+    )
+    decays = [r["schedule/ema_decay"] for r in records]
+    assert (decays[0], decays[-1]) == pytest.approx((0.5, 0.9), abs=1e-6)

@@ -20,7 +20,6 @@ from pipekit_train.backends.kit import (
     build_optimizer,
     check_input_and_target_keys,
     check_loss_fits,
-    fixed_value,
     get_lr_scale,
     learning_rate_at,
     refresh_hyperparams,
@@ -64,7 +63,8 @@ class FlaxBackend(StepBackend):
         self.optimizer = _optimizer(loop)
         ema = loop.ema_settings
         self.ema_callback = ema
-        self.ema_config = (fixed_value(ema.decay, "EMA.decay"), bool(ema.warmup)) if ema is not None else None
+        # the decay may be a `Schedule` (read at the traced step inside the compiled step): a static argument
+        self.ema_config = (ema.decay, bool(ema.warmup)) if ema is not None else None
         p_leaves, p_def = jax.tree.flatten(state.params)
         r_leaves, r_def = jax.tree.flatten(state.rest)
         rng_leaves, rng_def = jax.tree.flatten(state.rngs)
@@ -234,9 +234,6 @@ def check(loop: Any, incoming: Any, stage: str) -> None:
         )
     if not isinstance(loop.model_op, FlaxModel):
         raise ConfigError(f"stage {stage!r}: backend 'flax' trains FlaxModel operators, got {loop.model_op!r}")
-    ema = loop.ema_settings
-    if ema is not None:
-        fixed_value(ema.decay, "EMA.decay")
     _optimizer(loop)  # refuses optimizer_config keys, before anything is built
     check_loss_fits(loop, check_input_and_target_keys(loop))
 

@@ -26,6 +26,7 @@ from flax import nnx
 
 from pipekit_train.backends.kit import ema_decay
 from pipekit_train.losses import split_loss_output
+from pipekit_train.optim import schedule_value, step_context
 from pipekit_train.scale import cast_floating
 
 from ._tree import merged
@@ -121,18 +122,23 @@ def _one(
     layout: Layout,
     spec: Spec,
     optimizer: optax.GradientTransformation,
-    ema_config: tuple[float, bool] | None,
+    ema_config: tuple[Any, bool] | None,
 ) -> tuple[State, dict[str, Any]]:
     params, rest, opt_state, ema = state
     key = jax.random.fold_in(base_key, step)
-    grads, (metrics, rest) = jax.grad(lambda p: _loss(layout, spec, p, rest, rngs, batch, key), has_aux=True)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    if ema_config is not None:
-        decay, warmup = ema_config
-        d = ema_decay(jnp.float32(decay), warmup, step)
-        ema = [d * e + (1.0 - d) * p for e, p in zip(ema, params)]
-    return (list(params), list(rest), opt_state, ema), metrics
+    # The loss and the EMA read the traced step through the context: every `Schedule` they read comes back as a
+    # ``schedule/<name>`` metric.
+    with step_context(step) as ctx:
+        grads, (metrics, rest) = jax.grad(lambda p: _loss(layout, spec, p, rest, rngs, batch, key), has_aux=True)(
+            params
+        )
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        if ema_config is not None:
+            decay, warmup = ema_config
+            d = ema_decay(jnp.asarray(schedule_value(decay, "ema_decay"), jnp.float32), warmup, step)
+            ema = [d * e + (1.0 - d) * p for e, p in zip(ema, params)]
+    return (list(params), list(rest), opt_state, ema), {**metrics, **ctx.metrics()}
 
 
 def _train_chunk(
