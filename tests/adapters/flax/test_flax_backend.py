@@ -163,6 +163,16 @@ def test_training_never_changes_a_bound_model_it_started_from(tmp_path):
     np.testing.assert_array_equal(np.asarray(first(X[:4])), np.asarray(first(X[:4])))
 
 
+def test_binding_an_nnx_module_takes_a_snapshot_the_module_cannot_change():
+    op = FlaxModel(factory="mlp", kwargs=KWARGS["mlp"])
+    module = op.bind(op.build(0)).to_nnx()
+    bound = op.bind(module)
+    before = bound.weights_hash()
+    module.layers[0].kernel[...] = module.layers[0].kernel[...] * 0.0  # the user's module, changed in place
+    assert bound.weights_hash() == before
+    assert op.bind(module).weights_hash() != before
+
+
 def test_ema_is_kept_evaluated_returned_and_checkpointed(tmp_path):
     """A decay near 1 keeps the starting weights; near 0 it follows the parameters; the stage returns it."""
     plain, _ = _train(_loop(max_steps=6), tmp_path / "plain")

@@ -48,7 +48,9 @@ def name_of(path: Path) -> str:
 def split(module: Any) -> FlaxState:
     """An ``nnx.Module`` as a `FlaxState` (graph definition, params, other variables, RNG state)."""
     graphdef, *states = nnx.split(module, nnx.Param, nnx.RngState, ...)
-    params, rngs, rest = states
+    # `nnx.split`'s states hold the module's own `Variable` objects: new ones, so that whatever the caller does to
+    # its module afterwards (trains it, reseeds it) never reaches the bound state.
+    params, rngs, rest = (fresh(state) for state in states)
     return FlaxState(graphdef, params, rest, rngs)
 
 
