@@ -339,3 +339,11 @@ def test_scheduled_loss_weight_and_ema_decay_follow_the_step_and_are_logged(tmp_
     )
     decays = [r["schedule/ema_decay"] for r in records]
     assert (decays[0], decays[-1]) == pytest.approx((0.5, 0.9), abs=1e-6)
+
+
+def test_the_learning_rate_finder_sweeps_a_flax_stage():
+    from pipekit_train.sweep import lr_find
+
+    result = lr_find(_loop(), min_lr=1e-4, max_lr=1.0, steps=20)
+    assert len(result.lrs) == len(result.losses) > 5 and result.suggestion > 0
+    assert all(np.isfinite(result.losses[:5]))

@@ -46,8 +46,11 @@ class FlaxBackendSpec(LazyBackend):
     extra = "flax"
     #: Models carried, converted, transferred and warm-started; NNX merged in inference mode is a pure JAX
     #: function of the batch, so its models export; the EMA callback; schedules on loss and EMA values (read at the
-    #: traced step); data parallel with replicated variables and mixed precision (docs/scale.md).
-    capabilities = frozenset({"weights", "transfer", "init_from", "export", "ema", "schedules", "mesh", "precision"})
+    #: traced step); data parallel with replicated variables and mixed precision (docs/scale.md); the learning-rate
+    #: finder (it steps `train` at rates set through `set_lr_scale`).
+    capabilities = frozenset(
+        {"weights", "transfer", "init_from", "export", "ema", "schedules", "mesh", "precision", "lr_find"}
+    )
     impl = "pipekit_train.adapters.flax._adapter"
 
     def example_model(self, in_size: int, out_size: int) -> FlaxModel:
