@@ -47,9 +47,20 @@ class FlaxBackendSpec(LazyBackend):
     #: Models carried, converted, transferred and warm-started; NNX merged in inference mode is a pure JAX
     #: function of the batch, so its models export; the EMA callback; schedules on loss and EMA values (read at the
     #: traced step); data parallel with replicated variables and mixed precision (docs/scale.md); the learning-rate
-    #: finder (it steps `train` at rates set through `set_lr_scale`).
+    #: finder (it steps `train` at rates set through `set_lr_scale`); ``extend --new-segment``.
     capabilities = frozenset(
-        {"weights", "transfer", "init_from", "export", "ema", "schedules", "mesh", "precision", "lr_find"}
+        {
+            "weights",
+            "transfer",
+            "init_from",
+            "export",
+            "ema",
+            "schedules",
+            "mesh",
+            "precision",
+            "lr_find",
+            "schedule_segment",
+        }
     )
     impl = "pipekit_train.adapters.flax._adapter"
 

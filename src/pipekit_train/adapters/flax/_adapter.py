@@ -23,6 +23,7 @@ from pipekit_train.backends.kit import (
     get_lr_scale,
     learning_rate_at,
     refresh_hyperparams,
+    restart_schedule,
     set_lr_scale,
 )
 from pipekit_train.scale import compute_dtype, mesh_plan
@@ -54,6 +55,8 @@ def _copy(leaves: Any) -> list[jax.Array]:
 
 class FlaxBackend(StepBackend):
     """The `StepBackend` of the Flax adapter: params, other variables, optimizer state and EMA as arrays."""
+
+    _segment_start = 0  # the step a new schedule segment began at (`schedule_segment`)
 
     def __init__(self, loop: Any, state: FlaxState, base_key: jax.Array) -> None:
         self.loop = loop
@@ -182,7 +185,17 @@ class FlaxBackend(StepBackend):
         self._place()
 
     def learning_rate(self, step: int) -> float:
+        step -= self._segment_start  # a new schedule segment (an extension) counts from its start
         return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
+
+    def schedule_segment(self, start: int, restart: bool) -> None:
+        """The learning-rate schedule counts from `start` (a stage extended with ``new_segment``); with `restart`
+        the optimizer state's schedule count goes back to 0 (the first start; a resumed one has it saved)."""
+        self._segment_start = start
+        if restart:
+            p, r, o, e = self.state
+            self.state = (p, r, restart_schedule(o), e)
+            self._place()
 
     # Checkpointing -----------------------------------------------------------------------------------------
     def state_tree(self) -> dict[str, Any]:
