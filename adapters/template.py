@@ -66,11 +66,14 @@ class MyModel(ModelOp):
         """A copy bound to `arrays` (as `weights` returns them): how the model registry loads a model."""
         return self.bind({k: np.array(arrays[k], np.float32) for k in ("w", "b")})  # TODO: build, then load arrays
 
-    def check_input(self, shape: tuple[int, ...], dtype: Any) -> tuple[int, ...]:
-        """The output shape of one example, without running the model (optional; used by `check`)."""
+    def check_input(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """The output of one example as an object with ``.shape`` and ``.dtype``, without running the model
+        (optional; `check` and the kit's `check_loss_fits` use it)."""
+        import jax  # a shape and a dtype, nothing computed (any object with the two attributes will do)
+
         if tuple(shape) != (self.in_size,):
             raise ShapeError(f"{self!r} takes examples of shape ({self.in_size},), got {tuple(shape)}")
-        return (self.out_size,)
+        return jax.ShapeDtypeStruct((self.out_size,), np.float32)
 
     def __call__(self, x: Any) -> Any:
         """Predictions for a batch."""
@@ -90,6 +93,9 @@ class MyBackend(StepBackend):
         self.params = {k: v.copy() for k, v in model.weights().items()}
         self.velocity = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.lr_scale = 1.0  # ReduceLROnPlateau's multiplier; part of state_tree so it survives a resume
+        # The EMA callback (the `ema` capability): its settings, and the average, a copy of the starting weights.
+        self.ema_settings = loop.ema_settings
+        self.ema = {k: v.copy() for k, v in self.params.items()} if self.ema_settings is not None else None
 
     def _loss_and_grads(self, batch: dict[str, np.ndarray]) -> tuple[Any, dict[str, np.ndarray]]:
         # TODO: your framework's forward pass, `loop.loss` (or the losses you support) and gradients. Randomness
@@ -108,18 +114,40 @@ class MyBackend(StepBackend):
             for k, g in grads.items():  # TODO: your optimizer's step
                 self.velocity[k] = self.momentum * self.velocity[k] + g
                 self.params[k] = self.params[k] - rate * self.velocity[k]
+            self._update_ema(step + i)
             losses.append(loss)
         return {"loss": np.asarray(losses) if len(losses) > 1 else losses[0]}
 
+    def _update_ema(self, step: int) -> None:
+        """After the optimizer step `step` (0-based): ``ema = d * ema + (1 - d) * params``, `d` the kit's rule."""
+        if self.ema is None:
+            return
+        from pipekit_train.backends.kit import ema_decay, fixed_value
+
+        d = ema_decay(fixed_value(self.ema_settings.decay, "EMA.decay"), self.ema_settings.warmup, step)
+        for k, p in self.params.items():
+            self.ema[k] = (d * self.ema[k] + (1.0 - d) * p).astype(np.float32)
+
+    def _weights(self, use_ema: bool) -> dict[str, np.ndarray]:
+        return self.ema if (use_ema and self.ema is not None) else self.params
+
     def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        """Metrics of one batch in inference mode, no gradients."""
-        return {"loss": self._loss_and_grads(batch)[0]}  # TODO: a forward pass only (eval mode)
+        """Metrics of one batch in inference mode, no gradients (with the EMA weights when the callback says so)."""
+        params = self.params
+        self.params = self._weights(self.ema_settings is not None and self.ema_settings.evaluate_with_ema)
+        try:
+            return {"loss": self._loss_and_grads(batch)[0]}  # TODO: a forward pass only (eval mode)
+        finally:
+            self.params = params
 
     def bound_model(self) -> MyModel:
-        return self.model_op.with_weights(self.params)  # a copy: later steps must not change what callers hold
+        # A copy: later steps must not change what callers hold. With EMA(return_ema=True), the average.
+        return self.model_op.with_weights(self._weights(self.ema_settings is not None and self.ema_settings.return_ema))
 
     def set_model(self, model_op: Any) -> None:
         self.params = {k: np.array(v, np.float32) for k, v in model_op.weights().items()}
+        if self.ema is not None:  # the average restarts from the new weights
+            self.ema = {k: v.copy() for k, v in self.params.items()}
 
     def get_lr_scale(self) -> float:
         return self.lr_scale
@@ -143,12 +171,17 @@ class MyBackend(StepBackend):
 
     def state_tree(self) -> dict[str, Any]:
         """Every array a checkpoint needs to continue bitwise: a dict of (nested dicts of) arrays."""
-        return {"params": self.params, "velocity": self.velocity, "lr_scale": np.asarray(self.lr_scale)}
+        tree = {"params": self.params, "velocity": self.velocity, "lr_scale": np.asarray(self.lr_scale)}
+        if self.ema is not None:
+            tree["ema"] = self.ema  # the EMA callback's average resumes with the rest
+        return tree
 
     def load_state_tree(self, tree: Any) -> None:
         self.load_weights_tree(tree)
         self.velocity = {k: np.array(v, np.float32) for k, v in tree["velocity"].items()}
         self.lr_scale = float(np.asarray(tree["lr_scale"]))
+        if self.ema is not None:
+            self.ema = {k: np.array(v, np.float32) for k, v in tree["ema"].items()}
 
     def weights_tree(self) -> dict[str, Any]:
         """The weights alone (keys of `state_tree`): what a warm start (`init_from`) copies."""
@@ -156,11 +189,12 @@ class MyBackend(StepBackend):
 
     def load_weights_tree(self, tree: Any) -> None:
         self.params = {k: np.array(v, np.float32) for k, v in tree["params"].items()}
+        if self.ema is not None:  # a warm start: the average restarts from the new weights
+            self.ema = {k: v.copy() for k, v in self.params.items()}
 
 
 def _optimizer(loop: Any) -> dict[str, Any]:
     """The checked optimizer settings; refuse, naming the backend, whatever your framework cannot honour."""
-    from pipekit_train.callbacks import EMA
     from pipekit_train.losses import MSE
     from pipekit_train.optim import resolve_optimizer_config
 
@@ -173,7 +207,6 @@ def _optimizer(loop: Any) -> dict[str, Any]:
         "optimizer_config.weight_decay": config.get("weight_decay", 0) != 0,
         "accum": loop.accum != 1,
         "grad_clip_norm": loop.grad_clip_norm is not None,
-        "EMA": any(isinstance(cb, EMA) for cb in loop.callbacks),
     }
     bad = [key for key, is_bad in unsupported.items() if is_bad]
     if bad:
@@ -186,10 +219,11 @@ class MyBackendSpec(Backend):
 
     name = NAME
     requires = ("numpy",)  # TODO: the packages your framework needs, e.g. ("torch",)
-    extra = None  # TODO: the extra of your package that installs them, if you have one
+    extra = None  # an outside backend: None (a missing package's error then says `pip install <name of requires>`)
     #: TODO: what your backend honours (pipekit_train.backends.CAPABILITIES lists them all). "weights": models
     #: carry over to a next stage of this backend; pre-flight refuses whatever is not listed here.
-    capabilities = frozenset({"weights", "init_from"})
+    #: "ema": it honours the EMA callback (`_update_ema`, the ``ema`` key of `state_tree`).
+    capabilities = frozenset({"weights", "init_from", "ema"})
 
     def check(self, loop: Any, incoming: Any, stage: str) -> None:
         """Every rule that needs no weights and no compiling: data keys and shapes, the loss, the optimizer."""
@@ -199,7 +233,7 @@ class MyBackendSpec(Backend):
             if key not in spec:
                 raise ConfigError(f"stage {stage!r}: {key!r} is not in the batches' keys {sorted(spec)}")
         model: MyModel = loop.model_op
-        out = model.check_input(tuple(spec[loop.input_key][0]), spec[loop.input_key][1])
+        out = model.check_input(tuple(spec[loop.input_key][0]), spec[loop.input_key][1]).shape
         if out != tuple(spec[loop.target_key][0]):
             target = tuple(spec[loop.target_key][0])
             raise ShapeError(f"stage {stage!r}: {model!r} predicts {out} per example, the targets are {target}")

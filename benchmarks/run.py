@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import platform
@@ -446,6 +447,109 @@ class LightningBackendRuns(PipekitRuns):
         self.last_run_dir = run_dir
 
 
+# Contenders: Flax ------------------------------------------------------------------------------------------------
+def flax_available() -> str | None:
+    try:
+        import flax  # noqa: F401
+    except ImportError:
+        return "flax is not installed (pip install 'pipekit-train[flax]')"
+    import pipekit_train
+
+    if "flax" not in pipekit_train.available_backends():  # installed metadata older than the flax entry point
+        pipekit_train.register_backend("flax", "pipekit_train.adapters.flax:backend")
+    return None
+
+
+class HandNnxJit:
+    """A hand-written Flax NNX loop as the Flax documentation writes it: an ``nnx.Module`` MLP (the same layers as
+    the backend's ``mlp``), ``nnx.Optimizer`` with the same AdamW, and an ``@nnx.jit`` step over pre-batched data."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, size: Size) -> None:
+        from flax import nnx
+
+        class MLP(nnx.Module):
+            def __init__(self, rngs: nnx.Rngs) -> None:
+                sizes = [IN_SIZE, *([size.width] * size.depth), 1]
+                self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(sizes)])
+
+            def __call__(self, x: jax.Array) -> jax.Array:
+                for layer in self.layers[:-1]:
+                    x = jax.nn.relu(layer(x))
+                return self.layers[-1](x)
+
+        @nnx.jit
+        def step(model: Any, optimizer: Any, xb: jax.Array, yb: jax.Array) -> jax.Array:
+            def loss_fn(model: Any) -> jax.Array:
+                return jnp.mean((model(xb) - yb) ** 2)
+
+            loss, grads = nnx.value_and_grad(loss_fn)(model)
+            optimizer.update(model, grads)
+            return loss
+
+        self.size = size
+        self.model = MLP(nnx.Rngs(0))
+        self.optimizer = nnx.Optimizer(self.model, adamw(), wrt=nnx.Param)
+        self.step = step
+        xb, yb = prebatched(x, y, size.batch)
+        self.batches = [(jnp.asarray(a), jnp.asarray(b)) for a, b in zip(xb, yb, strict=True)]
+
+    def measure(self) -> float:
+        steps = self.size.long - self.size.short
+        step, model, optimizer, batches, nb = self.step, self.model, self.optimizer, self.batches, len(self.batches)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            xb, yb = batches[i % nb]
+            loss = step(model, optimizer, xb, yb)
+        jax.block_until_ready(loss)
+        return (time.perf_counter() - t0) / steps * 1e6
+
+
+class FlaxBackendRuns(PipekitRuns):
+    """`TrainingLoop(backend="flax")`: the same MLP as a `FlaxModel`, trained by pipekit's own jitted step."""
+
+    def loop(self, steps: int) -> TrainingLoop:
+        from pipekit_train.adapters.flax import FlaxModel
+
+        s = self.size
+        kwargs = {"in_size": IN_SIZE, "out_size": 1, "width_size": s.width, "depth": s.depth}
+        return super().loop(steps).replace(backend="flax", model_op=FlaxModel(factory="mlp", kwargs=kwargs))
+
+    def run(self, steps: int) -> None:
+        self.count += 1
+        run_dir = os.path.join(self.root, f"run{self.count:05d}")
+        with run_settings(store=False, run_dir=run_dir):
+            model, _artifact = self.loop(steps).run()
+        jax.block_until_ready(jax.tree.leaves(model.module.params))
+        shutil.rmtree(self.last_run_dir, ignore_errors=True)
+        self.last_run_dir = run_dir
+
+
+def bench_flax(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str) -> list[Row]:
+    """Row 13: the Flax backend (``steps_per_call=1``, whole runs by the run-difference method) against a
+    hand-written ``nnx.jit`` loop of the same model and against the Equinox backend, interleaved in one round-robin."""
+    print(f"\n## flax, {size.name}: MLP {IN_SIZE}->{size.width}x{size.depth}->1, batch {size.batch}", flush=True)
+    flax_ok = flax_available()
+    holder: dict[str, Any] = {}
+
+    def hand_setup() -> None:
+        holder["hand"] = HandNnxJit(x, y, size)
+
+    c_hand = Contender("hand nnx.jit", lambda: holder["hand"].measure(), hand_setup)
+    fb = FlaxBackendRuns(x, y, size, os.path.join(root, size.name, "flax-backend"))
+    c_fb = Contender("pipekit flax backend", fb.measure, fb.setup)
+    eq = PipekitRuns(x, y, size, os.path.join(root, size.name, "flax-vs-equinox"))
+    c_eq = Contender("pipekit equinox backend", eq.measure, eq.setup)
+    c_hand.error = c_fb.error = flax_ok
+    run_interleaved([c_hand, c_fb, c_eq], rounds)
+    for c in (c_hand, c_fb, c_eq):
+        med = median(c.samples)
+        print(f"   {c.name:28s} " + (f"{med:10.1f} µs/step" if med else f"-- {c.error}"), flush=True)
+    return [
+        row("13 flax backend vs hand nnx.jit", size.name, c_hand, c_fb),
+        row("13b flax backend vs equinox backend", size.name, c_eq, c_fb),
+    ]
+
+
 # Data path ---------------------------------------------------------------------------------------------------------
 class DataPath:
     """Batches per second: `TrainingDataset.iterator` vs numpy slicing of a per-epoch permutation."""
@@ -636,6 +740,9 @@ TARGETS = {
     "10 extend a finished stage vs one longer stage": 0.95,
     "11 a 300-step job, whole process (s)": 1.0,  # ratio 1.10 * hand / pipekit
     "12 chunked, checkpointed NUTS vs MCMC.run (s)": 1.0,  # ratio 1.10 * MCMC.run / pipekit
+    # The Flax backend (issue 41): at least 0.95x a hand-written nnx.jit loop and the Equinox backend.
+    "13 flax backend vs hand nnx.jit": 0.95,
+    "13b flax backend vs equinox backend": 0.95,
 }
 
 
@@ -1188,7 +1295,7 @@ def environment() -> dict[str, Any]:
     return info
 
 
-GROUPS = ("steps", "data", "startup", "extend", "nuts")
+GROUPS = ("steps", "data", "startup", "extend", "nuts", "flax")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1205,7 +1312,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=GROUPS,
         help="run only this group of rows (repeatable; default every group): steps (rows 0-8 by size), data, "
-        "startup, extend, nuts",
+        "startup, extend, nuts, flax (row 13 by size)",
     )
     args = parser.parse_args(argv)
     groups = set(args.only or GROUPS)
@@ -1230,6 +1337,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_extend(rounds, args.quick)
         if "nuts" in groups:
             rows += bench_nuts(rounds)
+        for size in sizes if "flax" in groups else ():
+            rows += bench_flax(size, x, y, rounds, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - started

@@ -23,6 +23,13 @@ def _import_example_modules(path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     if path.parent == HOUSES:
         monkeypatch.syspath_prepend(str(HOUSES))
         importlib.import_module("house_loss")
+    if path.name.endswith("_flax.yaml"):
+        pytest.importorskip("flax")
+        import pipekit_train
+
+        if "flax" not in pipekit_train.available_backends():  # installed metadata older than the flax entry points
+            pipekit_train.register_backend("flax", "pipekit_train.adapters.flax:backend")
+            importlib.import_module("pipekit_train.adapters.flax")  # the FlaxModel operator type
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])

@@ -17,6 +17,7 @@ PACKAGE = ROOT / "src" / "pipekit_train"
 BACKEND_PACKAGES = (
     "adapters/equinox",
     "adapters/keras",
+    "adapters/flax",
     "adapters/lightning",
     "adapters/numpyro",
     "adapters/blackjax",

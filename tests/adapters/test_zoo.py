@@ -1,5 +1,6 @@
-"""The backend-neutral zoo: one description per built-in factory, and converters for every factory kind in all six
-directions among Equinox, Keras and Lightning that keep the model's function (the flatten order included)."""
+"""The backend-neutral zoo: one description per built-in factory, and converters for every factory kind in all
+directions among Equinox, Keras, Lightning and (with the ``flax`` extra) Flax that keep the model's function (the
+flatten order included)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pipekit_train.backends._zoo import ZOO, Conv, Dense, Flatten, describe
 
 pytestmark = pytest.mark.xdist_group("zoo")  # one worker (--dist loadgroup): the twelve models are built once
 
-BACKENDS = ("equinox", "keras", "lightning")
+BACKENDS = ("equinox", "keras", "lightning") + (("flax",) if importlib.util.find_spec("flax") is not None else ())
 
 #: Small kwargs of each kind; the cnn's 2x2x3 feature map makes the flatten order matter.
 KWARGS = {
@@ -35,6 +36,8 @@ def _op(backend: str, factory: str):
         from pipekit_train.adapters.equinox import EquinoxModel as cls
     elif backend == "keras":
         from pipekit_train.adapters.keras import KerasModel as cls
+    elif backend == "flax":
+        from pipekit_train.adapters.flax import FlaxModel as cls
     else:
         from pipekit_train.adapters.lightning import TorchModel as cls
     return cls(factory=factory, kwargs=KWARGS[factory])
@@ -54,7 +57,7 @@ def models():
     return out, batches
 
 
-def test_every_factory_converts_in_all_six_directions():
+def test_every_factory_converts_in_all_directions():
     registered = set(registered_converters())
     for src, dst in itertools.permutations(BACKENDS, 2):
         for factory in ZOO:

@@ -45,6 +45,7 @@ CAPABILITIES: dict[str, str] = {
     "diagnostics": "in-step diagnostics (TrainingLoop.diagnostics)",
     "carry": "takes the previous stage's optimizer state or EMA weights (TrainingLoop.carry)",
     "schedules": "schedules on loss and callback values",
+    "ema": "an exponential moving average of the weights (the EMA callback)",
     "mesh": "data parallel over a device mesh (TrainingLoop.mesh)",
     "shard_params": "parameters sharded over the mesh (mesh.shard_params)",
     "precision": "a compute dtype other than float32 (TrainingLoop.precision)",

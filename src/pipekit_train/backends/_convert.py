@@ -2,8 +2,8 @@
 
 A stage of one backend refuses the model of another unless a converter is registered for the pair (and the source
 model's factory). Backends register their converters when their package is imported (the built-in factories convert
-in all six directions among Equinox, Keras and Lightning: `pipekit_train.backends._zoo`). A converter takes a bound
-model operator and returns a bound one of the other backend.
+in all twelve directions among Equinox, Keras, Lightning and Flax: `pipekit_train.backends._zoo`). A converter takes a
+bound model operator and returns a bound one of the other backend.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def register_converter(
 
 
 def _builtin_converters() -> None:
-    """Register the zoo's converters (every built-in factory, all six directions among Equinox, Keras and
-    Lightning) the first time a converter is looked up: `_zoo` imports no framework."""
+    """Register the zoo's converters (every built-in factory, all twelve directions among Equinox, Keras,
+    Lightning and Flax) the first time a converter is looked up: `_zoo` imports no framework."""
     from . import _zoo  # noqa: F401
 
 

@@ -1,5 +1,5 @@
 """The built-in model zoo, backend-neutral: one description per factory kind (``mlp``, ``cnn``, ``autoencoder``,
-``classifier``), and the converters between the Equinox, Keras and Lightning backends derived from it.
+``classifier``), and the converters between the Equinox, Keras, Lightning and Flax backends derived from it.
 
 A description (`Architecture`) is the factory's layers in order, computed from its kwargs: `Image` (reshape one
 example to an image), `Conv` (``kh x kw``, ``cin -> cout``), `MaxPool`, `Flatten`, `Dense` (``in -> out``), each
@@ -10,7 +10,7 @@ of the functions here are the factories' kwargs on every backend; each backend's
 Converting a model is ``to_canonical(source) -> from_canonical(destination)``: each backend's weights are read into
 one canonical form per layer (dense: kernel ``(in, out)`` and bias ``(out,)``; conv: kernel ``(kh, kw, cin, cout)``
 and bias ``(cout,)``; the rows of the first dense layer after a `Flatten` in channel-major ``(c, h, w)`` order) and
-written back in the other's. Keras flattens channels-last feature maps (``(h, w, c)``), Equinox and torch
+written back in the other's. Keras and Flax flatten channels-last feature maps (``(h, w, c)``), Equinox and torch
 channel-major ones, so the rows of that dense layer are permuted and the converted model computes the same function.
 
 Cheap to import: the standard library only; NumPy and the frameworks are imported when a converter runs.
@@ -273,6 +273,8 @@ _LAYOUTS: dict[str, _Layout] = {
     "equinox": _Layout(("pipekit_train.adapters.equinox", "EquinoxModel"), "weight", False, False, False, True),
     "keras": _Layout(("pipekit_train.adapters.keras", "KerasModel"), "kernel", False, True, True, False),
     "lightning": _Layout(("pipekit_train.adapters.lightning", "TorchModel"), "weight", True, False, False, False),
+    # Flax NNX: nnx.Linear / nnx.Conv kernels as Keras lays them out, channels-last feature maps.
+    "flax": _Layout(("pipekit_train.adapters.flax", "FlaxModel"), "kernel", False, True, True, False),
 }
 
 

@@ -183,7 +183,9 @@ def check_schedule(cfg: Mapping[str, Any], max_steps: int) -> tuple[int, int | N
 
 
 def schedule_numbers(cfg: Mapping[str, Any], max_steps: int) -> dict[str, Any]:
-    """The numbers of a resolved config's learning-rate schedule for a stage of `max_steps` (checked first).
+    """The numbers of a config's learning-rate schedule for a stage of `max_steps` (checked first). `cfg` is
+    resolved here (`resolve_optimizer_config` is idempotent), so a raw ``optimizer_config`` and a resolved one give
+    the same numbers.
 
     These are values, not structure: the JAX backends carry them in the optimizer state, so a stage with another
     ``lr``, warm-up or horizon runs the same compiled step. Keys by schedule:
@@ -199,6 +201,7 @@ def schedule_numbers(cfg: Mapping[str, Any], max_steps: int) -> dict[str, Any]:
         >>> schedule_numbers(resolve_optimizer_config({"schedule": "warmup_cosine", "warmup_steps": 5}), 100)
         {'lr': 0.001, 'warmup': 5, 'decay_steps': 100, 'alpha': 0.0}
     """
+    cfg = resolve_optimizer_config(cfg)
     decay_steps, warmup = check_schedule(cfg, max_steps)
     lr, kind = float(cfg["lr"]), cfg["schedule"]
     if kind == "onecycle":

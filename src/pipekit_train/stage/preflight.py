@@ -191,6 +191,8 @@ def _check_capabilities(loop: TrainingLoop, backend: Backend, stage: str) -> Non
                 "schedules",
                 "use a fixed value",
             )
+    if loop.ema_settings is not None and "ema" not in backend.capabilities:
+        raise _refusal(stage, loop, f"keep an EMA of the weights ({loop.ema_settings!r})", "ema", "remove the callback")
 
 
 def _check_registries(loop: TrainingLoop, stage: str) -> None:

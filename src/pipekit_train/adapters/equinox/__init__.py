@@ -50,6 +50,7 @@ class EquinoxBackendSpec(LazyBackend):
             "diagnostics",
             "schedules",
             "carry",
+            "ema",
             # scale (docs/scale.md): data parallel over a device mesh, sharded parameters, mixed precision, processes
             "mesh",
             "shard_params",

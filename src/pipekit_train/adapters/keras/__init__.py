@@ -7,7 +7,7 @@ object of the contract in the repository's ``adapters/README.md``; ``docs/backen
 
 Also public: `to_keras_loss` (a pipekit loss for ``model.compile``), `build_keras_optimizer` and
 `PipekitSchedule` (an ``optimizer_config`` for Keras), and `register_converter` / `convert_model` (moving
-models between backends; every built-in factory converts among Equinox, Keras and Lightning).
+models between backends; every built-in factory converts among Equinox, Keras, Lightning and Flax).
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ class KerasBackendSpec(LazyBackend):
     requires = ("keras",)
     extra = "keras"
     #: Data parallel with replicated variables (docs/scale.md); models carried, converted and transferred; Keras on
-    #: JAX is a pure JAX function through ``stateless_call``, so its models export.
-    capabilities = frozenset({"weights", "transfer", "init_from", "mesh", "export"})
+    #: JAX is a pure JAX function through ``stateless_call``, so its models export; the EMA callback (``ema``).
+    capabilities = frozenset({"weights", "transfer", "init_from", "mesh", "export", "ema"})
     impl = "pipekit_train.adapters.keras._adapter"
 
     def example_model(self, in_size: int, out_size: int) -> KerasModel:

@@ -1,6 +1,6 @@
 """The converter functions the Keras package re-exports (`register_converter`, `convert_model`,
-`registered_converters`): the built-in converters (every factory of the zoo, in all six directions among Equinox,
-Keras and Lightning) are `pipekit_train.backends`'."""
+`registered_converters`): the built-in converters (every factory of the zoo, in all twelve directions among
+Equinox, Keras, Lightning and Flax) are `pipekit_train.backends`'."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class LightningBackendSpec(LazyBackend):
     name = "lightning"
     requires = ("torch",)
     extra = "lightning"
-    capabilities = frozenset({"weights", "transfer", "init_from", "schedule_segment"})
+    capabilities = frozenset({"weights", "transfer", "init_from", "schedule_segment", "ema"})
     impl = "pipekit_train.adapters.lightning._adapter"
 
     def example_model(self, in_size: int, out_size: int) -> TorchModel:
