@@ -115,10 +115,10 @@ class CsvSource(Source):
             raise ConfigError("CsvSource.path must be a non-empty path to a CSV file, got ''")
         if isinstance(self.inputs, dict):
             if list(self.inputs) != ["all_except"]:
-                bad = next(k for k in self.inputs if k != "all_except")
+                extra = next(k for k in self.inputs if k != "all_except")
                 raise ConfigError(
-                    f"CsvSource.inputs: {bad!r} is not a selection{suggestion(bad, ['all_except'])}; give a list of "
-                    "columns (names or glob patterns) or {all_except: [columns]}"
+                    f"CsvSource.inputs: {extra!r} is not a selection{suggestion(extra, ['all_except'])}; give a list "
+                    "of columns (names or glob patterns) or {all_except: [columns]}"
                 )
         elif not self.inputs:
             raise ConfigError("CsvSource.inputs must name at least one column, got []")

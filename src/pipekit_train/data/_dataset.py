@@ -251,8 +251,8 @@ class TrainingDataset(Operator):
             ds = self.replace(source=_SOURCES.get(self.source, key, self.source.fit))
         if not any(isinstance(t, Standardize) and not t.fitted for t in ds.transforms):
             return ds
-        key = (ds.source, _file_identity(ds.source), ds.transforms) if serializable else None
-        fitted = _FITTED.get(ds, key, lambda: fit_statistics(ds.arrays(), ds.transforms))
+        fit_key = (ds.source, _file_identity(ds.source), ds.transforms) if serializable else None
+        fitted = _FITTED.get(ds, fit_key, lambda: fit_statistics(ds.arrays(), ds.transforms))
         return ds.replace(transforms=fitted)
 
     def with_source_statistics(
