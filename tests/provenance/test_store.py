@@ -274,7 +274,7 @@ def test_migrates_a_v1_database_and_keeps_its_artifacts(tmp_path: Path):
         conn.execute("INSERT INTO metrics VALUES ('0ld00001', 'train/loss', 0.5)")
     store = ArtifactStore(path)
     assert store.get("0ld0").imports == () and store.get("0ld0").final_metrics["train/loss"] == 0.5
-    assert store.schema_version() == SCHEMA_VERSION == 5
+    assert store.schema_version() == SCHEMA_VERSION == 6
     store.record(_art("new00002", imports=[IMPORT_A], started_at="2026-06-01T00:00:00Z"))
     assert _ids(store.query()) == ["new00002", "0ld00001"]
     assert _ids(store.query(imported="my_losses")) == ["new00002"]

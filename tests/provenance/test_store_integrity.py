@@ -191,7 +191,7 @@ def test_migration_to_v3_adds_the_digest_of_the_records_it_trusted(tmp_path: Pat
         conn.execute("INSERT INTO metrics VALUES ('0ld00001', 'train/loss', 0.5)")
     store = ArtifactStore(path)
     assert store.get("0ld0") == old
-    assert store.schema_version() == SCHEMA_VERSION == 5
+    assert store.schema_version() == SCHEMA_VERSION == 6
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT digest FROM artifacts").fetchone()[0] == record_digest(old.to_json())
     assert store.verify()["problems"] == []

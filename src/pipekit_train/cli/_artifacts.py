@@ -110,13 +110,16 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     store = _store(args)
     root = store.get(args.id)
     lineage = store.lineage(root.artifact_id)
+    if not args.json:  # the text names each artifact in a line: no need for every record as data
+        print(_lineage(root, lineage))
+        return EXIT_OK
     data = {
         "artifact": root.artifact_id,
         "ancestors": [a.to_dict() for a in lineage["ancestors"]],
         "descendants": [a.to_dict() for a in lineage["descendants"]],
         "missing": lineage["missing"],
     }
-    _emit(args, data, "" if args.json else _lineage(root, lineage))
+    _emit(args, data, "")
     return EXIT_OK
 
 

@@ -103,6 +103,19 @@ MIGRATIONS: list[tuple[str, ...]] = [
             content BLOB NOT NULL
         )""",
     ),
+    # 6: each distinct dependency lock (`TrainingArtifact.deps_lock`) once, keyed by the digest of its JSON text; a
+    # record names it (``lock_digest``) in place of holding it (``_locks.py``). The records already in the file are
+    # split the same way (the SQL functions of `_locks.register_lock_functions`); one that would not join back to
+    # its exact text is kept whole (``lock_digest`` NULL). The digests are unchanged: each still covers the whole
+    # artifact, lock included.
+    (
+        "CREATE TABLE locks (digest TEXT PRIMARY KEY, content TEXT NOT NULL)",
+        "ALTER TABLE artifacts ADD COLUMN lock_digest TEXT",
+        "INSERT OR IGNORE INTO locks (digest, content) SELECT pipekit_lock_digest(record), pipekit_lock_text(record) "
+        "FROM artifacts WHERE pipekit_lock_digest(record) IS NOT NULL",
+        "UPDATE artifacts SET lock_digest = pipekit_lock_digest(record), record = pipekit_record_without_lock(record) "
+        "WHERE pipekit_lock_digest(record) IS NOT NULL",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -6,7 +6,8 @@ finds the database locked waits (``busy_timeout``) rather than failing. WAL need
 (it shares memory through a ``-shm`` file), so keep the file on a local disk: a store on a network file system
 (NFS, SMB, sshfs, Ceph, Lustre, ...; `_netfs.network_filesystem`) is refused unless ``PIPEKIT_ALLOW_NETWORK_STORE=1``.
 
-The whole artifact is kept as JSON; the columns and the ``parents``, ``metrics`` and ``imports`` tables beside it
+The whole artifact is kept as JSON, but for its dependency lock, which the ``locks`` table keeps once however many
+artifacts share it (``_locks.py``); the columns and the ``parents``, ``metrics`` and ``imports`` tables beside it
 are indexes for the queries.
 
 Where the file is: the ``path`` argument, else ``$PIPEKIT_ARTIFACT_STORE``, else ``./runs/artifacts.sqlite``.
@@ -24,7 +25,8 @@ own ``PRAGMA integrity_check``. The digest detects damage, not a deliberate forg
 file (they can recompute it).
 
 The parts, one idea each: the database and its migrations (``_store_db.py``), recording (``_store_record.py``),
-queries and lineage (``_store_query.py``), verification (``_store_verify.py``).
+queries and lineage (``_store_query.py``), verification (``_store_verify.py``), dependency locks kept once
+(``_locks.py``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The artifact store's database: its connections (WAL, the lock wait, no network file system), errors naming
-the file, the digest check of a row, and the schema migrations run on first use.
+the file, the digest check of a row (its record joined again with its dependency lock, ``_locks.py``), and the
+schema migrations run on first use.
 
 Part of `ArtifactStore` (``_store.py``), which holds its path; see that module for the store as a whole.
 """
@@ -7,15 +8,17 @@ Part of `ArtifactStore` (``_store.py``), which holds its path; see that module f
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ._artifact import TrainingArtifact
 from ._errors import ArtifactIntegrityError, ArtifactStoreError
+from ._locks import JoinedRecord, MissingLock, register_lock_functions
 from ._netfs import ALLOW_ENV_VAR, network_filesystem
 from ._schema import _DIGEST_SQL_FUNCTION, MIGRATIONS, SCHEMA_VERSION, _sql_record_digest
 from ._verify import _check_record, _run_dir_hint
@@ -24,6 +27,8 @@ ENV_VAR = "PIPEKIT_ARTIFACT_STORE"
 DEFAULT_PATH = os.path.join("runs", "artifacts.sqlite")
 #: How long a writer waits for the lock before giving up, in milliseconds.
 BUSY_TIMEOUT_MS = 60_000
+#: The schema version from which each distinct dependency lock is kept once (``_locks.py``).
+_LOCKS_SHARED = 6
 
 
 class _StoreDatabase:
@@ -50,6 +55,7 @@ class _StoreDatabase:
             conn.create_function(_DIGEST_SQL_FUNCTION, 1, _sql_record_digest, deterministic=True)
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             if not self._ready:
+                register_lock_functions(conn)
                 self._set_wal(conn)
                 self._migrate(conn)
                 self._ready = True
@@ -105,6 +111,32 @@ class _StoreDatabase:
                 artifact_id=artifact_id,
             )
         return artifact
+
+    @staticmethod
+    def _with_locks(conn: sqlite3.Connection, rows: Iterable[Sequence[Any]], at: int) -> list[tuple[Any, ...]]:
+        """`rows` with their stored record (column `at`) joined with its lock (column ``at + 1``, the record's
+        ``lock_digest``) into a `JoinedRecord` (a record kept whole stays its text); the lock column is dropped. A
+        lock the ``locks`` table lacks becomes a `MissingLock`, which `_checked` reports as damage. Each distinct
+        lock is read and parsed once."""
+        rows = list(rows)
+        wanted = sorted({r[at + 1] for r in rows if r[at + 1] is not None})
+        locks: dict[str, tuple[str, Any]] = {}
+        for start in range(0, len(wanted), 500):  # SQLite's bound on parameters is 999 or more
+            chunk = wanted[start : start + 500]
+            sql = f"SELECT digest, content FROM locks WHERE digest IN ({', '.join('?' * len(chunk))})"
+            for key, text in conn.execute(sql, chunk):
+                try:
+                    locks[key] = (text, json.loads(text))
+                except (TypeError, ValueError):  # damaged: the joined text will not match the record's digest
+                    locks[key] = (text if isinstance(text, str) else "", None)
+        out = []
+        for r in rows:
+            record, key = r[at], r[at + 1]
+            if key is not None and isinstance(record, str):
+                found = locks.get(key)
+                record = MissingLock(key) if found is None else JoinedRecord(record, key, *found)
+            out.append((*r[:at], record, *r[at + 2 :]))
+        return out
 
     def _set_wal(self, conn: sqlite3.Connection) -> None:
         # Switching to WAL needs a moment of exclusive access; when another process holds the file, wait a little.
@@ -162,3 +194,18 @@ class _StoreDatabase:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        if 0 < version < _LOCKS_SHARED:
+            self._give_space_back(conn)
+
+    def _give_space_back(self, conn: sqlite3.Connection) -> None:
+        """After the migration that keeps each lock once: rewrite the file (``VACUUM``, itself one transaction) so
+        that it shrinks, rather than keeping the freed pages for later records. Skipped, and the space kept for
+        later records, when another process holds the store."""
+        conn.execute("PRAGMA busy_timeout = 2000")
+        try:
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.OperationalError:
+            pass
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

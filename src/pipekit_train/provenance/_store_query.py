@@ -58,9 +58,10 @@ class _StoreQueries(_StoreDatabase):
         """
         with self._connect() as conn:
             full = self._resolve_id(conn, artifact_id)
-            row = conn.execute(
-                "SELECT artifact_id, digest, record FROM artifacts WHERE artifact_id = ?", (full,)
-            ).fetchone()
+            rows = conn.execute(
+                "SELECT artifact_id, digest, record, lock_digest FROM artifacts WHERE artifact_id = ?", (full,)
+            ).fetchall()
+            (row,) = self._with_locks(conn, rows, 2)
         return self._checked(*row)
 
     def _resolve_id(self, conn: sqlite3.Connection, artifact_id: str) -> str:
@@ -179,7 +180,7 @@ class _StoreQueries(_StoreDatabase):
         if sweep is not None:
             where.append("json_extract(a.record, '$.sweep.name') = ?")
             args.append(str(sweep))
-        sql = "SELECT a.artifact_id, a.digest, a.record FROM artifacts a"
+        sql = "SELECT a.artifact_id, a.digest, a.record, a.lock_digest FROM artifacts a"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY started_at DESC, artifact_id"
@@ -189,7 +190,7 @@ class _StoreQueries(_StoreDatabase):
             sql += " LIMIT ?"
             args.append(int(limit))
         with self._connect() as conn:
-            rows = conn.execute(sql, args).fetchall()
+            rows = self._with_locks(conn, conn.execute(sql, args), 2)
         return [self._checked(*r) for r in rows]
 
     def lineage(self, artifact_id: str) -> dict[str, list[Any]]:
@@ -207,7 +208,7 @@ class _StoreQueries(_StoreDatabase):
                 SELECT p.parent_id, up.depth + 1 FROM parents p JOIN up ON p.child_id = up.id
                 WHERE up.depth < {_MAX_DEPTH}
             )
-            SELECT up.id, MIN(up.depth) AS d, a.digest, a.record
+            SELECT up.id, MIN(up.depth) AS d, a.digest, a.record, a.lock_digest
             FROM up LEFT JOIN artifacts a ON a.artifact_id = up.id
             WHERE up.id != ? GROUP BY up.id ORDER BY d, up.id"""
         descendants_sql = f"""
@@ -217,12 +218,12 @@ class _StoreQueries(_StoreDatabase):
                 SELECT p.child_id, down.depth + 1 FROM parents p JOIN down ON p.parent_id = down.id
                 WHERE down.depth < {_MAX_DEPTH}
             )
-            SELECT down.id, MIN(down.depth) AS d, a.digest, a.record
+            SELECT down.id, MIN(down.depth) AS d, a.digest, a.record, a.lock_digest
             FROM down JOIN artifacts a ON a.artifact_id = down.id
             WHERE down.id != ? GROUP BY down.id ORDER BY d, a.started_at, down.id"""
         with self._connect() as conn:
-            up = conn.execute(ancestors_sql, (root, root)).fetchall()
-            down = conn.execute(descendants_sql, (root, root)).fetchall()
+            up = self._with_locks(conn, conn.execute(ancestors_sql, (root, root)), 3)
+            down = self._with_locks(conn, conn.execute(descendants_sql, (root, root)), 3)
         return {
             "ancestors": [self._checked(r[0], r[2], r[3]) for r in up if r[3] is not None],
             "descendants": [self._checked(r[0], r[2], r[3]) for r in down],

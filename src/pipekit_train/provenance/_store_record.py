@@ -1,10 +1,12 @@
-"""Recording in the artifact store: a `TrainingArtifact` with its index rows and stored code, and an evaluation.
+"""Recording in the artifact store: a `TrainingArtifact` with its index rows, its dependency lock (kept once,
+``_locks.py``) and stored code, and an evaluation.
 
 Part of `ArtifactStore` (``_store.py``).
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Mapping
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 from ._artifact import TrainingArtifact
 from ._code import blob_digest
 from ._errors import ArtifactStoreError
+from ._locks import split_lock, whole_text
 from ._schema import _float_or_none, record_digest, time_key
 from ._store_db import _StoreDatabase
 from ._verify import _check_record
@@ -29,15 +32,18 @@ class _StoreRecording(_StoreDatabase):
         or, with ``repair=True`` (``pipekit-train artifacts import``), replaced by `artifact`.
 
         `blobs` (digest to bytes: the code `TrainingArtifact.code` names, `capture_code`) are added in the same
-        transaction, each once: a digest already stored adds no row.
+        transaction, each once: a digest already stored adds no row. So is the artifact's dependency lock: the row
+        holds its digest, the ``locks`` table the lock, once however many artifacts share it.
         """
         if not isinstance(artifact, TrainingArtifact):
             raise TypeError(f"ArtifactStore.record expects a TrainingArtifact, got {type(artifact).__name__}")
         for key, data in (blobs or {}).items():
             if blob_digest(data) != key:
                 raise ArtifactStoreError(f"blob {key[:19]}... does not hash to its key; refusing to store it")
-        doc = artifact.to_json()
+        fields = artifact.to_dict()
+        doc = json.dumps(fields, sort_keys=True)  # `TrainingArtifact.to_json`: the text the digest is of
         digest = record_digest(doc)
+        stored, lock_key, lock_text = split_lock(fields, doc)
         row = {
             "artifact_id": artifact.artifact_id,
             "run_id": artifact.run_id,
@@ -52,17 +58,19 @@ class _StoreRecording(_StoreDatabase):
             "started_at": time_key(artifact.started_at),
             "ended_at": time_key(artifact.ended_at) if artifact.ended_at else None,
             "seed": artifact.seed,
-            "record": doc,
+            "record": stored,
             "digest": digest,
+            "lock_digest": lock_key,
         }
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                old = conn.execute(
-                    "SELECT digest, record FROM artifacts WHERE artifact_id = ?", (artifact.artifact_id,)
-                ).fetchone()
+                found = conn.execute(
+                    "SELECT digest, record, lock_digest FROM artifacts WHERE artifact_id = ?", (artifact.artifact_id,)
+                ).fetchall()
+                old = self._with_locks(conn, found, 1)[0] if found else None
                 if old is not None:
-                    if old[1] == doc and old[0] == digest:
+                    if whole_text(old[1]) == doc and old[0] == digest:
                         conn.execute("ROLLBACK")
                         return
                     if _check_record(artifact.artifact_id, old[0], old[1])[0] is not None:
@@ -81,6 +89,12 @@ class _StoreRecording(_StoreDatabase):
                         ("artifacts", "artifact_id"),
                     ):
                         conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (artifact.artifact_id,))
+                if lock_key is not None:  # a damaged row under this digest gets the true text back
+                    conn.execute(
+                        "INSERT INTO locks (digest, content) VALUES (?, ?) ON CONFLICT (digest) DO UPDATE "
+                        "SET content = excluded.content WHERE content IS NOT excluded.content",
+                        (lock_key, lock_text),
+                    )
                 conn.execute(
                     f"INSERT INTO artifacts ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                     tuple(row.values()),

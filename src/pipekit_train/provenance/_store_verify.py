@@ -1,5 +1,5 @@
 """Verifying the artifact store: every record's digest and index rows, lineage links, evaluation records, stored
-code, the models the records name, and SQLite's own integrity checks (`ArtifactStore.verify`).
+code and dependency locks, the models the records name, and SQLite's own integrity checks (`ArtifactStore.verify`).
 
 Part of `ArtifactStore` (``_store.py``); the checks of one record or row are in ``_verify.py``.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._locks import lock_digest
 from ._schema import _INDEX_COLUMNS, record_digest
 from ._store_query import _StoreQueries
 from ._verify import _blob_problems, _check_model, _check_record, _code_problems, _index_problems
@@ -46,11 +47,12 @@ class _StoreVerification(_StoreQueries):
             columns = ", ".join(c for c, _ in _INDEX_COLUMNS)
             rows = []
             for aid in ids:
-                row = conn.execute(
-                    f"SELECT artifact_id, digest, record, started_at, ended_at, {columns} FROM artifacts "
+                selected = conn.execute(
+                    f"SELECT artifact_id, digest, record, lock_digest, started_at, ended_at, {columns} FROM artifacts "
                     "WHERE artifact_id = ?",
                     (aid,),
-                ).fetchone()
+                ).fetchall()
+                (row,) = self._with_locks(conn, selected, 2)
                 parents = [
                     r[0]
                     for r in conn.execute("SELECT parent_id FROM parents WHERE child_id = ? ORDER BY position", (aid,))
@@ -70,6 +72,7 @@ class _StoreVerification(_StoreQueries):
                     (ids[0],),
                 ).fetchall()
             blob_rows = conn.execute("SELECT digest, size, content FROM blobs").fetchall()
+            lock_rows = conn.execute("SELECT digest, content FROM locks").fetchall()
             evaluation_metrics = {
                 e[0]: dict(conn.execute("SELECT name, value FROM evaluation_metrics WHERE evaluation_id = ?", (e[0],)))
                 for e in evaluations
@@ -80,6 +83,7 @@ class _StoreVerification(_StoreQueries):
         stored_blobs = {r[0] for r in blob_rows}
         if artifact_id is None:
             problems += [(None, text) for text in _blob_problems(blob_rows)]
+            problems += [(None, text) for text in _lock_problems(lock_rows)]
         model_cache: dict[str, tuple[str, str] | None] = {}
         for row, parents, metrics, imports in rows:
             aid = row[0]
@@ -108,6 +112,17 @@ class _StoreVerification(_StoreQueries):
             "problems": problems,
             "warnings": warnings,
         }
+
+
+def _lock_problems(rows: list[tuple[str, str]]) -> list[str]:
+    """Stored dependency locks (``locks`` rows: digest, JSON text) whose text no longer hashes to their digest."""
+    return [
+        f"stored dependency lock {digest}: its text hashes to {lock_digest(text)[:19]}...; it was changed"
+        if isinstance(text, str)
+        else f"stored dependency lock {digest}: its content is not text but {type(text).__name__}"
+        for digest, text in rows
+        if not isinstance(text, str) or lock_digest(text) != digest
+    ]
 
 
 def _evaluation_problems(

@@ -3,6 +3,7 @@ the model-registry entry a record points to."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -11,20 +12,31 @@ from typing import Any
 from pipekit import PipekitError
 
 from ._artifact import TrainingArtifact
+from ._locks import JoinedRecord, MissingLock
 from ._schema import _INDEX_COLUMNS, _float_or_none, record_digest, time_key
 
 
 def _check_record(artifact_id: str, digest: Any, record: Any) -> tuple[TrainingArtifact | None, str]:
-    """(the artifact, "") when the row's record matches its digest and id; else (None, what is wrong)."""
-    if not isinstance(record, str):
+    """(the artifact, "") when the row's record matches its digest and id; else (None, what is wrong).
+
+    `record` is the artifact's JSON text, or a `JoinedRecord` (a stored record and its dependency lock,
+    `_StoreDatabase._with_locks`), whose whole text is what the digest is of.
+    """
+    if isinstance(record, MissingLock):
+        return None, f"its dependency lock {record.key[:19]}... is not in the store's locks table"
+    if isinstance(record, JoinedRecord):
+        text, load = record.text, record.data
+    elif isinstance(record, str):
+        text, load = record, functools.partial(json.loads, record)
+    else:
         return None, f"the record is not JSON text but {type(record).__name__}"
     if not isinstance(digest, str):
         return None, "the record has no digest"
-    actual = record_digest(record)
+    actual = record_digest(text)
     if actual != digest:
         return None, f"its record hashes to {actual[:19]}..., its digest is {digest[:19]}...; it was changed"
     try:
-        artifact = TrainingArtifact.from_json(record)
+        artifact = TrainingArtifact.from_dict(load())
     except (PipekitError, ValueError, TypeError, KeyError) as e:
         return None, f"the record is not a valid artifact ({' '.join(str(e).split())})"
     if artifact.artifact_id != artifact_id:
@@ -34,6 +46,8 @@ def _check_record(artifact_id: str, digest: Any, record: Any) -> tuple[TrainingA
 
 def _run_dir_hint(record: Any) -> str | None:
     """The run directory a (possibly damaged) record names, for the recovery command; ``None`` if it names none."""
+    if isinstance(record, JoinedRecord):
+        record = record.stored
     try:
         stage_dir = json.loads(record).get("run_dir")
     except (TypeError, ValueError, AttributeError):
