@@ -136,11 +136,13 @@ def test_a_version_3_store_gains_the_evaluation_tables_and_keeps_its_records(tmp
         conn.execute("DROP TABLE evaluation_metrics")
         conn.execute("DROP TABLE evaluations")
         conn.execute("DROP TABLE blobs")  # version 5's stored code
+        conn.execute("DROP TABLE locks")  # version 6's dependency locks, kept once
+        conn.execute("ALTER TABLE artifacts DROP COLUMN lock_digest")
         conn.execute("UPDATE schema_version SET version = 3")
         before = conn.execute("SELECT record, digest FROM artifacts").fetchall()
-    assert SCHEMA_VERSION == len(MIGRATIONS) == 5  # 4: the evaluation tables; 5: stored code (blobs)
+    assert SCHEMA_VERSION == len(MIGRATIONS) == 6  # 4: the evaluation tables; 5: stored code (blobs); 6: locks
     store = ArtifactStore(str(path))
-    assert store.schema_version() == 5 and store.evaluations() == []
+    assert store.schema_version() == 6 and store.evaluations() == []
     assert store.get("0ld0") == old
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT record, digest FROM artifacts").fetchall() == before
