@@ -25,13 +25,14 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=3000, help="artifacts to record (default 3000)")
+    parser.add_argument("--lock-dir", default=None, help="where to look for the lock file (default: this repository)")
     args = parser.parse_args()
 
     from pipekit_train.cli._artifacts import main as artifacts_main
     from pipekit_train.provenance import ArtifactStore, TrainingArtifact
     from pipekit_train.provenance._artifact import collect_deps_lock
 
-    lock = collect_deps_lock(Path(__file__).resolve().parent.parent)
+    lock = collect_deps_lock(Path(args.lock_dir or Path(__file__).resolve().parent.parent))
     yaml = "pipekit: 1\ntype: TrainingLoop\nmax_steps: 300\nbatch_size: 32\n"
     with tempfile.TemporaryDirectory() as tmp:
         store = ArtifactStore(Path(tmp) / "artifacts.sqlite")
