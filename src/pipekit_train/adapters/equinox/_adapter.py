@@ -89,11 +89,11 @@ class EquinoxBackend(StepBackend):
         self.model_op = model_op
         self.optimizer = _optimizer(loop)
         # LoRA (`_lora`): the adapters are the trained params; the model they adapt is frozen in the consts.
-        settings = lora_settings(loop.optimizer_config)
         self.lora: StageAdapters | None = None
         trainable = None
-        if settings is not None:
-            assert init_key is not None
+        if loop.optimizer_config.get("lora") is not None:
+            settings = lora_settings(loop.optimizer_config)
+            assert settings is not None and init_key is not None
             module, trainable, self.lora = start_adapters(model_op, module, settings, init_key)
         params, consts, static = partition(module, trainable)
         # Donation deletes the arrays passed in: never hand the caller's own arrays to the step.
@@ -413,7 +413,8 @@ def check(loop: Any, incoming: Any, stage: str) -> None:
     """
     if loop.model_op.module is None:
         check_size(loop, stage)
-    check_lora(loop, stage)  # `optimizer_config.lora`
+    if loop.optimizer_config.get("lora") is not None:
+        check_lora(loop, stage)
     if loop.param_groups:
         from ._tree import abstract
 
