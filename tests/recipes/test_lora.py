@@ -240,3 +240,63 @@ def test_a_backend_without_the_capability_refuses_lora():
 def test_the_model_summary_shows_trainable_beside_total():
     summary = {"total_params": 1000, "total_bytes": 4000, "submodules": [], "trainable_params": 24}
     assert format_model_summary(summary)[0] == "model: 1,000 parameters, 3.9 KiB; trainable: 24 (2.4% of the model's)"
+
+
+def test_default_targets_are_a_transformers_projections_and_the_merge_is_exact():
+    """On the agreed part names (`blocks[i].attention.*_proj`, an `eqx.nn.MultiheadAttention`, and
+    `blocks[i].mlp.{up,down}`), the default selects the six projections of each block; with ``B`` zero the model
+    computes what the base computes, and the merged model what the adapted one computes."""
+    import equinox as eqx
+    import jax
+
+    from pipekit_train.adapters.equinox._lora import LoraLinear, attach, merge
+
+    class Mlp(eqx.Module):
+        up: eqx.nn.Linear
+        down: eqx.nn.Linear
+
+    class Block(eqx.Module):
+        attention: eqx.nn.MultiheadAttention
+        mlp: Mlp
+
+    class Tiny(eqx.Module):
+        embed: eqx.nn.Linear
+        blocks: list
+
+        def __call__(self, x):
+            h = self.embed(x)[None, :]
+            for block in self.blocks:
+                h = h + block.attention(h, h, h)
+                h = h + jax.vmap(lambda v, m=block.mlp: m.down(jax.nn.relu(m.up(v))))(h)
+            return h[0]
+
+    @eqx.filter_jit  # built as one program (eagerly, every initialiser compiles on its own)
+    def build(key):
+        k = jax.random.split(key, 4)
+        mlp = Mlp(up=eqx.nn.Linear(8, 16, key=k[1]), down=eqx.nn.Linear(16, 8, key=k[2]))
+        block = Block(attention=eqx.nn.MultiheadAttention(2, 8, key=k[0]), mlp=mlp)
+        return Tiny(embed=eqx.nn.Linear(4, 8, key=k[3]), blocks=[block])
+
+    model = build(jax.random.key(0))
+    settings = lora_settings({"lora": {"rank": 2, "alpha": 2.0}})
+    assert settings is not None
+    adapted, paths = attach(model, settings, jax.random.key(1), "the test model")
+    assert paths == [
+        *(f"blocks[0].attention.{p}_proj" for p in ("query", "key", "value", "output")),
+        "blocks[0].mlp.up",
+        "blocks[0].mlp.down",
+    ]
+    call = eqx.filter_jit(lambda m, x: m(x))  # one program per structure: eager attention compiles op by op
+    x = np.random.default_rng(0).normal(size=(4,)).astype(np.float32)
+    assert np.array_equal(call(adapted, x), call(model, x))  # B is zero: the base's output, bit for bit
+
+    def bs(m):
+        return [
+            n.lora_b for n in jax.tree.leaves(m, is_leaf=lambda n: isinstance(n, LoraLinear)) if hasattr(n, "lora_b")
+        ]
+
+    rng = np.random.default_rng(1)
+    trained = eqx.tree_at(bs, adapted, [rng.normal(size=b.shape).astype(np.float32) for b in bs(adapted)])
+    merged = merge(trained)
+    assert type(merged.blocks[0].attention.query_proj) is eqx.nn.Linear and not bs(merged)
+    np.testing.assert_allclose(call(merged, x), call(trained, x), rtol=1e-5, atol=1e-5)

@@ -85,14 +85,20 @@ def targets(module: Any, settings: LoraSettings, model: str) -> list[str]:
 
 
 @functools.partial(jax.jit, static_argnames=("shapes",))
-def _init_a(key: jax.Array, shapes: tuple[tuple[int, int], ...]) -> list[jax.Array]:
-    """Each adapter's ``A``, uniform in ``±1/sqrt(in_features)`` (the bound `eqx.nn.Linear` draws its weights in),
-    from its own key of ``split(fold_in(key, LORA_SALT))``; one compiled program for all of them."""
-    keys = jax.random.split(jax.random.fold_in(key, LORA_SALT), len(shapes))
-    out = []
-    for k, (rank, fan_in) in zip(keys, shapes):
-        lim = 1.0 / np.sqrt(fan_in)
-        out.append(jax.random.uniform(k, (rank, fan_in), jnp.float32, -lim, lim))
+def _init(key: jax.Array, shapes: tuple[tuple[int, int, int], ...]) -> list[tuple[jax.Array, jax.Array]]:
+    """Each adapter's ``(A, B)`` for ``(rank, in, out)`` in `shapes`: ``A`` uniform in ``±1/sqrt(in)`` (the bound
+    `eqx.nn.Linear` draws its weights in), ``B`` zeros.
+
+    One draw of ``uniform(fold_in(key, LORA_SALT), -1, 1)`` for every ``A``, cut in order and scaled, in one small
+    compiled program (a draw per adapter compiled a random-bits expansion each: seconds on a small CPU).
+    """
+    sizes = [rank * fan_in for rank, fan_in, _ in shapes]
+    bits = jax.random.uniform(jax.random.fold_in(key, LORA_SALT), (sum(sizes),), jnp.float32, -1.0, 1.0)
+    out, start = [], 0
+    for (rank, fan_in, fan_out), size in zip(shapes, sizes):
+        a = bits[start : start + size].reshape(rank, fan_in) * np.float32(1.0 / np.sqrt(fan_in))
+        out.append((a, jnp.zeros((fan_out, rank), jnp.float32)))
+        start += size
     return out
 
 
@@ -103,16 +109,15 @@ def attach(module: Any, settings: LoraSettings, key: jax.Array, model: str) -> t
     """
     chosen = set(targets(module, settings, model))
     layers = [(path, node) for path, node in _linears(module) if path in chosen]
-    shapes = tuple((settings.rank, int(node.in_features)) for _, node in layers)
-    a_init = _init_a(key, shapes)
+    shapes = tuple((settings.rank, int(node.in_features), int(node.out_features)) for _, node in layers)
     wrapped = [
         LoraLinear(
             base=node,
-            lora_a=a.astype(node.weight.dtype),
-            lora_b=jnp.asarray(np.zeros((int(node.out_features), settings.rank), node.weight.dtype)),
+            lora_a=a if a.dtype == node.weight.dtype else a.astype(node.weight.dtype),
+            lora_b=b if b.dtype == node.weight.dtype else b.astype(node.weight.dtype),
             scale=settings.scale,
         )
-        for (_, node), a in zip(layers, a_init)
+        for (_, node), (a, b) in zip(layers, _init(key, shapes))
     ]
     chosen_at = [i for i, (path, _) in enumerate(_linears(module)) if path in chosen]
 
