@@ -81,7 +81,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work
 
 
-def test_only_the_adapters_train_and_the_artifact_counts_them(pipeline):
+def test_only_the_adapters_train_and_the_artifact_counts_them(pipeline, capsys):
     run = pipeline / "R"
     pre, tune = _artifact(run, "pre"), _artifact(run, "tune")
     info = tune["backend_info"]
@@ -96,6 +96,9 @@ def test_only_the_adapters_train_and_the_artifact_counts_them(pipeline):
     }
     assert tune["parent_ids"] == [pre["artifact_id"]]
     assert tune["model_summary"]["trainable_params"] == 24
+    capsys.readouterr()
+    assert main(["artifacts", "show", tune["artifact_id"], "--store", str(pipeline / "s.sqlite")]) == 0
+    assert "params     49, trainable 24; LoRA rank 2 on layers[0]\n" in capsys.readouterr().out
 
 
 def test_the_checkpoint_holds_the_adapters_and_the_base_digest_not_the_base(pipeline):

@@ -227,4 +227,7 @@ def check_lora(loop: Any, stage: str) -> None:
             f"stage {stage!r}: optimizer_config.lora cannot be combined with TrainingLoop.{name} ({why}); remove one"
         )
     module = loop.model_op.module if loop.model_op.module is not None else abstract(loop.model_op)
-    targets(module, settings, describe(loop.model_op))
+    try:
+        targets(module, settings, describe(loop.model_op))
+    except ConfigError as e:
+        raise ConfigError(f"stage {stage!r}: {e}") from None
