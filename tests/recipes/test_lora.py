@@ -162,6 +162,25 @@ def test_a_sigkilled_lora_stage_resumes_bitwise(pipeline, tmp_path, xla_cache_en
     assert dict(_history(got, "tune")) == dict(_history(ref, "tune"))
 
 
+def test_extend_continues_a_lora_stage_from_the_model_it_started_from(pipeline, tmp_path):
+    """``extend`` takes the frozen model from the stage's parent (its checkpoint holds only the adapters), and the
+    extension is bitwise the stage planned 4 steps longer."""
+    shutil.copytree(pipeline, tmp_path / "w")
+    work = tmp_path / "w"
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        assert main(["extend", "R", "--stage", "tune", "--steps", "4", "--store", "s.sqlite"]) == 0
+        text = (work / "pipe.yaml").read_text()
+        (work / "pipe.yaml").write_text(text.replace("max_steps: 8", "max_steps: 12"))
+        assert main(["run", "pipe.yaml", "--run-dir", "R12", "--store", "s.sqlite"]) == 0
+    finally:
+        os.chdir(cwd)
+    extended, longer = _artifact(work / "R", "tune-extend1"), _artifact(work / "R12", "tune")
+    assert extended["backend_info"]["lora"]["base_weights"] == _artifact(work / "R", "pre")["trained_model_hash"]
+    assert extended["trained_model_hash"] == longer["trained_model_hash"]
+
+
 def _loop(**changes: Any) -> TrainingLoop:
     x = np.zeros((16, 4), np.float32)
     fields: dict[str, Any] = dict(
