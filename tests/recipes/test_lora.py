@@ -116,6 +116,7 @@ def test_the_checkpoint_holds_the_adapters_and_the_base_digest_not_the_base(pipe
 
 
 def test_the_stage_model_is_the_base_with_the_adapters_merged(pipeline):
+    from pipekit_train.adapters.equinox._lora import LoraLinear
     from pipekit_train.checkpoint._flat import read_leaves
 
     run = pipeline / "R"
@@ -130,6 +131,12 @@ def test_the_stage_model_is_the_base_with_the_adapters_merged(pipeline):
     np.testing.assert_allclose(merged[".layers[0].weight"], expected, rtol=1e-6, atol=1e-7)
     for frozen in (".layers[0].bias", ".layers[1].weight", ".layers[1].bias"):
         assert np.array_equal(merged[frozen], base[frozen]), frozen
+    # The adapted layer computes what the merged one does; with B at zero (the start), what the base does.
+    layer = _model(run, "pre").module.layers[0]
+    x = np.linspace(-1.0, 1.0, 4, dtype=np.float32)
+    adapted = LoraLinear(base=layer, lora_a=a, lora_b=b, scale=2.0)
+    np.testing.assert_allclose(adapted(x), _model(run, "tune").module.layers[0](x), rtol=1e-5, atol=1e-6)
+    assert np.array_equal(LoraLinear(base=layer, lora_a=a, lora_b=np.zeros_like(b), scale=2.0)(x), layer(x))
 
 
 def test_a_sigkilled_lora_stage_resumes_bitwise(pipeline, tmp_path, xla_cache_env):
@@ -264,10 +271,11 @@ def test_the_model_summary_shows_trainable_beside_total():
     assert format_model_summary(summary)[0] == "model: 1,000 parameters, 3.9 KiB; trainable: 24 (2.4% of the model's)"
 
 
-def test_default_targets_are_a_transformers_projections_and_the_merge_is_exact():
+def test_default_targets_are_a_transformers_projections():
     """On the agreed part names (`blocks[i].attention.*_proj`, an `eqx.nn.MultiheadAttention`, and
-    `blocks[i].mlp.{up,down}`), the default selects the six projections of each block; with ``B`` zero the model
-    computes what the base computes, and the merged model what the adapted one computes."""
+    `blocks[i].mlp.{up,down}`), the default selects the six projections of each block, the adapted model runs
+    through the attention's projections, and the merge gives back plain linear layers. Traced abstractly (nothing
+    compiles: attention is seconds of compiling here); the numbers are checked on the MLP stage above."""
     import equinox as eqx
     import jax
 
@@ -286,39 +294,33 @@ def test_default_targets_are_a_transformers_projections_and_the_merge_is_exact()
         blocks: list
 
         def __call__(self, x):
-            h = self.embed(x)[None, :]
+            h = jax.vmap(self.embed)(x)
             for block in self.blocks:
                 h = h + block.attention(h, h, h)
                 h = h + jax.vmap(lambda v, m=block.mlp: m.down(jax.nn.relu(m.up(v))))(h)
-            return h[0]
+            return h
 
-    @eqx.filter_jit  # built as one program (eagerly, every initialiser compiles on its own)
-    def build(key):
-        k = jax.random.split(key, 4)
-        mlp = Mlp(up=eqx.nn.Linear(8, 16, key=k[1]), down=eqx.nn.Linear(16, 8, key=k[2]))
-        block = Block(attention=eqx.nn.MultiheadAttention(2, 8, key=k[0]), mlp=mlp)
-        return Tiny(embed=eqx.nn.Linear(4, 8, key=k[3]), blocks=[block])
-
-    model = build(jax.random.key(0))
     settings = lora_settings({"lora": {"rank": 2, "alpha": 2.0}})
     assert settings is not None
-    adapted, paths = attach(model, settings, jax.random.key(1), "the test model")
-    assert paths == [
+    seen: dict[str, Any] = {}
+
+    def outputs(key, x):
+        k = jax.random.split(key, 5)
+        mlp = Mlp(up=eqx.nn.Linear(8, 16, key=k[1]), down=eqx.nn.Linear(16, 8, key=k[2]))
+        model = Tiny(
+            embed=eqx.nn.Linear(4, 8, key=k[3]), blocks=[Block(eqx.nn.MultiheadAttention(2, 8, key=k[0]), mlp)]
+        )
+        adapted, seen["paths"] = attach(model, settings, k[4], "the test model")
+        seen["wrapped"] = type(adapted.blocks[0].attention.value_proj)
+        merged = merge(adapted)
+        seen["merged"] = type(merged.blocks[0].attention.value_proj), type(merged.blocks[0].mlp.down)
+        return adapted(x), merged(x)
+
+    out = eqx.filter_eval_shape(outputs, jax.random.key(0), jax.ShapeDtypeStruct((3, 4), np.float32))
+    assert [o.shape for o in out] == [(3, 8), (3, 8)]
+    assert seen["paths"] == [
         *(f"blocks[0].attention.{p}_proj" for p in ("query", "key", "value", "output")),
         "blocks[0].mlp.up",
         "blocks[0].mlp.down",
     ]
-    call = eqx.filter_jit(lambda m, x: m(x))  # one program per structure: eager attention compiles op by op
-    x = np.random.default_rng(0).normal(size=(4,)).astype(np.float32)
-    assert np.array_equal(call(adapted, x), call(model, x))  # B is zero: the base's output, bit for bit
-
-    def bs(m):
-        return [
-            n.lora_b for n in jax.tree.leaves(m, is_leaf=lambda n: isinstance(n, LoraLinear)) if hasattr(n, "lora_b")
-        ]
-
-    rng = np.random.default_rng(1)
-    trained = eqx.tree_at(bs, adapted, [rng.normal(size=b.shape).astype(np.float32) for b in bs(adapted)])
-    merged = merge(trained)
-    assert type(merged.blocks[0].attention.query_proj) is eqx.nn.Linear and not bs(merged)
-    np.testing.assert_allclose(call(merged, x), call(trained, x), rtol=1e-5, atol=1e-5)
+    assert seen["wrapped"] is LoraLinear and seen["merged"] == (eqx.nn.Linear, eqx.nn.Linear)

@@ -188,16 +188,15 @@ class EquinoxBackend(StepBackend):
         """What the artifact's ``backend_info`` records of this run: the model's parameter count, how many of them
         the optimizer trains (`trainable_params`: with LoRA, the adapters'; else all but frozen groups'), the
         precision, and the LoRA settings, targeted layers and the frozen base's weights digest."""
-        trained = int(sum(x.size for x in jax.tree.leaves(self.params)))
-        if self.lora is not None:
-            frozen = eqx.filter(self.consts, eqx.is_inexact_array)  # the model the adapters adapt
-            total = int(sum(x.size for x in jax.tree.leaves(frozen)))
-            info = {"lora": self.lora.info}
-        else:
-            total, info = trained, {}
+        total = int(sum(x.size for x in jax.tree.leaves(self.params)))
+        info: dict[str, Any] = {}
+        if self.lora is not None:  # the params are the adapters; the model they adapt is in the consts
+            total = int(sum(x.size for x in jax.tree.leaves(eqx.filter(self.consts, eqx.is_inexact_array))))
+            info["lora"] = self.lora.info
+        trainable = self.trainable_params()
         return {
             "num_params": total,
-            "trainable_params": trained if self.lora is not None else trained - frozen_count(self.loop, self.params),
+            "trainable_params": total if trainable is None else trainable,
             "precision": self.compute or "float32",
             **info,
         }
