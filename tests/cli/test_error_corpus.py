@@ -277,6 +277,18 @@ CASES: list[tuple[str, str]] = [
         "pipekit-train: error: --set stages.0.optimizer_config: optimizer_config.weight_decay does not apply to name='adam' (use name: adamw for decoupled weight decay); adam takes b1, b2, eps; weight_decay applies to adamw, sgd, lion, rmsprop",
     ),
     (
+        "validate pipe.yaml --set 'stages.0.optimizer_config.lora={rank: 0}'",
+        "pipekit-train: error: --set stages.0.optimizer_config.lora: optimizer_config.lora.rank must be an int >= 1, got 0",
+    ),
+    (
+        "validate pipe.yaml --set 'stages.0.optimizer_config.lora={rank: 4}'",
+        "pipekit-train: error: pipe.yaml: stage 'fit': optimizer_config.lora.targets is not set, and its default (the attention and MLP projections: *.attention.*_proj, *.mlp.up, *.mlp.down) matches no linear layer of the 'mlp' model; its linear layers are layers[0], layers[1]: set optimizer_config.lora.targets, e.g. ['layers[*]']",
+    ),
+    (
+        "validate pipe.yaml --set \"stages.0.optimizer_config.lora={targets: ['layer[1]']}\"",
+        "pipekit-train: error: pipe.yaml: stage 'fit': optimizer_config.lora.targets[0] 'layer[1]' matches no linear layer of the 'mlp' model (did you mean 'layers[1]' or 'layers[0]' or 'layers'?); its linear layers are layers[0], layers[1]",
+    ),
+    (
         "validate pipe.yaml --set stages.0.input_key=inputs",
         "pipekit-train: error: pipe.yaml: stage 'fit': TrainingLoop.val_dataset has no 'inputs' (its batches have keys ['x', 'y']); evaluation runs the same model and loss as training",
     ),

@@ -53,6 +53,7 @@ CAPABILITIES: dict[str, str] = {
     "lr_find": "the learning-rate finder (pipekit-train lr-find)",
     "export": "jax.export of the trained model (pipekit-train export)",
     "schedule_segment": "restarts its learning-rate schedule for an extension (extend --new-segment)",
+    "lora": "trains low-rank adapters on a frozen model (optimizer_config.lora)",
 }
 
 
@@ -259,6 +260,12 @@ class StepBackend(abc.ABC):
         """What the artifact's ``backend_info`` records of this run besides `Backend.info` (parameter counts, a
         sampler's kernel). Default: nothing."""
         return {}
+
+    def trainable_params(self) -> int | None:
+        """How many of the model's parameters the optimizer trains, when not all of them (LoRA's adapters, frozen
+        parameter groups): the model summary at the start of the stage shows it beside the total. Default ``None``:
+        all of them."""
+        return None
 
     def final_metrics(self, stage: str, stage_dir: str) -> dict[str, float]:
         """Metrics added when the stage completes (a sampler's posterior diagnostics). Default: none."""

@@ -108,7 +108,12 @@ def _show(a: TrainingArtifact) -> str:
         f"{len(dists)} distributions ({lock})",
         f"devices    {', '.join(deps.get('devices') or []) or '-'}",
     ]
-    changes = (a.backend_info or {}).get("topology_changes")
+    info = a.backend_info or {}
+    if info.get("trainable_params") is not None and info.get("trainable_params") != info.get("num_params"):
+        lora = info.get("lora") or {}
+        how = f"; LoRA rank {lora['rank']} on {', '.join(lora['targets'])}"[:200] if lora else ""
+        lines.append(f"params     {info.get('num_params', 0):,}, trainable {info['trainable_params']:,}{how}")
+    changes = info.get("topology_changes")
     if changes:  # elastic resumes: the device and process counts the stage trained on, and where they changed
         from ..checkpoint._elastic import history_text
 

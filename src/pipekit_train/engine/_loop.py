@@ -319,7 +319,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
             weights = self.backend.bound_model().weights()
         except Exception:  # a model without plain weights (a sampler before its first draw): no summary
             return None
-        return model_summary(weights)
+        return model_summary(weights, trainable=self.backend.trainable_params())
 
     def _params(self) -> dict[str, Any]:
         from pipekit._yaml import to_plain

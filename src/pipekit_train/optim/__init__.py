@@ -1,6 +1,6 @@
 """Optimization settings: reading `optimizer_config`, schedules for any value, the gradient and parameter-group
-recipes. See ``docs/recipes.md``. (The optax mapping the JAX backends share is `pipekit_train.backends.kit`; the
-learning-rate finder is `pipekit_train.sweep.lr_find`.)"""
+recipes, LoRA adapters (`optimizer_config.lora`). See ``docs/recipes.md``. (The optax mapping the JAX backends
+share is `pipekit_train.backends.kit`; the learning-rate finder is `pipekit_train.sweep.lr_find`.)"""
 
 from typing import TYPE_CHECKING
 
@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from ._config import check_schedule as check_schedule
     from ._config import resolve_optimizer_config as resolve_optimizer_config
     from ._config import schedule_numbers as schedule_numbers
+    from ._lora import DEFAULT_TARGETS as DEFAULT_TARGETS
+    from ._lora import LoraSettings as LoraSettings
+    from ._lora import lora_settings as lora_settings
+    from ._lora import resolve_lora as resolve_lora
+    from ._lora import select_targets as select_targets
     from ._recipes import SAM as SAM
     from ._recipes import GradientRule as GradientRule
     from ._recipes import ParamGroup as ParamGroup

@@ -13,6 +13,8 @@ from typing import Any
 
 from pipekit import ConfigError, suggestion
 
+from ._lora import resolve_lora
+
 __all__ = ["check_optimizer_config", "check_schedule", "resolve_optimizer_config", "schedule_numbers"]
 
 # Keys each optimizer takes, with their defaults (optax's defaults where optax has one).
@@ -32,9 +34,10 @@ _SCHEDULES: dict[str, dict[str, Any]] = {
     "exponential": {"warmup_steps": 0, "decay_steps": None, "decay_rate": 0.1, "end_lr": None},
 }
 _COMMON: dict[str, Any] = {"name": "adamw", "lr": 1e-3, "schedule": "constant"}
+# ``lora`` (a mapping, `_lora`) applies to every optimizer and schedule; absent, it is absent from the result.
 _ALL_KEYS: list[str] = list(
     dict.fromkeys(
-        [*_COMMON, *(k for d in _OPTIMIZERS.values() for k in d), *(k for d in _SCHEDULES.values() for k in d)]
+        [*_COMMON, *(k for d in _OPTIMIZERS.values() for k in d), *(k for d in _SCHEDULES.values() for k in d), "lora"]
     )
 )
 
@@ -127,7 +130,7 @@ def resolve_optimizer_config(config: Mapping[str, Any]) -> dict[str, Any]:
         )
     allowed = {**_OPTIMIZERS[name], **_SCHEDULES[schedule]}
     for key in config:
-        if key in _COMMON or key in allowed:
+        if key in _COMMON or key in allowed or key == "lora":
             continue
         if key in {k for d in _OPTIMIZERS.values() for k in d}:
             users = [n for n, d in _OPTIMIZERS.items() if key in d]
@@ -145,6 +148,8 @@ def resolve_optimizer_config(config: Mapping[str, Any]) -> dict[str, Any]:
     for key, default in allowed.items():
         derived = default is None and config.get(key) is None  # left to the build (a resolved config says so)
         out[key] = default if key not in config or derived else _check_value(key, config[key])
+    if config.get("lora") is not None:
+        out["lora"] = resolve_lora(config["lora"])
     if out.get("nesterov") and not out.get("momentum"):
         raise ConfigError(f"optimizer_config.nesterov: true needs momentum > 0, got momentum={out['momentum']!r}")
     if schedule == "onecycle" and out["end_lr"] is not None and out["end_lr"] <= 0:

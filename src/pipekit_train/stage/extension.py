@@ -135,6 +135,29 @@ def _finished(run_dir: str, stage: str) -> tuple[dict[str, Any], Any]:
     return final, TrainingArtifact.from_dict(record)
 
 
+def _lora_base(run_dir: str, loop: TrainingLoop, artifact: Any) -> Any:
+    """For a LoRA stage (`optimizer_config.lora`), the model it started from, whose weights its checkpoints do not
+    hold (only the adapters and that model's digest): the final model of its parent stage in this run (LoRA has no
+    `init_from`, so the one parent is the previous stage). ``None`` otherwise, or when the stage started fresh."""
+    from .._jsonio import read_json
+    from ..provenance._model_registry import load_model
+    from .record import FINAL_FILE, absolute_model_uri
+
+    if loop.optimizer_config.get("lora") is None or not artifact.parent_ids:
+        return None
+    for entry in os.scandir(run_dir):
+        path = os.path.join(entry.path, "artifact.json")
+        if not (entry.is_dir() and os.path.exists(path)):
+            continue
+        if read_json(path, what="an artifact").get("artifact_id") == artifact.parent_ids[0]:
+            final = read_json(os.path.join(entry.path, FINAL_FILE), what=f"stage {entry.name!r}'s final.json")
+            return load_model(absolute_model_uri(final["model_uri"], run_dir))
+    raise ConfigError(
+        f"extend: the LoRA stage {artifact.stage!r} started from the model of artifact {artifact.parent_ids[0]}, "
+        f"which is not a finished stage of {run_dir}; its checkpoints hold the adapters, not that model"
+    )
+
+
 def _next_name(run_dir: str, stage: str) -> str:
     """``<stage>-extend<k>``: the first k whose folder holds no finished stage (an unfinished one is continued)."""
     from .record import FINAL_FILE
@@ -240,7 +263,11 @@ def extend(
     longer = extended_loop(loop.replace(name=stage), steps, name=name, new_segment=new_segment)
     extension = Extension(loop, stage, directory, step, artifact.artifact_id, steps, new_segment)
     incoming = TrainerCarryState(
-        run_id=artifact.run_id, run_dir=run_dir, stage_index=0, artifact_id=artifact.artifact_id
+        model=_lora_base(run_dir, loop, artifact),
+        run_id=artifact.run_id,
+        run_dir=run_dir,
+        stage_index=0,
+        artifact_id=artifact.artifact_id,
     )
     settings = RunSettings(run_dir=run_dir, resume="auto", imports=imports, extension=extension)
     if store is not None:

@@ -193,6 +193,15 @@ def _check_capabilities(loop: TrainingLoop, backend: Backend, stage: str) -> Non
             )
     if loop.ema_settings is not None and "ema" not in backend.capabilities:
         raise _refusal(stage, loop, f"keep an EMA of the weights ({loop.ema_settings!r})", "ema", "remove the callback")
+    lora = loop.optimizer_config.get("lora")
+    if lora is not None and "lora" not in backend.capabilities:
+        raise _refusal(
+            stage,
+            loop,
+            f"train low-rank adapters (optimizer_config.lora is {lora!r})",
+            "lora",
+            "remove optimizer_config.lora to train every weight",
+        )
 
 
 def _check_registries(loop: TrainingLoop, stage: str) -> None:

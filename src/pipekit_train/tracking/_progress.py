@@ -131,8 +131,9 @@ def _top_level(path: str) -> str:
     return str(steps[0])
 
 
-def model_summary(weights: Mapping[str, Any]) -> dict[str, Any]:
-    """Parameter counts and bytes per top-level submodule and in all, from `ModelOp.weights()` (plain data)."""
+def model_summary(weights: Mapping[str, Any], trainable: int | None = None) -> dict[str, Any]:
+    """Parameter counts and bytes per top-level submodule and in all, from `ModelOp.weights()` (plain data), and
+    `trainable` (`StepBackend.trainable_params`: how many the optimizer trains) when it is not all of them."""
     parts: dict[str, list[int]] = {}
     for path, array in weights.items():
         size = int(getattr(array, "size", 1))
@@ -140,11 +141,14 @@ def model_summary(weights: Mapping[str, Any]) -> dict[str, Any]:
         part = parts.setdefault(_top_level(str(path)), [0, 0])
         part[0] += size
         part[1] += nbytes
-    return {
+    out: dict[str, Any] = {
         "total_params": sum(p for p, _ in parts.values()),
         "total_bytes": sum(b for _, b in parts.values()),
         "submodules": [{"name": name, "params": p, "bytes": b} for name, (p, b) in parts.items()],
     }
+    if trainable is not None:
+        out["trainable_params"] = int(trainable)
+    return out
 
 
 def _bytes(n: int) -> str:
@@ -161,6 +165,9 @@ def _bytes(n: int) -> str:
 def format_model_summary(summary: Mapping[str, Any], limit: int = 12) -> list[str]:
     """The lines `Progress.model` prints: the totals, then up to `limit` submodules."""
     head = f"model: {summary['total_params']:,} parameters, {_bytes(int(summary['total_bytes']))}"
+    if summary.get("trainable_params") is not None:
+        n, total = int(summary["trainable_params"]), max(int(summary["total_params"]), 1)
+        head += f"; trainable: {n:,} ({100 * n / total:.2g}% of the model's)"
     subs = list(summary.get("submodules", ()))
     lines = [head]
     width = max((len(s["name"]) for s in subs[:limit]), default=0)

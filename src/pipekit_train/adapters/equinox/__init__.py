@@ -59,6 +59,8 @@ class EquinoxBackendSpec(LazyBackend):
             "lr_find",
             "export",
             "schedule_segment",
+            # low-rank adapters on a frozen model (optimizer_config.lora; docs/recipes.md)
+            "lora",
         }
     )
     impl = "pipekit_train.adapters.equinox._adapter"

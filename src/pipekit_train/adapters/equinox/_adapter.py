@@ -30,7 +30,8 @@ from pipekit_train.backends.kit import (
 from pipekit_train.scale import compute_dtype, mesh_plan
 
 from ._carry import carry_in, continue_optimizer_state
-from ._recipe_step import StepRecipe
+from ._lora import StageAdapters, check_lora, merge, start_adapters
+from ._recipe_step import StepRecipe, frozen_count
 from ._steps import (
     Layout,
     LossSpec,
@@ -75,7 +76,10 @@ class EquinoxBackend(StepBackend):
 
     _segment_start = 0  # the step a new schedule segment began at (`schedule_segment`)
 
-    def __init__(self, loop: Any, model_op: Any, module: Any, base_key: jax.Array) -> None:
+    def __init__(
+        self, loop: Any, model_op: Any, module: Any, base_key: jax.Array, init_key: jax.Array | None = None
+    ) -> None:
+        from pipekit_train.optim import lora_settings
 
         self.loop = loop
         # Data parallel (`_mesh`): None trains unsharded on the default device.
@@ -84,7 +88,14 @@ class EquinoxBackend(StepBackend):
         self._sharded: dict[int, Any] = {}
         self.model_op = model_op
         self.optimizer = _optimizer(loop)
-        params, consts, static = partition(module)
+        # LoRA (`_lora`): the adapters are the trained params; the model they adapt is frozen in the consts.
+        self.lora: StageAdapters | None = None
+        trainable = None
+        if loop.optimizer_config.get("lora") is not None:
+            settings = lora_settings(loop.optimizer_config)
+            assert settings is not None and init_key is not None
+            module, trainable, self.lora = start_adapters(model_op, module, settings, init_key)
+        params, consts, static = partition(module, trainable)
         # Donation deletes the arrays passed in: never hand the caller's own arrays to the step.
         params = host_copy(params)
         # Eagerly: each zeros leaf compiles once per shape for the process, so a second stage, a resumed run or a
@@ -165,11 +176,29 @@ class EquinoxBackend(StepBackend):
         """The optimizer state the stage ends with (`TrainerCarryState.opt_state`)."""
         return self.opt_state
 
+    def trainable_params(self) -> int | None:
+        """With LoRA, the adapters' parameter count; with frozen groups, the count of the others; else ``None``."""
+        trained = int(sum(x.size for x in jax.tree.leaves(self.params)))
+        if self.lora is not None:
+            return trained
+        frozen = frozen_count(self.loop, self.params)
+        return trained - frozen if frozen else None
+
     def summary(self) -> dict[str, Any]:
-        """What the artifact's ``backend_info`` records of this run."""
+        """What the artifact's ``backend_info`` records of this run: the model's parameter count, how many of them
+        the optimizer trains (`trainable_params`: with LoRA, the adapters'; else all but frozen groups'), the
+        precision, and the LoRA settings, targeted layers and the frozen base's weights digest."""
+        total = int(sum(x.size for x in jax.tree.leaves(self.params)))
+        info: dict[str, Any] = {}
+        if self.lora is not None:  # the params are the adapters; the model they adapt is in the consts
+            total = int(sum(x.size for x in jax.tree.leaves(eqx.filter(self.consts, eqx.is_inexact_array))))
+            info["lora"] = self.lora.info
+        trainable = self.trainable_params()
         return {
-            "num_params": int(sum(x.size for x in jax.tree.leaves(self.params))),
+            "num_params": total,
+            "trainable_params": total if trainable is None else trainable,
             "precision": self.compute or "float32",
+            **info,
         }
 
     def resident_data(self) -> bool:
@@ -244,14 +273,24 @@ class EquinoxBackend(StepBackend):
         )
 
     def module(self, use_ema: bool | None = None) -> Any:
+        """The model being trained (with LoRA: adapters attached, not merged)."""
         if use_ema is None:
             use_ema = self.ema_callback is not None and self.ema_callback.return_ema
         return combine(self._weights(use_ema), self.consts, self.layout.value.static)
 
     def bound_model(self) -> Any:
+        """The stage's model; with LoRA, the adapters merged into the weights (a model of the stage's
+        architecture: what the registry stores, `export` writes and the next stage starts from)."""
+        if self.lora is not None:
+            return self.model_op.bind(host_copy(merge(self.module())))
         return self.model_op.bind(host_copy(self.module()))
 
     def set_model(self, model_op: Any) -> None:
+        if self.lora is not None:
+            raise ConfigError(
+                "a LoRA stage (optimizer_config.lora) trains adapters on a frozen model: its weights cannot be "
+                "replaced by a whole model (a callback's ctx.set_model); train without lora to do that"
+            )
         params, consts, _ = partition(model_op.module)
         params = host_copy(params)
         self._set(params=params, ema=host_copy(params))
@@ -276,20 +315,35 @@ class EquinoxBackend(StepBackend):
 
     # Checkpointing -----------------------------------------------------------------------------------------
     def state_tree(self) -> dict[str, Any]:
-        """The arrays a checkpoint holds: parameters, non-trained arrays, optimizer state."""
-        tree = {"params": self.params, "consts": self.consts, "opt_state": self.opt_state}
+        """The arrays a checkpoint holds: parameters, non-trained arrays, optimizer state.
+
+        With LoRA the parameters are the adapters, and the frozen model is not saved: ``base`` holds the sha256
+        of its weights (the bytes of `ModelOp.weights_hash`), which a resume checks against the model it starts
+        from (the same route rebuilds it bit for bit).
+        """
+        tree = {"params": self.params, "opt_state": self.opt_state}
+        if self.lora is not None:
+            tree["base"] = self.lora.digest
+        else:
+            tree["consts"] = self.consts
         if self.ema_config is not None:
             tree["ema"] = self.ema
         return tree
 
     def load_state_tree(self, tree: Mapping[str, Any]) -> None:
+        if self.lora is not None:
+            self.lora.check_base(tree["base"])
         # The optimizer's numbers (`Hyperparams`) are this configuration's, not the checkpoint's (`--force-resume`).
         opt_state = refresh_hyperparams(tree["opt_state"], self.optimizer.init(tree["params"]))
         self._set(params=tree["params"], opt_state=opt_state, ema=tree.get("ema"))
-        self._consts = self._place(self._leaves_like(tree["consts"], self.layout.value.consts, "consts"), True)
+        if self.lora is None:
+            self._consts = self._place(self._leaves_like(tree["consts"], self.layout.value.consts, "consts"), True)
 
     def weights_tree(self) -> dict[str, Any]:
-        """The model's weights, what a warm start (`init_from`) copies: parameters and non-trained arrays."""
+        """The model's weights, what a warm start (`init_from`) copies: parameters and non-trained arrays (with
+        LoRA, the adapters alone)."""
+        if self.lora is not None:
+            return {"params": self.params}
         return {"params": self.params, "consts": self.consts}
 
     def load_weights_tree(self, tree: Mapping[str, Any]) -> None:
@@ -302,7 +356,8 @@ class EquinoxBackend(StepBackend):
         self._set(params=params, ema=host_copy(params))
         if any(g.l2sp for g in self.loop.param_groups):
             self._set(opt_state=reset_anchor(self.opt_state, self.optimizer.init(host_copy(params))))
-        self._consts = self._place(self._leaves_like(tree["consts"], self.layout.value.consts, "consts"), True)
+        if "consts" in tree:  # not with LoRA: the frozen model is the stage's own
+            self._consts = self._place(self._leaves_like(tree["consts"], self.layout.value.consts, "consts"), True)
 
 
 def step_recipe(loop: Any, params: Any) -> StepRecipe | None:
@@ -357,6 +412,8 @@ def check(loop: Any, incoming: Any, stage: str) -> None:
     """
     if loop.model_op.module is None:
         check_size(loop, stage)
+    if loop.optimizer_config.get("lora") is not None:
+        check_lora(loop, stage)
     if loop.param_groups:
         from ._tree import abstract
 
@@ -404,10 +461,10 @@ def transfer(spec: Any, previous: Any, fresh: Any) -> Any:
 
 def start(loop: Any, model: Any, incoming: Any) -> EquinoxBackend:
     """The stage's `EquinoxBackend` holding `model`'s weights; `TrainingLoop.carry` applied from `incoming`."""
-    _, step_key = stage_keys(loop.seed)
+    init_key, step_key = stage_keys(loop.seed)
     stage = stage_name(loop, incoming)
     module, carried_opt_state = carry_in(loop, incoming, model.module, stage)  # `TrainingLoop.carry`
-    backend = EquinoxBackend(loop, loop.model_op, module, step_key)
+    backend = EquinoxBackend(loop, loop.model_op, module, step_key, init_key)
     if carried_opt_state is not None:
         continue_optimizer_state(backend, carried_opt_state, stage)
     return backend

@@ -1,4 +1,5 @@
-"""The recipes' part of the compiled step: the SAM/ASAM gradient and the in-step diagnostics.
+"""The recipes' part of the compiled step: the SAM/ASAM gradient and the in-step diagnostics (and `frozen_count`,
+the parameters frozen groups keep out of it).
 
 `StepRecipe` is static (hashable, compared by value) and rides in the `StepLoss` the step specialises on, so a
 loop without recipes compiles exactly the step it compiled before. See ``docs/recipes.md``.
@@ -71,3 +72,17 @@ def diagnostics(recipe: StepRecipe, params: Any, grads: Any, updates: Any) -> di
         out[f"diag/param_norm{suffix}"] = jnp.sqrt(p2)
         out[f"diag/update_ratio{suffix}"] = jnp.sqrt(u2) / jnp.maximum(jnp.sqrt(p2), 1e-12)
     return out
+
+
+def frozen_count(loop: Any, params: Any) -> int:
+    """How many parameters frozen groups hold for the whole stage (`ParamGroup.frozen` without `unfreeze_at`)."""
+    from pipekit_train.backends.kit import group_labels, param_path
+
+    groups = loop.param_groups
+    if not any(g.frozen and g.unfreeze_at is None for g in groups):
+        return 0
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    labels = group_labels([param_path(p) for p, _ in flat], groups)
+    return int(
+        sum(x.size for (_, x), i in zip(flat, labels) if i >= 0 and groups[i].frozen and groups[i].unfreeze_at is None)
+    )

@@ -145,9 +145,12 @@ class LossSpec(eqx.Module):
         return step_loss(model, batch, key, self.task_arrays.leaves)
 
 
-def partition(model: Any) -> tuple[Any, Any, Any]:
-    """Split a model into (params, consts, static): trained arrays, other arrays, everything else."""
-    params, rest = eqx.partition(model, eqx.is_inexact_array)
+def partition(model: Any, trainable: Any = None) -> tuple[Any, Any, Any]:
+    """Split a model into (params, consts, static): trained arrays, other arrays, everything else.
+
+    The trained arrays are the inexact ones, or those `trainable` (a filter tree, `_lora.trainable`) marks.
+    """
+    params, rest = eqx.partition(model, eqx.is_inexact_array if trainable is None else trainable)
     consts, static = eqx.partition(rest, eqx.is_array)
     return params, consts, static
 
