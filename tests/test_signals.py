@@ -177,18 +177,26 @@ def _command(
     )
 
 
-@pytest.mark.parametrize("module", EARLY)
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_a_signal_in_the_first_instants_of_the_command_is_one_line_and_128_plus_the_signal(tmp_path, module, sig):
+#: Each early point once, each signal and each way of starting the command at two of them (a process per case: the
+#: points are where the handlers must already be installed, whichever signal and start-up reach them).
+FIRST_INSTANTS = [
+    (EARLY[0], "SIGINT", "script"),
+    (EARLY[1], "SIGTERM", "-m"),
+    (EARLY[2], "SIGTERM", "script"),
+    (EARLY[3], "SIGINT", "-m"),
+]
+
+
+@pytest.mark.parametrize(("module", "sig", "how"), FIRST_INSTANTS)
+def test_a_signal_in_the_first_instants_of_the_command_is_one_line_and_128_plus_the_signal(tmp_path, module, sig, how):
     """From the console script's first line on, before `main` runs: no traceback, no silent death by the signal."""
     work = _workspace(tmp_path, "fit")
-    for how in ("script", "-m"):
-        out = _command(work, f"{module}:{sig}", "run", "pipe.yaml", "--run-dir", "runs/exp", "--no-store", how=how)
-        assert out.returncode == 128 + getattr(signal, sig), (how, out.returncode, out.stderr)
-        assert out.stderr.splitlines() == [
-            f"pipekit-train: stopped by {sig} before training; nothing was kept: the same command runs again"
-        ]
-        assert out.stdout == "" and not (work / "runs").exists()  # nothing left behind
+    out = _command(work, f"{module}:{sig}", "run", "pipe.yaml", "--run-dir", "runs/exp", "--no-store", how=how)
+    assert out.returncode == 128 + getattr(signal, sig), (how, out.returncode, out.stderr)
+    assert out.stderr.splitlines() == [
+        f"pipekit-train: stopped by {sig} before training; nothing was kept: the same command runs again"
+    ]
+    assert out.stdout == "" and not (work / "runs").exists()  # nothing left behind
 
 
 def test_a_signal_while_the_command_exits_says_it_had_finished(tmp_path):
