@@ -180,6 +180,16 @@ class ModelOp(Operator, register=False):
             "pointwise log-likelihood of its data (a posterior of numpyro-mcmc or blackjax does)"
         )
 
+    def predict_draws(self, data: str, path: str, *, attrs: Mapping[str, str], seed: int = 0) -> dict[str, Any]:
+        """Write draws of the bound model's predictive distribution for the inputs in the file `data` to `path`,
+        with the provenance `attrs` (a sampler's posterior: posterior-predictive draws, as ArviZ netCDF). Returns
+        ``{"path", "summary"}``. ``pipekit-train predict ID --data FILE -o OUT.nc`` calls it. Default: refused (a
+        model whose predictions are not draws writes them with ``-o OUT.npz``)."""
+        raise PipekitError(
+            f"{type(self).__name__} (backend {self.backend!r}) has no predictive draws to write to {path!r}; "
+            "write its predictions to an .npz or a .csv"
+        )
+
     def factory_name(self) -> str | None:
         """The registered factory that builds this architecture (``"mlp"``), by which converters between backends
         are found (`pipekit_train.backends.register_converter`); ``None`` (the default) for a model that is not

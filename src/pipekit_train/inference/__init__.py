@@ -8,6 +8,7 @@ from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
     from ._compare import compare as compare
+    from ._draws import predict_draws as predict_draws
     from ._evaluate import Evaluation as Evaluation
     from ._evaluate import evaluate as evaluate
     from ._evaluate import predict as predict

@@ -205,3 +205,28 @@ def test_artifacts_compare_loo_prints_and_records_evaluations(sampled: dict[str,
     assert np.isfinite(metrics["loo/elpd_loo"]) and 0 <= metrics["loo/weight"] <= 1
     assert main(["artifacts", "compare", a[:12], "--loo", "--store", sampled["store"]]) == 2
     assert "compare needs at least two artifacts, got 1" in capsys.readouterr().err
+
+
+def test_predict_writes_posterior_predictive_draws_for_new_data(sampled: dict[str, Any], capsys: Any) -> None:
+    from pipekit_train.cli import main
+    from pipekit_train.provenance import ArtifactStore
+
+    az = _arviz()
+    artifact = sampled["b"][1]
+    new = sampled["work"] / "new.json"
+    new.write_text(json.dumps({"J": 8, "sigma": (SIGMA / 2).tolist()}))  # new standard errors, no observations
+    out = sampled["work"] / "pp.nc"
+    rc = main(["predict", artifact.artifact_id, "--data", str(new), "-o", str(out), "--store", sampled["store"]])
+    assert rc == 0 and "posterior_predictive (y)" in capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        idata = az.from_netcdf(str(out))
+    assert {"posterior", "posterior_predictive"} <= set(idata.groups()) and "observed_data" not in idata.groups()
+    assert idata.posterior_predictive["y"].shape == (CHAINS, SAMPLES, 8)
+    assert idata.attrs["pipekit_artifact_id"] == artifact.artifact_id
+    records = ArtifactStore(sampled["store"]).evaluations(artifact_id=artifact.artifact_id)
+    (record,) = [r for r in records if r["kind"] == "prediction"]
+    assert record["output"] == str(out) and record["output_hash"].startswith("sha256:")
+    new.write_text(json.dumps({"J": 8, "sigma": SIGMA.tolist(), "sigmas": [1.0]}))
+    assert main(["predict", artifact.artifact_id, "--data", str(new), "-o", str(out), "--store", sampled["store"]]) == 2
+    assert "has 'sigmas' (shape (1,)), which is not a parameter" in capsys.readouterr().err

@@ -89,6 +89,14 @@ def write_arviz(posterior: Any, path: str, *, attrs: Mapping[str, str], stage_di
         raise PipekitError(f"{path}: zarr is not supported (the zarr package is not a dependency); write .nc")
     groups = read_groups(stage_dir) if stage_dir else {}
     idata = posterior.to_arviz(groups.get("sample_stats"), groups.get("observed_data"), attrs, groups=groups)
+    return write_netcdf(idata, path)
+
+
+def write_netcdf(idata: Any, path: str) -> dict[str, Any]:
+    """Write `idata` to `path` as netCDF (h5netcdf), atomically; returns ``{"path", "summary", "groups",
+    "variables"}``."""
+    if path.endswith(".zarr"):
+        raise PipekitError(f"{path}: zarr is not supported (the zarr package is not a dependency); write .nc")
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"

@@ -22,11 +22,26 @@ def full_data(dataset: Any) -> dict[str, Any]:
     batch = dict(next(iter(dataset.epoch_batches(n))))
     if not isinstance(dataset.source, DataFile):
         return batch
-    out: dict[str, Any] = {}
-    for key, value in batch.items():
-        arr = np.asarray(value)[0]
-        out[key] = int(arr) if arr.ndim == 0 and arr.dtype.kind in "iu" else arr
-    return out
+    return values_of({key: np.asarray(value)[0] for key, value in batch.items()})
+
+
+def values_of(values: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """A `DataFile`'s values as a model's arguments: integer scalars as Python ``int`` (they may size a plate)."""
+    return {k: int(v) if v.ndim == 0 and v.dtype.kind in "iu" else v for k, v in values.items()}
+
+
+def check_names(model_op: Any, data: Mapping[str, Any], where: str, origin: str) -> None:
+    """A one-line error for a name of `data` that is not a parameter of the model: `origin` (the file), the name,
+    its shape, the model's parameters and the closest one."""
+    spec = get_numpyro_model(model_op.model)
+    for key in data:
+        if key not in spec.parameters:
+            shape = tuple(np.shape(data[key]))
+            raise ConfigError(
+                f"{where}: {origin} has {key!r} (shape {shape}), which is not a parameter of model {spec.name!r}"
+                f"{suggestion(key, spec.parameters)}; the model takes: {', '.join(spec.parameters)} (drop the name "
+                "from the file, or select names with keys: [...])"
+            )
 
 
 def data_origin(dataset: Any) -> str:
@@ -42,14 +57,8 @@ def check_data(model_op: Any, data: Mapping[str, Any], stage: str, origin: str =
     `origin` names where the data come from (`data_origin`)."""
     spec = get_numpyro_model(model_op.model)
     where = f"stage {stage!r} ({model_op!r})"
+    check_names(model_op, data, where, origin)
     for key in data:
-        if key not in spec.parameters:
-            shape = tuple(np.shape(data[key]))
-            raise ConfigError(
-                f"{where}: {origin} has {key!r} (shape {shape}), which is not a parameter of model {spec.name!r}"
-                f"{suggestion(key, spec.parameters)}; the model takes: {', '.join(spec.parameters)} (drop the name "
-                "from the file, or select names with keys: [...])"
-            )
         if key in model_op.kwargs:
             raise ConfigError(f"{where}: {key!r} is given both by the dataset and by kwargs; keep one")
     for name in spec.observed:

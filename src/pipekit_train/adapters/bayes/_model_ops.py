@@ -158,6 +158,25 @@ class NumpyroModel(_NumpyroModelBase):
 
         return write_arviz(self.posterior, path, attrs=attrs, stage_dir=stage_dir)
 
+    def predict_draws(self, data: str, path: str, *, attrs: Mapping[str, str], seed: int = 0) -> dict[str, Any]:
+        """Posterior-predictive draws for the inputs in the file `data` (a `DataFile`: Stan's JSON data format or
+        an ``.npz`` of named values), written with the posterior to `path` as ArviZ netCDF: groups ``posterior``,
+        ``posterior_predictive`` (``(chains, draws, ...)``) and, when the file holds the observations too,
+        ``observed_data``. A name the model does not take is refused, as before sampling."""
+        from pipekit_train.data import DataFile
+
+        from ._arviz import inference_data, write_netcdf
+        from ._data import check_names, values_of
+        from ._predictive import predictive_for
+
+        source = DataFile(path=data)
+        values = values_of(source.values())
+        spec = get_numpyro_model(self.model)
+        check_names(self, values, f"predict ({self!r})", f"DataFile {data!r}")
+        groups = predictive_for(self.fn, self.model_kwargs(values), self.posterior.draws, spec.observed, seed)
+        idata = inference_data(self.posterior.draws, {}, groups.get("observed_data", {}), attrs, groups)
+        return write_netcdf(idata, path)
+
     def compare(self, entries: Any, criterion: str) -> dict[str, Any]:
         """``criterion`` ``"loo"``: ArviZ's ``az.compare`` by PSIS-LOO of the posteriors `entries` (``(label, model,
         stage_dir)``), from the pointwise log-likelihood each stage recorded (`_compare.compare_loo`)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["log_likelihood", "observed_sites", "predictive_groups", "stage_groups"]
+__all__ = ["log_likelihood", "observed_sites", "predictive_for", "predictive_groups", "stage_groups"]
 
 
 def _observed(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,6 +89,33 @@ def predictive_groups(
 
     out = jax.device_get(run(jax.random.PRNGKey(seed), dict(draws) if draws is not None else None))
     return {group: {k: np.asarray(v) for k, v in values.items()} for group, values in out.items()}
+
+
+def predictive_for(
+    fn: Callable[..., Any],
+    kwargs: Mapping[str, Any],
+    draws: Mapping[str, np.ndarray],
+    observed_params: tuple[str, ...],
+    seed: int,
+) -> dict[str, dict[str, np.ndarray]]:
+    """For new data `kwargs`: ``posterior_predictive``, draws of every site the posterior `draws` do not hold
+    (the observed sites, sampled: the observed arguments unset) given each draw, in one compiled program; and
+    ``observed_data`` when `kwargs` gives every observed argument (the observed sites' values)."""
+    import jax
+    from numpyro.infer import Predictive
+
+    given = _unobserved(kwargs, observed_params)
+
+    @jax.jit
+    def run(key: Any, draws: dict[str, Any]) -> Any:
+        return Predictive(fn, posterior_samples=draws, batch_ndims=2)(key, **given)
+
+    out = jax.device_get(run(jax.random.PRNGKey(seed), dict(draws)))
+    # What the draws hold (deterministic sites, recomputed) is the posterior's, not a prediction.
+    groups = {"posterior_predictive": {k: np.asarray(v) for k, v in out.items() if k not in draws}}
+    if all(kwargs.get(p) is not None for p in observed_params):
+        groups["observed_data"] = observed_sites(fn, kwargs)
+    return groups
 
 
 def stage_groups(
