@@ -230,3 +230,14 @@ def test_predict_writes_posterior_predictive_draws_for_new_data(sampled: dict[st
     new.write_text(json.dumps({"J": 8, "sigma": SIGMA.tolist(), "sigmas": [1.0]}))
     assert main(["predict", artifact.artifact_id, "--data", str(new), "-o", str(out), "--store", sampled["store"]]) == 2
     assert "has 'sigmas' (shape (1,)), which is not a parameter" in capsys.readouterr().err
+
+
+def test_the_recorded_precision_is_the_one_jax_samples_in() -> None:
+    """``backend_info["precision"]`` follows JAX's 64-bit mode (``JAX_ENABLE_X64=1`` for a whole run)."""
+    import jax
+
+    from pipekit_train.adapters.bayes import precision
+
+    assert precision() == "float32"
+    with jax.enable_x64(True):
+        assert precision() == "float64"
