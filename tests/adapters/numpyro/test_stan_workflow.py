@@ -241,3 +241,12 @@ def test_the_recorded_precision_is_the_one_jax_samples_in() -> None:
     assert precision() == "float32"
     with jax.enable_x64(True):
         assert precision() == "float64"
+
+
+def test_the_eight_schools_example_passes_pre_flight_from_the_repository_root(monkeypatch: Any) -> None:
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(root)
+    for name in ("centered", "noncentered"):
+        loop = pipekit.load(f"examples/bayes/eight_schools/{name}.yaml")
+        assert loop.dataset.num_records() == 1 and loop.batch_size == 32  # Stan's file, no batch_size
+        check(loop, None, name)  # data names against the model's parameters, sites (one abstract trace)
