@@ -115,8 +115,10 @@ def _json_value(path: str, key: str, value: Any) -> np.ndarray:
     ints = all(isinstance(x, int) for x in flat)
     try:
         arr = np.array(value, dtype=np.int64 if ints else np.float64)
-    except (ValueError, OverflowError) as e:
-        raise ConfigError(f"{where} is not a rectangular array of numbers ({e})") from None
+    except (ValueError, OverflowError):
+        raise ConfigError(
+            f"{where} is not a rectangular array of numbers (nested lists of different lengths, or a number too large)"
+        ) from None
     if arr.size != len(flat) or (arr.size == 0 and math.prod(arr.shape) != 0):
         raise ConfigError(f"{where} is not a rectangular array of numbers (nested lists of different lengths)")
     return arr

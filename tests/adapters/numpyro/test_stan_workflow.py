@@ -250,3 +250,15 @@ def test_the_eight_schools_example_passes_pre_flight_from_the_repository_root(mo
         loop = pipekit.load(f"examples/bayes/eight_schools/{name}.yaml")
         assert loop.dataset.num_records() == 1 and loop.batch_size == 32  # Stan's file, no batch_size
         check(loop, None, name)  # data names against the model's parameters, sites (one abstract trace)
+
+
+def test_svi_refuses_a_data_file_it_would_batch(tmp_path: Path) -> None:
+    from pipekit_train.adapters.numpyro import NumpyroGuide, Trace_ELBO
+
+    data = tmp_path / "schools.json"
+    data.write_text(json.dumps({"J": 8, "y": Y8.tolist(), "sigma": SIGMA.tolist()}))
+    loop = _stage("s", data).replace(
+        model_op=NumpyroGuide(model="eight_schools_noncentered"), task=None, loss=Trace_ELBO(), batch_size=1
+    )
+    with pytest.raises(ConfigError, match=r"numpyro-svi fits on mini-batches of records, and a DataFile is one"):
+        check(loop, None, "s")
