@@ -49,6 +49,7 @@ VARIANTS = {
     "objects.yaml": ("path: data.npz}}\n  val", "path: objects.npz}}\n  val"),
     "datadir.yaml": ("path: data.npz}}\n  val", "path: folder}}\n  val"),
     "notnpz.yaml": ("path: data.npz}}\n  val", "path: pipe.yaml}}\n  val"),
+    "ragged.yaml": ("{type: NpzSource, path: data.npz}}\n  val", "{type: DataFile, path: ragged.json}}\n  val"),
     "bigbatch.yaml": ("batch_size: 8", "batch_size: 100000"),
     "syntax.yaml": ("loss: {type: MSE}", "loss: {type: MSE"),
     "losskind.yaml": ("loss: {type: MSE}", "loss: {type: EarlyStopping}"),
@@ -133,6 +134,10 @@ CASES: list[tuple[str, str]] = [
     (
         "validate notnpz.yaml",
         "pipekit-train: error: notnpz.yaml: NpzSource.path: 'pipe.yaml' is not a .npz or .npy file (numpy cannot read it)",
+    ),
+    (
+        "validate ragged.yaml",
+        "pipekit-train: error: ragged.yaml: DataFile 'ragged.json': 'y' is not a rectangular array of numbers (nested lists of different lengths, or a number too large)",
     ),
     (
         "validate bigbatch.yaml",
@@ -399,6 +404,7 @@ def _setup(root: Path) -> None:
     x = rng.normal(size=(40, 4)).astype(np.float32)
     np.savez(root / "data.npz", x=x, y=x.sum(axis=1, keepdims=True))
     np.savez(root / "wrongkeys.npz", features=x, labels=x[:, :1])
+    (root / "ragged.json").write_text('{"J": 2, "y": [[1, 2], [3]]}')
     np.savez(root / "objects.npz", x=np.array([{"a": 1}] * 40, dtype=object), y=x[:, :1])
     (root / "pipe.yaml").write_text(PIPE)
     for name, (old, new) in VARIANTS.items():

@@ -68,12 +68,17 @@ class Backend(abc.ABC):
         extra: The pipekit-train extra that installs them (``"keras"``), for a backend that ships with
             pipekit-train; ``None`` for any other (the error then says ``pip install <package>`` of `requires`).
         capabilities: What it honours, from `CAPABILITIES`.
+        samples: Whether its stages draw from a distribution (a sampler: one step is one iteration of every chain)
+            rather than train: the data reaches it whole, so `TrainingLoop.batch_size` is unused (never checked
+            against the data), and the stage's progress, log lines and summary speak of draws, not of epochs,
+            losses and parameters. Default ``False``.
     """
 
     name: str = ""
     requires: tuple[str, ...] = ()
     extra: str | None = None
     capabilities: frozenset[str] = frozenset()
+    samples: bool = False
 
     @abc.abstractmethod
     def check(self, loop: Any, incoming: Any, stage: str) -> None:

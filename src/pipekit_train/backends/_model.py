@@ -169,6 +169,27 @@ class ModelOp(Operator, register=False):
             f"it exports as: {', '.join(('jaxexport', *self.export_formats()))}"
         )
 
+    def compare(self, entries: Sequence[tuple[str, ModelOp, str | None]], criterion: str) -> dict[str, Any]:
+        """Compare the bound models `entries` (``(label, model, stage_dir)``: this model among them, each with the
+        folder of the stage that trained it) by `criterion` (``"loo"``: expected log predictive density by
+        leave-one-out cross-validation). Returns ``{"text": the table, "rows": {label: {metric: number}},
+        "warnings": [...]}``. ``pipekit-train artifacts compare --loo`` calls it on the first model. Default: refused
+        (a model without a likelihood of its data cannot be compared so)."""
+        raise PipekitError(
+            f"{type(self).__name__} (backend {self.backend!r}) cannot be compared by {criterion!r}: it records no "
+            "pointwise log-likelihood of its data (a posterior of numpyro-mcmc or blackjax does)"
+        )
+
+    def predict_draws(self, data: str, path: str, *, attrs: Mapping[str, str], seed: int = 0) -> dict[str, Any]:
+        """Write draws of the bound model's predictive distribution for the inputs in the file `data` to `path`,
+        with the provenance `attrs` (a sampler's posterior: posterior-predictive draws, as ArviZ netCDF). Returns
+        ``{"path", "summary"}``. ``pipekit-train predict ID --data FILE -o OUT.nc`` calls it. Default: refused (a
+        model whose predictions are not draws writes them with ``-o OUT.npz``)."""
+        raise PipekitError(
+            f"{type(self).__name__} (backend {self.backend!r}) has no predictive draws to write to {path!r}; "
+            "write its predictions to an .npz or a .csv"
+        )
+
     def factory_name(self) -> str | None:
         """The registered factory that builds this architecture (``"mlp"``), by which converters between backends
         are found (`pipekit_train.backends.register_converter`); ``None`` (the default) for a model that is not

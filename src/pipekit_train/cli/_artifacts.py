@@ -191,6 +191,27 @@ def cmd_import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``artifacts compare A B [C...] --loo``: the models compared by PSIS-LOO (their backend computes it: a sampler
+    posterior's pointwise log-likelihood), printed and recorded in the store as one evaluation per model."""
+    from ..inference._compare import compare
+    from ._imports import import_modules, requested_imports
+
+    if not args.loo:
+        raise UsageError("artifacts compare: name the criterion: --loo (leave-one-out cross-validation)")
+    import_modules(requested_imports(args.imports))
+    result = compare(args.ids, "loo", store=_store(args), record=not args.no_record)
+    if args.json:
+        _emit(args, {k: result[k] for k in ("rows", "warnings", "evaluations")}, "")
+        return EXIT_OK
+    print(result["text"])
+    for line in result["warnings"]:
+        print(f"warning: {line}")
+    if result["evaluations"]:
+        print(f"recorded {len(result['evaluations'])} evaluation(s) of kind 'comparison' in {_store(args).path}")
+    return EXIT_OK
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """``artifacts verify ID | --all``: check records, lineage links, model-registry entries and the SQLite file.
 
@@ -291,6 +312,19 @@ def add_artifact_commands(subparsers: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("import", parents=[common], help="record the artifacts a run directory holds")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their <stage>/artifact.json)")
     p.set_defaults(func=guarded("artifacts", cmd_import))
+
+    p = sub.add_parser("compare", parents=[common], help="models compared by PSIS-LOO (--loo), recorded")
+    p.add_argument("ids", nargs="+", metavar="ID", help="two or more artifact ids or unique prefixes")
+    p.add_argument("--loo", action="store_true", help="by leave-one-out cross-validation (ArviZ's az.compare)")
+    p.add_argument("--no-record", action="store_true", help="print only; record no evaluation in the store")
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        help="import MODULE first, for the model types it registers (repeatable)",
+    )
+    p.set_defaults(func=guarded("artifacts", cmd_compare))
 
     p = sub.add_parser(
         "verify", parents=[common], help="check records, lineage links, model-registry entries and the SQLite file"

@@ -105,6 +105,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be a positive int, got {args.batch_size}")
     _import_user_modules(args)
+    if str(args.output).lower().endswith(".nc"):  # a posterior's predictive draws, as ArviZ netCDF
+        from ..inference._draws import predict_draws
+
+        written = predict_draws(args.model, args.data, args.output, store=_store(args), record=not args.no_record)
+        print(f"wrote {written['path']}: {written['summary']}")
+        return EXIT_OK
     out = predict(
         args.model,
         args.data,
@@ -183,8 +189,9 @@ def add_evaluate_commands(sub: Any) -> None:
         "-o",
         "--output",
         required=True,
-        metavar="OUT.npz|OUT.csv",
-        help="an .npz ('predictions': the outputs) or a .csv (row, predicted class, one probability per class)",
+        metavar="OUT.npz|OUT.csv|OUT.nc",
+        help="an .npz ('predictions': the outputs), a .csv (row, predicted class, one probability per class), or "
+        "for a sampler's posterior an .nc (ArviZ: posterior-predictive draws for the inputs of a .json/.npz --data)",
     )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--store", metavar="PATH", help="artifact store (default $PIPEKIT_ARTIFACT_STORE or runs/)")

@@ -33,6 +33,7 @@ Train JAX models from YAML pipelines.
   pipekit-train sweep SWEEP.yaml [--status]    train over a grid or a search, resumably; the table of trials
   pipekit-train artifacts list                 what was trained, from which data and code
   pipekit-train artifacts lineage ID           where a model came from, and what came from it
+  pipekit-train artifacts compare A B --loo    posteriors compared by PSIS-LOO (ArviZ), recorded as evaluations
   pipekit-train reproduce ID                   train the recorded pipeline again
   pipekit-train reproduce ID --restore-code    ... with the recorded code (commit + uncommitted patch)
   pipekit-train run P.yaml --fork RUN@STEP     a new run from another run's checkpoint (--set what changes)
@@ -204,9 +205,16 @@ def summary_columns(finals: Sequence[dict[str, Any]], per_context: int = 2) -> l
     Example:
         >>> [label for label, _, _ in summary_columns([{"train/loss": 1.0, "test/loss": 2.0, "test/mae": 0.5}])]
         ['train loss', 'test loss', 'test mae']
+        >>> [label for label, _, _ in summary_columns([{"train/loss": 46.1, "posterior/r_hat_max": 1.0}])]
+        ['r_hat max']
     """
     present = [name for final in finals for name in final]
-    out = [("train loss", "train/loss")]
+    # A sampler's stage reports its posterior (`posterior/*`), not a loss: its "train loss" is a potential energy.
+    trained = [final for final in finals if not any(name.startswith("posterior/") for name in final)]
+    out = [("train loss", "train/loss")] if trained or not finals else []
+    for label, name in _POSTERIOR:
+        if name in present:
+            out.append((label, name))
     for context in ("validate", "test"):
         names = list(dict.fromkeys(n for n in present if n.startswith(f"{context}/") and n.count("/") == 1))
         if f"{context}/loss" in names:
@@ -218,9 +226,19 @@ def summary_columns(finals: Sequence[dict[str, Any]], per_context: int = 2) -> l
     return [(label, name, max(len(label), 8)) for label, name in out]
 
 
+#: The run summary's columns of a sampler's stage.
+_POSTERIOR = (
+    ("r_hat max", "posterior/r_hat_max"),
+    ("ess min", "posterior/ess_bulk_min"),
+    ("divergent", "posterior/divergences"),
+)
+
+
 def _summary_value(name: str, value: Any) -> str:
     if value is None:
         return "-"
+    if name.startswith("posterior/"):
+        return f"{value:.3f}" if name.endswith("r_hat_max") else f"{value:.0f}"
     return f"{100 * value:.1f}%" if name.split("/", 1)[1] in _PERCENT else f"{value:.4f}"
 
 

@@ -1,8 +1,10 @@
 """Data: `TrainingDataset` (a source, whole-batch transforms and a checkpointable batch iterator on Grain), the
-sources (`ArraySource`, `NpzSource`, `NpySource`, `CsvSource`, `RandomAccessSource` for your own Grain data source,
-registered datasets) and the transforms (`Standardize` is fitted on the training split). See ``docs/datasets.md``."""
+sources (`ArraySource`, `NpzSource`, `NpySource`, `CsvSource`, `DataFile` for a model's named values,
+`RandomAccessSource` for your own Grain data source, registered datasets) and the transforms (`Standardize` is
+fitted on the training split). See ``docs/datasets.md``."""
 
 from ._csv import CsvSource as CsvSource
+from ._datafile import DataFile as DataFile
 from ._dataset import TrainingDataset as TrainingDataset
 from ._grain import RandomAccessSource as RandomAccessSource
 from ._iterator import BatchIterator as BatchIterator

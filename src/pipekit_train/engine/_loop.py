@@ -134,8 +134,14 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
         started = now_iso()
         self.writer.open(ctx.run_dir)
         CompileWatch.install()
+        samples = loop.adapter().samples  # a sampler's stage: its output speaks of draws (`Backend.samples`)
         progress = self.progress = Progress(
-            self.stage, loop.max_steps, self.step, enabled=loop.progress and self.primary, batch_size=loop.batch_size
+            self.stage,
+            loop.max_steps,
+            self.step,
+            enabled=loop.progress and self.primary,
+            batch_size=None if samples else loop.batch_size,
+            samples=samples,
         )
         progress.chains = self.backend.progress_chains  # a sampler's chains (adapters/numpyro)
         status = "completed"
@@ -147,7 +153,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
                 note = self.hooks.topology_note if self.hooks is not None else None
                 if note and self.primary:  # an elastic resume (`checkpoint._elastic`): a notice, whatever `progress`
                     warnings.warn(note, PipekitTrainWarning, stacklevel=2)
-            summary = self._model_summary()
+            summary = None if samples else self._model_summary()  # a posterior's draws are not parameters
             if summary is not None:
                 ctx.artifact_fields["model_summary"] = summary
                 progress.model(summary)

@@ -1,12 +1,14 @@
 """Using a trained model: `evaluate` and `predict` on a dataset, `export_model` (`jax.export` with a provenance
-sidecar) and `export_file` (a model's own formats, e.g. a posterior as ArviZ netCDF). See ``docs/metrics.md`` and
-``docs/provenance.md``."""
+sidecar), `export_file` (a model's own formats, e.g. a posterior as ArviZ netCDF) and `compare` (models by a
+criterion such as PSIS-LOO, recorded as evaluations). See ``docs/metrics.md`` and ``docs/provenance.md``."""
 
 from typing import TYPE_CHECKING
 
 from .._lazy import attach as _attach
 
 if TYPE_CHECKING:
+    from ._compare import compare as compare
+    from ._draws import predict_draws as predict_draws
     from ._evaluate import Evaluation as Evaluation
     from ._evaluate import evaluate as evaluate
     from ._evaluate import predict as predict

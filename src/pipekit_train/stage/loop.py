@@ -148,7 +148,8 @@ class TrainingLoop(StatefulOperator):
         max_steps: Optimizer steps (iterations, for samplers) the stage runs.
         steps_per_epoch: How many steps make an epoch (for `epoch` in records and `on_epoch_end`); null: `epoch`
             counts passes over the training set (its batches per epoch) and `on_epoch_end` is not called.
-        batch_size: Records per step: the global batch, split over the stage's devices (docs/scale.md).
+        batch_size: Records per step: the global batch, split over the stage's devices (docs/scale.md); unused by
+            samplers, which take the data whole (docs/bayesian.md).
         backend: The backend that trains the stage: any installed or registered name
             (`pipekit_train.available_backends()`); null: the model operator's own backend.
         callbacks: `Checkpoint`, `EarlyStopping`, `ReduceLROnPlateau`, `EMA`, trackers, your own.

@@ -104,7 +104,8 @@ def check_without_jax(loop: TrainingLoop, stage: str) -> None:
     check_optimizer_config(loop.optimizer_config, loop.max_steps)
     _check_capabilities(loop, backend, stage)
     _check_registries(loop, stage)
-    loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
+    if not backend.samples:  # a sampler takes the data whole: its batch_size is unused
+        loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
     # Validation and test data are read with what the training split's source fitted (classes, categories).
     fitted = None if loop.dataset.source.fitted else loop.dataset.source.fit().fitted_statistics()
     datasets = {

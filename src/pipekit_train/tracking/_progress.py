@@ -151,6 +151,10 @@ def model_summary(weights: Mapping[str, Any], trainable: int | None = None) -> d
     return out
 
 
+#: What a sampler's final table calls the engine's metrics.
+_SAMPLER_NAMES = {"train/loss": "train/potential_energy"}
+
+
 def _bytes(n: int) -> str:
     if n < 1024:
         return f"{n} B"
@@ -222,6 +226,9 @@ class Progress:
         enabled: ``False`` prints nothing at all (``TrainingLoop.progress``).
         stream: Where to write; default standard error.
         batch_size: Records per step, for examples/s.
+        samples: A sampler's stage (`Backend.samples`): one step is one draw of every chain, so the line shows
+            draws/s (per chain) and the sampler's own fields (`chains`), with no epoch, loss or examples/s; the
+            final table names the mean potential energy as such and leaves out the learning rate.
     """
 
     def __init__(
@@ -232,8 +239,10 @@ class Progress:
         enabled: bool = True,
         stream: TextIO | None = None,
         batch_size: int | None = None,
+        samples: bool = False,
     ) -> None:
         self.stage = stage
+        self.samples = samples
         self.total = total
         self.start_step = start
         self.stream = stream or sys.stderr
@@ -291,8 +300,8 @@ class Progress:
         return (self.total - self.step) * self.step_s if self.step_s is not None else None
 
     def _fields(self, epoch: int | None = None, step: int | None = None) -> dict[str, str]:
-        parts = [f"epoch {self.epoch if epoch is None else epoch}"]
-        if self.loss is not None:
+        parts = [] if self.samples else [f"epoch {self.epoch if epoch is None else epoch}"]
+        if self.loss is not None and not self.samples:
             parts.append(f"loss {_num(self.loss)}")
         chains = self.chains(self.step if step is None else step) if self.chains is not None else None
         if chains:
@@ -301,7 +310,7 @@ class Progress:
             parts.append("val " + format_metrics(self.val, "validate/"))
         if self.step_s:
             rate = 1.0 / self.step_s
-            parts.append(f"{_rate(rate)} steps/s")
+            parts.append(f"{_rate(rate)} {'draws' if self.samples else 'steps'}/s")
             if self.batch_size:
                 parts.append(f"{_rate(rate * self.batch_size)} ex/s")
         if self.phase != "stepping":
@@ -360,7 +369,9 @@ class Progress:
         """A dispatch compiled: the first time, say how long it took (later, small compiles are only counted)."""
         if not self.compiled_once:
             self.compiled_once = True
-            self.line(f"{self.stage}: compiled in {seconds:.2f} s (not counted in steps/s)")
+            self.line(
+                f"{self.stage}: compiled in {seconds:.2f} s (not counted in {'draws' if self.samples else 'steps'}/s)"
+            )
 
     def update(self, step: int, epoch: int, loss: float | None, step_s: float | None) -> None:
         """After a dispatch: the step reached, its epoch, the latest logged train loss, steady seconds per step.
@@ -425,6 +436,8 @@ class Progress:
             self._table(summary)
 
     def _table(self, summary: Mapping[str, Any]) -> None:
+        if self.samples:  # a sampler's "loss" is the mean potential energy; it has no learning rate
+            summary = {_SAMPLER_NAMES.get(k, k): v for k, v in summary.items() if k != "train/lr"}
         rows = [(k, _num(v)) for k, v in summary.items()]
         if self.plain or not self.enabled:
             width = max(len(k) for k, _ in rows)

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from ._arviz import write_arviz as write_arviz
     from ._data import check_data as check_data
     from ._data import check_sites as check_sites
+    from ._data import data_origin as data_origin
     from ._data import describe_error as describe_error
     from ._data import full_data as full_data
     from ._diagnostics import diagnostics as diagnostics
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
     from ._sampling import config_digest as config_digest
     from ._sampling import engine_loop as engine_loop
     from ._sampling import init_strategy as init_strategy
+    from ._sampling import precision as precision
     from ._sampling import prepare as prepare
     from ._sampling import program_key as program_key
 

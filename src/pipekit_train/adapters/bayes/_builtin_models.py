@@ -54,3 +54,34 @@ def logistic_regression(x: Any, y: Any = None, prior_sd: float = 1.0) -> None:
     b = numpyro.sample("b", dist.Normal(0.0, prior_sd))
     with numpyro.plate("data", x.shape[0]):
         numpyro.sample("y", dist.Bernoulli(logits=x @ w + b), obs=None if y is None else y.reshape(-1))
+
+
+# Eight schools as Stan writes it: data ``J``, ``y``, ``sigma`` (posteriordb's ``eight_schools.json``) --------
+@register_numpyro_model("eight_schools_centered", observed=("y",))
+def eight_schools_centered(J: int, sigma: Any, y: Any = None) -> None:
+    """Stan's centered eight schools: ``theta_j ~ Normal(mu, tau)``, ``y_j ~ Normal(theta_j, sigma_j)``."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("J", J):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+        numpyro.sample("y", dist.Normal(theta, jnp.asarray(sigma, jnp.result_type(float))), obs=y)
+
+
+@register_numpyro_model("eight_schools_noncentered", observed=("y",))
+def eight_schools_noncentered(J: int, sigma: Any, y: Any = None) -> None:
+    """Stan's non-centered eight schools: ``theta_tilde_j ~ Normal(0, 1)``, ``theta = mu + tau * theta_tilde``
+    (a deterministic site), ``y_j ~ Normal(theta_j, sigma_j)``."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("J", J):
+        theta_tilde = numpyro.sample("theta_tilde", dist.Normal(0.0, 1.0))
+        theta = numpyro.deterministic("theta", mu + tau * theta_tilde)
+        numpyro.sample("y", dist.Normal(theta, jnp.asarray(sigma, jnp.result_type(float))), obs=y)

@@ -9,26 +9,56 @@ from typing import Any
 import numpy as np
 
 from pipekit import ConfigError, suggestion
+from pipekit_train.data import DataFile, NpzSource
 
 from ._registry import get_numpyro_model
 
 
-def full_data(dataset: Any) -> dict[str, np.ndarray]:
-    """The whole dataset as one batch (transforms applied), in record order."""
+def full_data(dataset: Any) -> dict[str, Any]:
+    """The whole dataset as one batch (transforms applied), in record order. A `DataFile` (one record of named
+    values) gives each value as in the file: the record axis dropped, an integer scalar as a Python ``int`` (Stan's
+    sizes, such as ``J``, can then size a plate or an array as the model's arguments)."""
     n = dataset.num_records()
-    return dict(next(iter(dataset.epoch_batches(n))))
+    batch = dict(next(iter(dataset.epoch_batches(n))))
+    if not isinstance(dataset.source, DataFile):
+        return batch
+    return values_of({key: np.asarray(value)[0] for key, value in batch.items()})
 
 
-def check_data(model_op: Any, data: Mapping[str, Any], stage: str) -> None:
-    """One-line errors for data the model cannot use: unknown keys, missing observations, NaN or inf values."""
+def values_of(values: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """A `DataFile`'s values as a model's arguments: integer scalars as Python ``int`` (they may size a plate)."""
+    return {k: int(v) if v.ndim == 0 and v.dtype.kind in "iu" else v for k, v in values.items()}
+
+
+def check_names(model_op: Any, data: Mapping[str, Any], where: str, origin: str) -> None:
+    """A one-line error for a name of `data` that is not a parameter of the model: `origin` (the file), the name,
+    its shape, the model's parameters and the closest one."""
     spec = get_numpyro_model(model_op.model)
-    where = f"stage {stage!r} ({model_op!r})"
     for key in data:
         if key not in spec.parameters:
+            shape = tuple(np.shape(data[key]))
             raise ConfigError(
-                f"{where}: the dataset key {key!r} is not a parameter of model {spec.name!r}"
-                f"{suggestion(key, spec.parameters)}; the model takes: {', '.join(spec.parameters)}"
+                f"{where}: {origin} has {key!r} (shape {shape}), which is not a parameter of model {spec.name!r}"
+                f"{suggestion(key, spec.parameters)}; the model takes: {', '.join(spec.parameters)} (drop the name "
+                "from the file, or select names with keys: [...])"
             )
+
+
+def data_origin(dataset: Any) -> str:
+    """Where a stage's data comes from, for errors: ``DataFile 'path'`` for a file source, else ``the dataset``."""
+    source = dataset.source
+    if isinstance(source, (DataFile, NpzSource)):
+        return f"{type(source).__name__} {source.path!r}"
+    return "the dataset"
+
+
+def check_data(model_op: Any, data: Mapping[str, Any], stage: str, origin: str = "the dataset") -> None:
+    """One-line errors for data the model cannot use: unknown keys, missing observations, NaN or inf values.
+    `origin` names where the data come from (`data_origin`)."""
+    spec = get_numpyro_model(model_op.model)
+    where = f"stage {stage!r} ({model_op!r})"
+    check_names(model_op, data, where, origin)
+    for key in data:
         if key in model_op.kwargs:
             raise ConfigError(f"{where}: {key!r} is given both by the dataset and by kwargs; keep one")
     for name in spec.observed:

@@ -72,6 +72,13 @@ class _Kernel(Operator, register=False):
         init_strategy: Where chains start (NumPyro's ``init_to_*``); a previous SVI stage's median overrides it.
         until: Sample until converged: ``{r_hat_max, ess_bulk_min, ess_tail_min}`` (at least one), checked every
             ``check_every`` draws (spaced by ``check_growth``), within ``max_draws`` (docs/bayesian.md).
+        log_likelihood: Record the pointwise log-likelihood of the observed sites at every kept draw (for LOO and
+            model comparison); ``false`` for data so large that ``chains x draws x observations`` does not fit.
+        posterior_predictive: Record posterior-predictive draws of the observed sites on the stage's data (off by
+            default: ``pipekit-train predict`` draws them from a posterior artifact, for new data too).
+        prior_predictive: Record this many draws from the prior and the prior predictive (0: none).
+
+    The last three say what the stage records after sampling; they change neither the draws nor the checkpoint.
     """
 
     num_warmup: int = 500
@@ -83,9 +90,16 @@ class _Kernel(Operator, register=False):
     step_size: float = 1.0
     init_strategy: InitStrategy = "uniform"
     until: dict[str, Any] | None = None
+    log_likelihood: bool = True
+    posterior_predictive: bool = False
+    prior_predictive: int = 0
 
     def validate(self) -> None:
         name = type(self).__name__
+        if self.prior_predictive < 0:
+            raise ConfigError(
+                f"{name}.prior_predictive must be an int >= 0 (draws; 0: none), got {self.prior_predictive}"
+            )
         if self.until is not None:
             check_until(self.until, self.num_samples, name)
         for key in ("num_warmup", "num_chains", "thinning"):
@@ -129,6 +143,11 @@ class _Kernel(Operator, register=False):
                 f"{stage!r}, got {steps}; the kept draws of a longer stage would otherwise start elsewhere"
             )
         return self if self.num_samples is None else self.replace(num_samples=self.num_samples + steps)
+
+    def sampler_settings(self) -> _Kernel:
+        """This kernel with what it records after sampling at the defaults: what the draws, the compiled program
+        and the checkpoint depend on (a resumed stage may switch the recording settings)."""
+        return self.replace(log_likelihood=True, posterior_predictive=False, prior_predictive=0)
 
     @property
     def max_draws(self) -> int | None:

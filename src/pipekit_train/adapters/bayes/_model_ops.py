@@ -40,14 +40,16 @@ class Posterior:
         sample_stats: Mapping[str, Any] | None = None,
         observed_data: Mapping[str, Any] | None = None,
         attrs: Mapping[str, Any] | None = None,
+        groups: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Any:
         """The draws as an ArviZ ``InferenceData`` (group ``posterior``, dims ``chain``, ``draw``), with the
-        ``sample_stats`` and ``observed_data`` groups when given (``pipekit-train export --format arviz`` adds
-        them from the stage's files) and `attrs` on every group. Needs the ``arviz`` package (the numpyro and
+        ``sample_stats`` and ``observed_data`` groups when given and the other `groups` (``log_likelihood``,
+        ``posterior_predictive``, ``prior``, ``prior_predictive``; ``pipekit-train export --format arviz`` adds
+        them from the stage's files), and `attrs` on every group. Needs the ``arviz`` package (the numpyro and
         blackjax extras install it)."""
         from ._arviz import inference_data
 
-        return inference_data(self.draws, sample_stats or {}, observed_data or {}, dict(attrs or {}))
+        return inference_data(self.draws, sample_stats or {}, observed_data or {}, dict(attrs or {}), groups)
 
 
 class GuideParams:
@@ -155,6 +157,37 @@ class NumpyroModel(_NumpyroModelBase):
         from ._arviz import write_arviz
 
         return write_arviz(self.posterior, path, attrs=attrs, stage_dir=stage_dir)
+
+    def predict_draws(self, data: str, path: str, *, attrs: Mapping[str, str], seed: int = 0) -> dict[str, Any]:
+        """Posterior-predictive draws for the inputs in the file `data` (a `DataFile`: Stan's JSON data format or
+        an ``.npz`` of named values), written with the posterior to `path` as ArviZ netCDF: groups ``posterior``,
+        ``posterior_predictive`` (``(chains, draws, ...)``) and, when the file holds the observations too,
+        ``observed_data``. A name the model does not take is refused, as before sampling."""
+        from pipekit_train.data import DataFile
+
+        from ._arviz import inference_data, write_netcdf
+        from ._data import check_names, values_of
+        from ._predictive import predictive_for
+
+        source = DataFile(path=data)
+        values = values_of(source.values())
+        spec = get_numpyro_model(self.model)
+        check_names(self, values, f"predict ({self!r})", f"DataFile {data!r}")
+        groups = predictive_for(self.fn, self.model_kwargs(values), self.posterior.draws, spec.observed, seed)
+        idata = inference_data(self.posterior.draws, {}, groups.get("observed_data", {}), attrs, groups)
+        return write_netcdf(idata, path)
+
+    def compare(self, entries: Any, criterion: str) -> dict[str, Any]:
+        """``criterion`` ``"loo"``: ArviZ's ``az.compare`` by PSIS-LOO of the posteriors `entries` (``(label, model,
+        stage_dir)``), from the pointwise log-likelihood each stage recorded (`_compare.compare_loo`)."""
+        if criterion != "loo":
+            return super().compare(entries, criterion)
+        others = [label for label, model, _ in entries if not isinstance(model, NumpyroModel)]
+        if others:
+            raise ConfigError(f"compare --loo compares sampler posteriors; {', '.join(others)} is not one")
+        from ._compare import compare_loo
+
+        return compare_loo(entries)
 
     def predictive(self, data: Any, seed: int = 0) -> dict[str, np.ndarray]:
         """Posterior-predictive draws of every site for inputs `data` (a mapping of model arguments, or ``x``)."""

@@ -98,11 +98,11 @@ def report(
 GROUPS_NPZ = "posterior_groups.npz"
 
 
-def write_groups(stage_dir: str, sample_stats: Mapping[str, np.ndarray], observed: Mapping[str, np.ndarray]) -> None:
-    """``posterior_groups.npz`` in the stage directory: ``sample_stats/<name>`` ``(chains, draws)`` and
-    ``observed_data/<site>``, what ``pipekit-train export --format arviz`` adds to the registered draws."""
-    arrays = {f"sample_stats/{k}": np.asarray(v) for k, v in sample_stats.items()}
-    arrays.update({f"observed_data/{k}": np.asarray(v) for k, v in observed.items()})
+def write_groups(stage_dir: str, groups: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+    """``posterior_groups.npz`` in the stage directory: ``<group>/<name>`` for every group an ArviZ export adds
+    to the registered draws (``sample_stats``, ``observed_data``, ``log_likelihood``, ``posterior_predictive``,
+    ``prior``, ``prior_predictive``), each array ``(chains, draws, ...)`` (observed data as observed)."""
+    arrays = {f"{group}/{k}": np.asarray(v) for group, values in groups.items() for k, v in values.items()}
     os.makedirs(stage_dir, exist_ok=True)
     tmp = os.path.join(stage_dir, GROUPS_NPZ + ".tmp")
     with open(tmp, "wb") as f:
@@ -111,7 +111,7 @@ def write_groups(stage_dir: str, sample_stats: Mapping[str, np.ndarray], observe
 
 
 def read_groups(stage_dir: str) -> dict[str, dict[str, np.ndarray]]:
-    """The groups `write_groups` wrote (empty groups when the file is not there)."""
+    """The groups `write_groups` wrote (``sample_stats`` and ``observed_data`` empty when the file is not there)."""
     out: dict[str, dict[str, np.ndarray]] = {"sample_stats": {}, "observed_data": {}}
     path = os.path.join(stage_dir, GROUPS_NPZ)
     if not os.path.exists(path):

@@ -18,7 +18,7 @@ import numpy as np
 from pipekit import ConfigError, PipekitError
 from pipekit_train.backends import StepBackend
 
-from ._data import check_data, check_sites, full_data
+from ._data import check_data, check_sites, data_origin, full_data
 from ._kernels import UNTIL_DEFAULT_CHECK_EVERY, UNTIL_DEFAULT_CHECK_GROWTH, _Kernel
 from ._model_ops import NumpyroGuide, NumpyroModel
 
@@ -57,10 +57,29 @@ def prepare(
     kept = kernel.kept(loop.max_steps)
     data = full_data(loop.dataset)
     if check:
-        check_data(model_op, data, stage)
+        check_data(model_op, data, stage, data_origin(loop.dataset))
         check_sites(model_op, data, stage)
+        _note_batch_size(loop, stage)
     init_values, source = _initial_point(model_op, incoming, data, stage, loop.backend)
     return SamplerSetup(model_op, kernel, data, num_samples, kept, init_values, source)
+
+
+#: `TrainingLoop.batch_size`'s default: a sampler stage that sets another value is told it is unused.
+_DEFAULT_BATCH_SIZE = 32
+
+
+def _note_batch_size(loop: Any, stage: str) -> None:
+    """One line on stderr when a sampler stage sets `batch_size`: a sampler takes the data whole, so it is unused
+    (a note, not an error: files written before samplers ignored it keep running)."""
+    import sys
+
+    if loop.batch_size != _DEFAULT_BATCH_SIZE:
+        print(
+            f"note: stage {stage!r}: batch_size ({loop.batch_size}) is unused: a sampler takes the data whole; "
+            "remove it",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _check(loop: Any, stage: str, kernels: tuple[type[_Kernel], ...]) -> None:
@@ -157,6 +176,7 @@ def config_digest(*parts: Any) -> np.ndarray:
     """A checkpoint leaf that pins the sampler configuration (``task`` is not in the core's fingerprint)."""
     import pipekit
 
+    parts = tuple(p.sampler_settings() if isinstance(p, _Kernel) else p for p in parts)
     text = "\n".join(pipekit.dumps(p, strict=False) if p is not None else "null" for p in parts)
     return np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.uint8).copy()
 
@@ -180,7 +200,7 @@ class SamplerControls(StepBackend):
     setup: SamplerSetup
 
     def engine_loop(self, loop: Any) -> Any:
-        return engine_loop(loop, len(next(iter(self.setup.data.values()))))
+        return engine_loop(loop, loop.dataset.num_records())
 
     def summary(self) -> dict[str, Any]:
         k = self.setup.kernel
@@ -205,26 +225,40 @@ class SamplerControls(StepBackend):
 
     # The progress line --------------------------------------------------------------------------------------
     _chain_divergences: np.ndarray | None = None
+    _chain_stats: dict[str, np.ndarray] | None = None
+
+    def chain_stats(self) -> dict[str, np.ndarray] | None:
+        """Each chain's latest sampler statistics for the progress line, ``(chains,)`` by label (``step size``,
+        ``accept``: the mean acceptance rate of the phase so far, ``tree depth`` for NUTS), or ``None`` while the
+        latest chunk runs. Default: none."""
+        return {}
 
     def progress_chains(self, step: int) -> str | None:
-        """The progress line's part for several chains: each chain's phase (warm-up or sampling, with its
-        iteration; vectorized chains move in lockstep) and its divergences after warm-up so far. The counts are
-        read from the device only once the latest chunk has finished (``is_ready``), so drawing the line never
-        makes the host wait; until then the line shows the previous counts."""
+        """The progress line's part of a sampler: the chains' phase (warm-up or sampling, with its iteration;
+        vectorized chains move in lockstep), each chain's divergences after warm-up so far and its latest step
+        size, acceptance rate and tree depth (`chain_stats`). Values are read from the device only once the latest
+        chunk has finished (``is_ready``), so drawing the line never makes the host wait; until then the line shows
+        the previous ones."""
         k = self.setup.kernel
-        if k.num_chains < 2:
-            return None
         latest = self.chain_divergences()  # type: ignore[attr-defined]
         if latest is not None:
             self._chain_divergences = latest
         if self._chain_divergences is None:
             self._chain_divergences = np.zeros(k.num_chains, np.int64)
+        stats = self.chain_stats()
+        if stats is not None:
+            self._chain_stats = stats
         if step < k.num_warmup:
             phase = f"warm-up {step}/{k.num_warmup}"
         else:
             phase = f"sampling {step - k.num_warmup}/{self.setup.num_samples}"
+        chains = f"chains 0-{k.num_chains - 1}" if k.num_chains > 1 else "chain 0"
         divs = " ".join(str(int(d)) for d in self._chain_divergences)
-        return f"chains 0-{k.num_chains - 1} {phase} | divergences [{divs}]"
+        parts = [f"{chains} {phase}", f"divergences [{divs}]"]
+        for label, values in (self._chain_stats or {}).items():
+            fmt = "{:d}" if values.dtype.kind in "iu" else "{:.3g}"
+            parts.append(f"{label} [{' '.join(fmt.format(v.item()) for v in values)}]")
+        return " | ".join(parts)
 
     # `until`: sample until converged (the engine asks at every chunk end; see docs/bayesian.md) -------------
     _until_at: int = -1
@@ -315,14 +349,22 @@ class SamplerControls(StepBackend):
 
     def final_metrics(self, stage: str, stage_dir: str) -> dict[str, float]:
         """The posterior's diagnostics (printed and written beside the stage's metrics) when sampling completed."""
+        import sys
+
         from ._posterior import report, write_groups
+        from ._predictive import stage_groups
         from ._registry import get_numpyro_model
 
+        draws = self.draws()  # type: ignore[attr-defined]
         if stage_dir:
-            observed = get_numpyro_model(self.setup.model_op.model).observed
-            data = {k: v for k, v in self.setup.data.items() if k in observed}
-            write_groups(stage_dir, self.sample_stats(), data)  # type: ignore[attr-defined]
-        self._posterior_metrics = report(self.draws(), self.divergences(), stage, stage_dir)  # type: ignore[attr-defined]
+            op, kernel = self.setup.model_op, self.setup.kernel
+            observed = get_numpyro_model(op.model).observed
+            kwargs = op.model_kwargs(self.setup.data)
+            groups, notes = stage_groups(op.fn, kwargs, draws, kernel, observed, self.loop.seed)
+            for note in notes:
+                print(f"note: stage {stage!r}: {note}", file=sys.stderr, flush=True)
+            write_groups(stage_dir, {"sample_stats": self.sample_stats(), **groups})  # type: ignore[attr-defined]
+        self._posterior_metrics = report(draws, self.divergences(), stage, stage_dir)  # type: ignore[attr-defined]
         return self._posterior_metrics
 
     def extend_from(self, restore: Any, previous: Any) -> None:
@@ -355,6 +397,15 @@ class SamplerControls(StepBackend):
         raise PipekitError("a sampler's posterior is its draws; it cannot be replaced by a callback")
 
 
+def precision() -> str:
+    """The floating-point precision the sampler runs in: ``float64`` when JAX's 64-bit mode is on (set
+    ``JAX_ENABLE_X64=1`` before the run: NumPyro's ``enable_x64()`` and Stan sample in double precision), else
+    ``float32``. Recorded in the artifact's ``backend_info["precision"]``."""
+    import jax
+
+    return "float64" if jax.dtypes.canonicalize_dtype(np.float64) == np.float64 else "float32"
+
+
 def engine_loop(loop: Any, n: int) -> Any:
     """The loop the engine drives: batches are not used by a sampler, so a batch_size above the data is capped."""
     return loop if loop.batch_size <= n else loop.replace(batch_size=n)
@@ -373,7 +424,7 @@ def program_key(backend: str, setup: SamplerSetup) -> str:
 
     h = hashlib.sha256(backend.encode())
     h.update(pipekit.dumps(setup.model_op, strict=False).encode())
-    h.update(pipekit.dumps(setup.kernel, strict=False).encode())
+    h.update(pipekit.dumps(setup.kernel.sampler_settings(), strict=False).encode())
     h.update(f"{setup.num_samples}/{setup.kept}".encode())
     kwargs = setup.model_op.kwargs
     h.update(repr(sorted((k, v) for k, v in kwargs.items() if isinstance(v, str))).encode())

@@ -18,6 +18,8 @@ class SamplerBackendSpec(LazyBackend):
 
     #: The posterior-predictive mean over the draws is a JAX function of the inputs (`NumpyroModel.inference_function`).
     capabilities: frozenset[str] = frozenset({"export"})
+    #: A stage draws from the posterior: no batches, and its output speaks of draws (`Backend.samples`).
+    samples: bool = True
 
     def extended_fields(self, loop: Any, steps: int) -> dict[str, Any]:
         """A longer stage samples `steps` more iterations: the kernel's ``num_samples`` grows (when it is set)."""

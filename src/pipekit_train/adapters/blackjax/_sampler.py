@@ -29,6 +29,7 @@ from pipekit_train.adapters.bayes import (
     check_digest,
     config_digest,
     init_strategy,
+    precision,
     prepare,
     program_key,
 )
@@ -367,6 +368,18 @@ class BlackjaxBackend(SamplerControls):
         divergences = self.carry.divergences
         return np.asarray(divergences) if getattr(divergences, "is_ready", lambda: True)() else None
 
+    def chain_stats(self) -> dict[str, np.ndarray] | None:
+        """Each chain's step size and mean acceptance rate of the phase so far; ``None`` while the latest chunk
+        runs. (Its tree depth is kept with each draw, in ``sample_stats``.)"""
+        c = self._carry
+        if c is None:
+            return {}
+        if not getattr(c.accept_sum, "is_ready", lambda: True)():
+            return None
+        seen = self.step if self.step <= self.num_warmup else self.step - self.num_warmup
+        accept = np.asarray(c.accept_sum, np.float64) / max(seen, 1)
+        return {"step size": np.atleast_1d(np.asarray(c.adapt.step_size)), "accept": np.atleast_1d(accept)}
+
     def sample_stats(self) -> dict[str, np.ndarray]:
         """The kept draws' sampler statistics, ``(chains, draws)`` by name."""
         z = jax.device_get(self.draws_buf[1])
@@ -434,4 +447,5 @@ def info() -> dict[str, Any]:
         "numpyro": numpyro.__version__,
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
+        "precision": precision(),
     }

@@ -26,6 +26,7 @@ from pipekit_train.adapters.bayes import (
     check_digest,
     config_digest,
     init_strategy,
+    precision,
     prepare,
     program_key,
 )
@@ -45,6 +46,14 @@ def numpyro_kernel(model_fn: Any, kernel: Any, init_values: dict[str, Any] | Non
     if isinstance(kernel, NUTS):
         return infer.NUTS(model_fn, max_tree_depth=kernel.max_tree_depth, **common)
     return infer.HMC(model_fn, num_steps=kernel.num_steps, trajectory_length=kernel.trajectory_length, **common)
+
+
+def tree_depth(n_steps: np.ndarray) -> np.ndarray:
+    """NUTS's tree depth from its leapfrog steps: NumPyro's iterative NUTS doubles the trajectory `d` times and
+    stops the last doubling early (at a U-turn or divergence) after at least one step, so a tree of depth `d` takes
+    between ``2**(d-1)`` and ``2**d - 1`` steps: ``d = floor(log2(n_steps)) + 1`` (Stan's ``treedepth__``)."""
+    steps = np.maximum(np.asarray(n_steps, np.int64), 1)
+    return (np.floor(np.log2(steps)).astype(np.int64) + 1).astype(np.int64)
 
 
 class _Program:
@@ -192,6 +201,22 @@ class MCMCBackend(SamplerControls):
         counts = np.asarray(diverging)[: self.filled()].sum(axis=0)
         return np.atleast_1d(counts)
 
+    def chain_stats(self) -> dict[str, np.ndarray] | None:
+        """Each chain's latest step size, mean acceptance rate of the phase and (NUTS) tree depth, from the sampler
+        state; ``None`` while the latest chunk runs."""
+        state = self._state
+        if state is None:
+            return {}
+        if not getattr(state.num_steps, "is_ready", lambda: True)():
+            return None
+        out = {
+            "step size": np.atleast_1d(np.asarray(state.adapt_state.step_size)),
+            "accept": np.atleast_1d(np.asarray(state.mean_accept_prob)),
+        }
+        if isinstance(self.setup.kernel, NUTS):
+            out["tree depth"] = tree_depth(np.atleast_1d(np.asarray(state.num_steps)))
+        return out
+
     def sample_stats(self) -> dict[str, np.ndarray]:
         """The kept draws' sampler statistics, ``(chains, draws)`` by name (``diverging`` included)."""
         stats = {"diverging": self.collection[1], **self.collection[2]}
@@ -200,6 +225,8 @@ class MCMCBackend(SamplerControls):
         for k, v in jax.device_get(stats).items():
             a = np.asarray(v)[:m]
             out[k] = np.swapaxes(a, 0, 1) if self.chains > 1 else a[None]
+        if isinstance(self.setup.kernel, NUTS):
+            out["tree_depth"] = tree_depth(out["n_steps"])
         return out
 
     def bound_model(self) -> Any:
@@ -255,4 +282,5 @@ def info() -> dict[str, Any]:
         "numpyro": numpyro.__version__,
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
+        "precision": precision(),
     }

@@ -25,12 +25,14 @@ from pipekit_train.adapters.bayes import (
     NumpyroGuide,
     check_data,
     check_sites,
+    data_origin,
     describe_error,
     full_data,
     guide_factory,
 )
 from pipekit_train.backends import StepBackend
 from pipekit_train.backends.kit import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
+from pipekit_train.data import DataFile
 from pipekit_train.scale import mesh_plan
 
 from ._elbo import _ELBO
@@ -84,8 +86,14 @@ def check(loop: Any, incoming: Any, stage: str) -> None:
         raise ConfigError(f"stage {stage!r}: numpyro-svi takes no task; the guide is NumpyroGuide.guide")
     if loop.transfer is not None:
         raise ConfigError(f"stage {stage!r}: numpyro-svi takes no `transfer`")
+    if isinstance(loop.dataset.source, DataFile):
+        raise ConfigError(
+            f"stage {stage!r}: numpyro-svi fits on mini-batches of records, and a DataFile is one record of named "
+            f"values ({loop.dataset.source.path!r}); sample it with numpyro-mcmc or blackjax, or give SVI an NpzSource "
+            "of records"
+        )
     data = full_data(loop.dataset)
-    check_data(op, data, stage)
+    check_data(op, data, stage, data_origin(loop.dataset))
     check_sites(op, data, stage)
     for role, ds in (("val_dataset", loop.val_dataset), ("test_dataset", loop.test_dataset)):
         if ds is not None:
