@@ -58,6 +58,12 @@ class Seen(Callback, register=False):
         return None
 
 
+class SeenEveryStep(Seen, register=False):
+    """The same hook taken to act between steps: the per-step path, each step reported at once, device values."""
+
+    observes_only = False
+
+
 def _data(n: int, seed: int) -> TrainingDataset:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, 8)).astype(np.float32)
@@ -100,7 +106,8 @@ def _records(run_dir: Path) -> list[tuple[str, int, float | None]]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The same 40 steps three times: fused without a callback, fused with `Seen`, one step per call with `Seen`.
+    """The same 40 steps three times: fused without a callback, fused with `Seen`, one step per call with
+    `SeenEveryStep`.
     Each with its compiles and `jax.device_get` calls counted, what `Seen` saw, the weights and the records."""
     root = tmp_path_factory.mktemp("step_ends")
     calls = {"n": 0}
@@ -116,7 +123,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         for name, loop in (
             ("plain", _loop()),
             ("observed", _loop(callbacks=(Seen(),))),
-            ("per_step", _loop(callbacks=(Seen(),), steps_per_call=1)),
+            ("per_step", _loop(callbacks=(SeenEveryStep(),))),
         ):
             SEEN.clear()
             calls["n"] = 0
@@ -148,7 +155,7 @@ def test_an_observing_callback_keeps_the_steps_fused_and_adds_no_compile_and_no_
 
 def test_it_sees_every_step_in_order_with_the_values_one_step_per_call_gives(runs):
     observed, per_step = runs["observed"], runs["per_step"]
-    assert per_step["spc"] == 1
+    assert per_step["spc"] == 1 and not any(on_host for *_, on_host in per_step["seen"])  # the classic path
     steps = [(s, e) for s, e, _, _ in observed["seen"]]
     assert steps == [(s, s // 16) for s in range(1, 41)]  # its own step and epoch, also mid-chunk (16, 32)
     fused = [(s, e, loss) for s, e, loss, _ in observed["seen"]]
