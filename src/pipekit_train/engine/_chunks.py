@@ -144,6 +144,7 @@ class Schedule:
     chunks: ChunkPlan
     step: int
     steps_per_epoch: int | None
+    _bounds: tuple[int, ...]  # `_boundaries()`, built at the first `next_chunk`
 
     def epoch_of(self, step: int) -> int:
         """The epoch of `step`: `steps_per_epoch`, or else the training set's batches per epoch, make an epoch."""
@@ -172,12 +173,17 @@ class Schedule:
         With `auto` a stretch shorter than the plan's size runs in chunks of its `small` size, then single steps,
         so the stage compiles at most three chunk lengths.
         """
-        remaining: int = self.loop.max_steps - self.step
-        stop = min(self.step + remaining, *(((self.step // e) + 1) * e for e in self._boundaries()))
+        bounds: tuple[int, ...] | None = getattr(self, "_bounds", None)
+        if bounds is None:  # fixed for the stage (the loop's, the hooks' and the backend's settings): built once
+            bounds = self._bounds = tuple(self._boundaries())
+        step = self.step
+        stop = self.loop.max_steps
+        for e in bounds:
+            stop = min(stop, (step // e + 1) * e)
         boundary = self.backend.next_boundary(self.step)  # one not at multiples of a period (after warm-up)
         if boundary is not None:
             stop = min(stop, boundary)
-        span = stop - self.step
+        span = stop - step
         plan = self.chunks
         if not plan.auto or span >= plan.size:
             return max(1, min(span, plan.size))
