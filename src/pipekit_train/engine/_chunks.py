@@ -177,7 +177,7 @@ class Schedule:
         if bounds is None:  # fixed for the stage (the loop's, the hooks' and the backend's settings): built once
             bounds = self._bounds = tuple(self._boundaries())
         step = self.step
-        stop = self.loop.max_steps
+        stop: int = self.loop.max_steps
         for e in bounds:
             stop = min(stop, (step // e + 1) * e)
         boundary = self.backend.next_boundary(self.step)  # one not at multiples of a period (after warm-up)
