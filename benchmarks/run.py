@@ -23,6 +23,8 @@ Method (see docs/performance.md):
 - Time to the first step and peak memory (rows 9, 9b) are whole fresh processes: ``benchmarks/startup.py``.
 - Row 12 (``--only nuts``) times whole sampler runs, pipekit's chunked and checkpointed ``TrainingLoop.run`` against
   NumPyro's own ``MCMC.run``, each one traced afresh as the first run of a process is (see `bench_nuts`).
+- Row 14 (``--only observe``) is the default loop with a user callback that reads every step's loss in
+  ``on_step_end`` against none, and (14b, informational) the same callback declared to act between steps.
 
 Results are printed as a Markdown table and written to ``benchmarks/results.json`` and ``benchmarks/results.md``.
 """
@@ -743,6 +745,9 @@ TARGETS = {
     # The Flax backend (issue 41): at least 0.95x a hand-written nnx.jit loop and the Equinox backend.
     "13 flax backend vs hand nnx.jit": 0.95,
     "13b flax backend vs equinox backend": 0.95,
+    # A callback that reads every step's loss (issue 45): at most 5% on the default loop.
+    "14 observing on_step_end callback vs none": 0.95,
+    "14b per-step on_step_end callback vs none": 0.0,  # informational: what acting between steps costs
 }
 
 
@@ -907,6 +912,46 @@ def bench_size(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str,
     rows.append(row("7 sharded step (1 device) vs unsharded", size.name, c_pk, c_sharded))
     rows.append(row("8 bfloat16 compute vs float32", size.name, c_pk, c_bf16, "informational"))
     return rows
+
+
+class LossTally(pipekit_train.Callback, register=False):
+    """Row 14's user callback: overrides `on_step_end` only to read every step's loss (nothing declared: the loop
+    infers from its source that it only observes)."""
+
+    def initial_state(self) -> dict[str, Any]:
+        return {"steps": 0, "sum": 0.0}
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        state = ctx.state_of(self)
+        state["steps"] += 1
+        state["sum"] += float(metrics["loss"])
+
+
+class LossTallyEveryStep(LossTally, register=False):
+    """The same callback declared as acting between steps (`observes_only = False`): one step per call."""
+
+    observes_only = False
+
+
+def bench_observe(size: Size, x: np.ndarray, y: np.ndarray, rounds: int, root: str) -> list[Row]:
+    """Row 14: the default loop with a callback that reads every step's loss, against no callback (issue 45); and,
+    for information, the same callback taken to act between steps, which costs the fusion."""
+    print(f"\n## observing on_step_end: {size.name}, steps {size.short}/{size.long}", flush=True)
+    base = os.path.join(root, size.name, "observe")
+    plain = PipekitRuns(x, y, size, base + "-none", steps_per_call="auto")
+    watched = PipekitRuns(x, y, size, base + "-tally", steps_per_call="auto", callbacks=(LossTally(),))
+    every = PipekitRuns(x, y, size, base + "-every", steps_per_call="auto", callbacks=(LossTallyEveryStep(),))
+    c_plain = Contender("pipekit default (auto)", plain.measure, plain.setup)
+    c_watch = Contender("+ observing on_step_end", watched.measure, watched.setup)
+    c_every = Contender("+ the same, acting per step", every.measure, every.setup)
+    run_interleaved([c_plain, c_watch, c_every], rounds)
+    for c in (c_plain, c_watch, c_every):
+        med = median(c.samples)
+        print(f"   {c.name:30s} " + (f"{med:10.1f} µs/step" if med else f"-- {c.error}"), flush=True)
+    return [
+        row("14 observing on_step_end callback vs none", size.name, c_plain, c_watch),
+        row("14b per-step on_step_end callback vs none", size.name, c_plain, c_every, "informational"),
+    ]
 
 
 def bench_data(x: np.ndarray, y: np.ndarray, rounds: int, batches: int) -> list[Row]:
@@ -1295,7 +1340,7 @@ def environment() -> dict[str, Any]:
     return info
 
 
-GROUPS = ("steps", "data", "startup", "extend", "nuts", "flax")
+GROUPS = ("steps", "data", "startup", "extend", "nuts", "flax", "observe")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1312,7 +1357,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=GROUPS,
         help="run only this group of rows (repeatable; default every group): steps (rows 0-8 by size), data, "
-        "startup, extend, nuts, flax (row 13 by size)",
+        "startup, extend, nuts, flax (row 13 by size), observe (row 14 by size)",
     )
     args = parser.parse_args(argv)
     groups = set(args.only or GROUPS)
@@ -1339,6 +1384,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_nuts(rounds)
         for size in sizes if "flax" in groups else ():
             rows += bench_flax(size, x, y, rounds, root)
+        for size in sizes if "observe" in groups else ():
+            rows += bench_observe(size, x, y, rounds, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - started

@@ -126,7 +126,7 @@ def test_callbacks_declare_whether_they_need_the_host_every_step():
     # Built-ins whose hooks run at eval, checkpoint or log time keep the steps fused.
     for cb in (EarlyStopping(monitor="validate/loss"), ReduceLROnPlateau(monitor="validate/loss"), EMA(), Checkpoint()):
         assert not needs_every_step(cb), cb
-    assert needs_every_step(_StopAt())  # overrides on_step_end without saying: assumed to need it
+    assert needs_every_step(_StopAt())  # overrides on_step_end without saying, and stops the run: it needs it
     assert not needs_every_step(_FusedStopAt())  # said it does not
     loop = _loop(7, callbacks=(_StopAt(),))
     assert chunk_plan(loop, [100], True, 1024, loop.callbacks) == ChunkPlan(1, 1, True)

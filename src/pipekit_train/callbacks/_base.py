@@ -9,7 +9,8 @@ Hooks, in the order a run calls them:
 - ``on_train_start(ctx)``: once, after the model, optimizer and data are ready (and after a resume).
 - ``on_step_end(ctx, metrics)``: after every optimizer step. ``metrics`` maps names to scalars that may still be on
   the device; reading one (``float(metrics["loss"])``) waits for the step, so read only when you need to. Fused
-  steps (``steps_per_call``) are reported one by one after their compiled call; see `Callback.needs_every_step`.
+  steps (``steps_per_call``) are reported one by one after their compiled call, as host values; see
+  `Callback.needs_every_step` and `Callback.observes_only`.
 - ``on_eval_end(ctx, metrics)``: after each validation pass, with host floats named ``validate/<metric>``.
 - ``on_epoch_end(ctx)``: when ``step`` crosses a multiple of ``steps_per_epoch``.
 - ``on_checkpoint(ctx, step)``: after a checkpoint of ``step`` was handed to the checkpointer.
@@ -50,10 +51,17 @@ class Callback(Operator, register=False):
 
     #: Whether `on_step_end` needs the host after each single step (to stop the run at that step, or to read or
     #: replace the model as it is then): `TrainingLoop.steps_per_call: auto` then runs one step per compiled call.
-    #: ``None`` infers it: a callback that overrides `on_step_end` needs it, one that does not never does. A
-    #: callback that only records the per-step metrics sets ``False`` and keeps the steps fused (it is still
-    #: called for every step, after the chunk).
+    #: ``False`` keeps the steps fused: the callback is still called for every step, in order, at the end of the
+    #: chunk, before anything else happens there (a stop it requests ends the stage at the chunk's end).
+    #: ``None`` (the default) infers it with `observes_only` (docs/callbacks.md, "Every step, fused").
     needs_every_step: ClassVar[bool | None] = None
+
+    #: Whether `on_step_end` only observes: it reads the metrics and the step, keeps its state, writes records,
+    #: and never stops the run, raises, reads or replaces the model or changes the learning rate. ``True`` keeps
+    #: the steps fused and lets the loop call it for a chunk's steps while the next chunk runs, with host values.
+    #: ``None`` (the default) infers it from the source of `on_step_end` (``pipekit_train.callbacks._observing``);
+    #: a callback that overrides it and is not shown to only observe needs every step.
+    observes_only: ClassVar[bool | None] = None
 
     @classmethod
     def frozen_message(cls, name: str) -> str:

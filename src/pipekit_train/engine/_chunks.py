@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..callbacks._base import Callback
+from ..callbacks._observing import observes_only
 
 if TYPE_CHECKING:
     from ..backends._contract import StepBackend
@@ -22,6 +23,7 @@ __all__ = [
     "callback_keys",
     "chunk_plan",
     "needs_every_step",
+    "step_hook",
 ]
 
 
@@ -34,12 +36,38 @@ AUTO_MAX_STEPS = 100
 AUTO_CHUNK_BYTES = 64 * 2**20
 
 
+def step_hook(cb: Callback) -> str:
+    """How `cb` hears of steps: ``"none"`` (it does not override `on_step_end`), ``"observes"`` (it only observes:
+    after its chunk, possibly while the next one runs), ``"chunk_end"`` (after its chunk, before anything else
+    happens at the chunk's end) or ``"every_step"`` (one step per compiled call under ``auto``).
+
+    From `Callback.needs_every_step` and `Callback.observes_only`; what neither says is inferred: a callback that
+    overrides `on_step_end` observes when its source shows it (`callbacks._observing.observes_only`: it reads the
+    metrics and the step, keeps its state, writes records), and needs every step otherwise.
+    """
+    kind = type(cb)
+    every, observes = kind.needs_every_step, kind.observes_only
+    if every and observes:
+        raise ValueError(
+            f"callback {kind.__name__} declares both needs_every_step = True and observes_only = True: a callback "
+            "that only observes never needs the host after each step; keep one of them"
+        )
+    if every:
+        return "every_step"
+    if kind.on_step_end is Callback.on_step_end:
+        return "none"
+    if observes:
+        return "observes"
+    if every is False:
+        return "chunk_end"
+    if observes is None and observes_only(kind.on_step_end):
+        return "observes"
+    return "every_step"
+
+
 def needs_every_step(cb: Callback) -> bool:
-    """Whether `cb` needs the host after every single step (`Callback.needs_every_step`; ``None``: inferred)."""
-    declared = type(cb).needs_every_step
-    if declared is not None:
-        return bool(declared)
-    return type(cb).on_step_end is not Callback.on_step_end
+    """Whether `cb` needs the host after every single step (`step_hook` says ``"every_step"``)."""
+    return step_hook(cb) == "every_step"
 
 
 def _largest_divisor(n: int, cap: int) -> int:
@@ -116,6 +144,7 @@ class Schedule:
     chunks: ChunkPlan
     step: int
     steps_per_epoch: int | None
+    _bounds: tuple[int, ...]  # `_boundaries()`, built at the first `next_chunk`
 
     def epoch_of(self, step: int) -> int:
         """The epoch of `step`: `steps_per_epoch`, or else the training set's batches per epoch, make an epoch."""
@@ -144,12 +173,17 @@ class Schedule:
         With `auto` a stretch shorter than the plan's size runs in chunks of its `small` size, then single steps,
         so the stage compiles at most three chunk lengths.
         """
-        remaining: int = self.loop.max_steps - self.step
-        stop = min(self.step + remaining, *(((self.step // e) + 1) * e for e in self._boundaries()))
+        bounds: tuple[int, ...] | None = getattr(self, "_bounds", None)
+        if bounds is None:  # fixed for the stage (the loop's, the hooks' and the backend's settings): built once
+            bounds = self._bounds = tuple(self._boundaries())
+        step = self.step
+        stop: int = self.loop.max_steps
+        for e in bounds:
+            stop = min(stop, (step // e + 1) * e)
         boundary = self.backend.next_boundary(self.step)  # one not at multiples of a period (after warm-up)
         if boundary is not None:
             stop = min(stop, boundary)
-        span = stop - self.step
+        span = stop - step
         plan = self.chunks
         if not plan.auto or span >= plan.size:
             return max(1, min(span, plan.size))

@@ -8,6 +8,7 @@ them), and every step's loss again when its log window is written (`LogWindow._f
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +29,8 @@ class Divergence:
     def _check_finite(self, step: int, loss: Any) -> None:
         """Raise `NonFiniteLossError` if `loss` (the last step's, or a chunk's per-step losses) is not finite."""
         if not self.loop.stop_on_nonfinite:
+            return
+        if np.ndim(loss) == 0 and math.isfinite(loss):  # one step's loss, finite: the usual case, kept cheap
             return
         values = np.atleast_1d(np.asarray(loss, dtype=np.float64))
         bad = np.flatnonzero(~np.isfinite(values))

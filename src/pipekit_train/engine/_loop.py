@@ -7,7 +7,8 @@ would have made: a chunk of fused steps never crosses a log, eval, checkpoint or
 The loop is this module; the engine's other parts, one idea each, are mixed into `Engine`: the schedule
 (`_chunks.Schedule`), the log window and its records (`_window.LogWindow`), the phases it reports
 (`_phases.Phases`), evaluation (`_evaluation.Evaluation`), its side of checkpoints and overlapped saves
-(`_saves.Saves`) and divergence checks (`_divergence.Divergence`); the training batches are `_data`. What it drives
+(`_saves.Saves`), divergence checks (`_divergence.Divergence`) and the `on_step_end` reports
+(`_step_ends.StepEnds`); the training batches are `_data`. What it drives
 and returns (`StepBackend`, `StageHooks`, `EngineSnapshot`, `AdapterResult`) is `_protocol`; the checkpoint and
 resume hooks are `_hooks`.
 """
@@ -34,12 +35,13 @@ from ._phases import Phases
 from ._probe import from_env as probe_from_env
 from ._protocol import AdapterResult, NonFiniteLossError, StageHooks, now_iso
 from ._saves import Saves
-from ._window import LogWindow, _LazyStepMetrics
+from ._step_ends import StepEnds
+from ._window import LogWindow
 
 __all__ = ["Engine", "run_steps"]
 
 
-class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
+class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence, StepEnds):
     """Runs one stage's steps. Checkpointing and signal handling plug in through `hooks`."""
 
     def __init__(
@@ -89,6 +91,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
         self.hooks = hooks
         # `pipekit-train check-resume`: a trace of the state after every chunk, kills at exact steps (`probe`).
         self.probe = probe_from_env(stage)
+        self._plan_step_ends(self.probe)
         self.chunks = chunk_plan(loop, self._periods(), backend.fuses_steps(), batch_bytes(loop), self.callbacks)
         self.iterator, self.resident = training_batches(loop, backend, self.chunks.size)
         if data_state is not None:
@@ -169,6 +172,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
                 foreseen = n not in self._lengths and self._may_compile()
                 if foreseen:
                     self._lengths.add(n)
+                    self._deliver_pending()
                     self._phase_start("compiling")
                 t0 = time.perf_counter()
                 if self.resident:  # the chunk gathers its own batches on the device
@@ -184,6 +188,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
                     metrics = self.backend.train_window(data, n, first)
                 else:
                     metrics = self.backend.train(data, first)
+                self._deliver_pending()  # the previous chunk's steps, while this one runs (`_step_ends`)
                 # Compiles happen while dispatching: known now, before the chunk's own log decision.
                 compiled_now = CompileWatch.count - self.clock.eval_compiles != compiles
                 if foreseen and not compiled_now:  # JAX had the program (an earlier stage of the same structure)
@@ -201,7 +206,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
                     self._check_finite(*pending)
                 pending = (self.step, metrics["loss"])
                 self._after_chunk(first, n, metrics, may_defer=not compiled_now)
-                if self.probe is not None:
+                if self.probe is not None:  # (it reads the callbacks' states: their steps were reported)
                     self.probe.after_chunk(self, first, metrics, data_state)
                 if self.hooks is not None and ctx.stop_reason is None:
                     may_wait = self._saves_may_wait and self._async and self.step < loop.max_steps
@@ -220,6 +225,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
                     progress.compiled(wall - data_s)
                 self.clock.chunk(n, wall, data_s, compiled)
                 progress.update(self.step, ctx.epoch, self.last_train.get("loss"), self.clock.recent_step_s())
+            self._deliver_pending()  # the last chunk's steps, before anything of the stage's end
             if self._save_rest is not None:  # no next chunk came (a sampler reached `until`)
                 self._finish_save()
             if ctx.stop_reason is not None:
@@ -245,6 +251,8 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
             progress.close(status, final)
         except BaseException as exc:
             # Nothing below may hide the original error.
+            with contextlib.suppress(Exception):  # the steps computed are reported, as they would have been
+                self._deliver_pending()
             with contextlib.suppress(Exception):  # a deferred log record is written, as it would have been
                 if self._deferred is not None:
                     self._flush_deferred()
@@ -297,14 +305,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
 
     def _after_chunk(self, first: int, n: int, metrics: Mapping[str, Any], may_defer: bool = False) -> None:
         loop, ctx = self.loop, self.ctx
-        for i in range(n):
-            step_metrics = _LazyStepMetrics(metrics, i if n > 1 else None)
-            self.window.append((first + i + 1, step_metrics))
-            if self.callbacks:
-                ctx.step = first + i + 1
-                for cb in self.callbacks:
-                    cb.on_step_end(ctx, step_metrics)
-        ctx.step = self.step
+        self._report_steps(first, n, metrics)
         if self.step % loop.log_every_n_steps == 0 or self.step == loop.max_steps:
             if may_defer and self._deferrable():
                 # The learning rate now (it reads this chunk's state, as the flush would have); the transfer,
@@ -314,8 +315,10 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence):
             else:
                 self._flush_window()
         if loop.val_dataset is not None and (self.step % loop.eval_every_n_steps == 0 or self.step == loop.max_steps):
+            self._deliver_pending()
             self._evaluate()
         if loop.steps_per_epoch and self.step % loop.steps_per_epoch == 0:
+            self._deliver_pending()
             for cb in self.callbacks:
                 cb.on_epoch_end(ctx)
 

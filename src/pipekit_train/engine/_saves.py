@@ -49,6 +49,8 @@ class Saves:
 
         def _flush_deferred(self) -> None: ...
 
+        def _deliver_pending(self) -> None: ...
+
         def _flush(self, window: list[tuple[int, Mapping[str, Any]]], lr: float | None) -> None: ...
 
         def _phase_start(self, phase: str) -> None: ...
@@ -65,6 +67,7 @@ class Saves:
         Called before a checkpoint is written: no checkpoint holds weights past a NaN loss, and the checkpoint
         carries the pending values so a resumed run writes the same train records as an uninterrupted one.
         """
+        self._deliver_pending()  # the steps saved are reported to the callbacks first (`_step_ends`)
         if self._deferred is not None:  # its record is written before the checkpoint, as without deferring
             self._flush_deferred()
         # A checkpoint is being taken: its phase starts (before the callbacks' state is copied below, so a

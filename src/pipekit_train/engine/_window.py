@@ -18,12 +18,31 @@ if TYPE_CHECKING:
     from ..backends._contract import StepBackend
 
 
+class _Fetched:
+    """A fused chunk's stacked metrics, read to the host once by whoever reads first: a callback's `on_step_end`
+    (`_HostStepMetrics`) or the log window's record (`_hosts`), which then reads nothing more."""
+
+    __slots__ = ("host", "stacked")
+
+    def __init__(self, stacked: Mapping[str, Any]) -> None:
+        self.stacked = stacked
+        self.host: Mapping[str, Any] | None = None
+
+    def get(self) -> Mapping[str, Any]:
+        if self.host is None:
+            import jax
+
+            self.host = jax.device_get(self.stacked)
+        return self.host
+
+
 class _LazyStepMetrics(Mapping[str, Any]):
     """One step's metrics out of a chunk's stacked metrics; slices only what a callback reads."""
 
-    def __init__(self, stacked: Mapping[str, Any], index: int | None) -> None:
+    def __init__(self, stacked: Mapping[str, Any], index: int | None, fetched: _Fetched | None = None) -> None:
         self._stacked = stacked
         self._index = index
+        self._fetched = fetched
 
     def __getitem__(self, key: str) -> Any:
         value = self._stacked[key]
@@ -36,19 +55,57 @@ class _LazyStepMetrics(Mapping[str, Any]):
         return len(self._stacked)
 
 
+class _HostStepMetrics(Mapping[str, Any]):
+    """What `on_step_end` gets for one step of a fused chunk: that step's values on the host (NumPy scalars), the
+    chunk read once at the first read of any of them (`_Fetched`), so a callback that reads every step's loss
+    costs one transfer per chunk, shared with the log window, and no wait per step."""
+
+    __slots__ = ("_fetched", "_index")
+
+    def __init__(self, fetched: _Fetched, index: int | None) -> None:
+        self._fetched = fetched
+        self._index = index  # None: a call of one step, whose values are not stacked
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._fetched.get()[key]
+        return value if self._index is None else value[self._index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fetched.stacked)
+
+    def __len__(self) -> int:
+        return len(self._fetched.stacked)
+
+
+def _hosts(window: list[tuple[int, Mapping[str, Any]]]) -> dict[int, Mapping[str, Any]]:
+    """The host values of every chunk in `window`, by ``id`` of its stacked metrics: those a callback already read
+    (`_Fetched`) as they are, the others in one transfer."""
+    import jax
+
+    chunks: dict[int, Mapping[str, Any]] = {}
+    fetched: dict[int, _Fetched] = {}
+    for _, m in window:
+        if isinstance(m, _LazyStepMetrics):
+            chunks.setdefault(id(m._stacked), m._stacked)
+            if m._fetched is not None:
+                fetched.setdefault(id(m._stacked), m._fetched)
+    host = {k: f.host for k, f in fetched.items() if f.host is not None}
+    missing = [k for k in chunks if k not in host]
+    if missing:
+        for k, values in zip(missing, jax.device_get([chunks[k] for k in missing]), strict=True):
+            host[k] = values
+            if k in fetched:
+                fetched[k].host = values
+    return host
+
+
 def _on_host(window: list[tuple[int, Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """Each step's metrics in `window` as host values: one transfer per chunk, then slices on the host.
 
     Slicing a chunk's stacked device arrays step by step (``dict(m)``) dispatches one gather per step and metric:
     with ``steps_per_call=10`` that was 44% of the loop's time on a small MLP.
     """
-    import jax
-
-    chunks: dict[int, Mapping[str, Any]] = {}
-    for _, m in window:
-        if isinstance(m, _LazyStepMetrics):
-            chunks.setdefault(id(m._stacked), m._stacked)
-    host = dict(zip(chunks, jax.device_get(list(chunks.values())), strict=True))
+    host = _hosts(window)
     return [
         dict(_LazyStepMetrics(host[id(m._stacked)], m._index)) if isinstance(m, _LazyStepMetrics) else dict(m)
         for _, m in window
@@ -62,8 +119,6 @@ def _columns(window: list[tuple[int, Mapping[str, Any]]]) -> dict[str, np.ndarra
     One transfer per chunk and one concatenation per metric: at 100 fused steps per log window, building a dict
     per step and checking each step's loss on its own cost more host time than the chunk's dispatch.
     """
-    import jax
-
     segments: list[tuple[Mapping[str, Any], int | None, int]] = []  # (stacked, first index or None, count)
     for _, m in window:
         if not isinstance(m, _LazyStepMetrics):
@@ -73,10 +128,7 @@ def _columns(window: list[tuple[int, Mapping[str, Any]]]) -> dict[str, np.ndarra
             segments[-1] = (last[0], last[1], last[2] + 1)
         else:
             segments.append((m._stacked, m._index, 1))
-    chunks: dict[int, Mapping[str, Any]] = {}
-    for stacked, _, _ in segments:
-        chunks.setdefault(id(stacked), stacked)
-    host = dict(zip(chunks, jax.device_get(list(chunks.values())), strict=True))
+    host = _hosts(window)
     keys = list(host[id(segments[0][0])])
     parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     for stacked, first, count in segments:
@@ -112,10 +164,13 @@ class LogWindow:
     last_train: dict[str, Any]
     _deferred: tuple[list[tuple[int, Mapping[str, Any]]], float] | None
     _showing_stop: bool
+    _pending: Any
 
     if TYPE_CHECKING:
 
         def epoch_of(self, step: int) -> int: ...
+
+        def _deliver_pending(self) -> None: ...
 
         def _check_finite(self, step: int, loss: Any) -> None: ...
 
@@ -125,6 +180,8 @@ class LogWindow:
         The metrics a signal's stop shows after its checkpoint (`_stop_for_resume`) are marked ``interrupted``:
         the history drops them once the resumed run logs on, and writers that cannot take a point back
         (TensorBoard, MLflow) leave them out."""
+        if self._pending is not None:  # the steps before this record are reported before it (`_step_ends`)
+            self._deliver_pending()
         if self._showing_stop and record.get("type") == "metrics":
             record = {**record, "interrupted": True}
         self.writer.write(record)
