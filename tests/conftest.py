@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 from typing import Any, ClassVar
 
@@ -43,6 +44,12 @@ def _private_machine_state() -> None:
 
 
 _private_machine_state()
+
+# A test run started in the background of a non-interactive shell (``make test &``, nohup, some CI runners) inherits
+# SIGINT ignored, and so would every process a test starts: the tests of what SIGINT does (and of an inherited
+# ignored SIGINT, which sets it so itself) need Python's own handling, as an interactive run has.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 
