@@ -1,6 +1,7 @@
 """Data: `TrainingDataset` (a source, whole-batch transforms and a checkpointable batch iterator on Grain), the
-sources (`ArraySource`, `NpzSource`, `NpySource`, `CsvSource`, `RandomAccessSource` for your own Grain data source,
-registered datasets) and the transforms (`Standardize` is fitted on the training split). See ``docs/datasets.md``."""
+sources (`ArraySource`, `NpzSource`, `NpySource`, `CsvSource`, `TextSource` for text files, `RandomAccessSource`
+for your own Grain data source, registered datasets) and the transforms (`Standardize` is fitted on the training
+split). See ``docs/datasets.md`` and ``docs/sequences.md``."""
 
 from ._csv import CsvSource as CsvSource
 from ._dataset import TrainingDataset as TrainingDataset
@@ -23,4 +24,5 @@ from ._sources import RegisteredSource as RegisteredSource
 from ._sources import Source as Source
 from ._sources import register_dataset as register_dataset
 from ._standardize import Standardize as Standardize
+from ._text import TextSource as TextSource
 from ._transforms import Transform as Transform
