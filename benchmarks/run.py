@@ -743,6 +743,8 @@ TARGETS = {
     # The Flax backend (issue 41): at least 0.95x a hand-written nnx.jit loop and the Equinox backend.
     "13 flax backend vs hand nnx.jit": 0.95,
     "13b flax backend vs equinox backend": 0.95,
+    # Sequence models (issue 42): the transformer stage at least 0.97x a hand-written Equinox + optax loop.
+    "14 transformer stage vs hand loop (tokens/s)": 0.97,
 }
 
 
@@ -1295,7 +1297,7 @@ def environment() -> dict[str, Any]:
     return info
 
 
-GROUPS = ("steps", "data", "startup", "extend", "nuts", "flax")
+GROUPS = ("steps", "data", "startup", "extend", "nuts", "flax", "transformer")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1312,7 +1314,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=GROUPS,
         help="run only this group of rows (repeatable; default every group): steps (rows 0-8 by size), data, "
-        "startup, extend, nuts, flax (row 13 by size)",
+        "startup, extend, nuts, flax (row 13 by size), transformer (row 14, benchmarks/sequences.py)",
     )
     args = parser.parse_args(argv)
     groups = set(args.only or GROUPS)
@@ -1339,6 +1341,10 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_nuts(rounds)
         for size in sizes if "flax" in groups else ():
             rows += bench_flax(size, x, y, rounds, root)
+        if "transformer" in groups:
+            from sequences import bench_transformer
+
+            rows += bench_transformer(rounds, args.quick, root, Contender, row, run_interleaved)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - started

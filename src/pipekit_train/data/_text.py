@@ -3,8 +3,9 @@
 `paths` are glob patterns (``**`` recurses; ``{stdlib}`` stands for CPython's standard library directory,
 ``sysconfig.get_paths()["stdlib"]``). Every matched file is one document, tokenized by the byte tokenizer
 (``_tokenizer.py``: ``BOS``, its bytes, ``EOS``). The files are split deterministically by file (`fractions`,
-`split`, `seed`: a seeded permutation of the sorted file list, per label when there are labels), so no document
-is in two splits.
+`split`, `seed`: a seeded permutation of the sorted files of each parent folder, or of each class with CSV labels),
+so no document is in two splits, and a language model's source and a classifier's with the same `fractions` and
+`seed` split the same files.
 
 Without labels the documents of the split are packed end to end and cut into records of `seq_len` tokens (the last
 one padded with ``PAD``); ``segments`` marks the boundaries: the 1-based number of the document each token belongs
@@ -79,7 +80,8 @@ class TextSource(Source):
         file_column: the CSV column naming the files.
         label_column: the CSV column holding the labels.
         split: with `fractions`, the named part of the files to read.
-        fractions: ``{name: fraction}`` summing to 1: the files cut by a permutation from `seed` (per class).
+        fractions: ``{name: fraction}`` summing to 1: the files cut by a permutation from `seed`, per parent folder
+            (per class with ``labels: csv``).
         seed: the permutation's seed (non-negative); it also picks `max_records`.
         max_records: keep at most this many records, picked by `seed` (in order); ``null`` keeps them all.
         input_key: the key of the token records ``(records, seq_len)`` int32.
@@ -181,7 +183,7 @@ class TextSource(Source):
         if self.labels == "folder":
             return [(n, p, os.path.basename(os.path.dirname(p))) for n, p in files]
         table = self._label_table()
-        out = []
+        out: list[tuple[str, str, str | None]] = []
         for name, path in files:
             parts = path.replace(os.sep, "/").split("/")
             suffixes = ["/".join(parts[k:]) for k in range(len(parts))]  # the longest first
@@ -210,13 +212,13 @@ class TextSource(Source):
         return {r[self.file_column].strip(): r[self.label_column].strip() for r in rows}
 
     def _split_files(self) -> list[tuple[str, str, str | None]]:
-        """The files of `split` (all of them without `fractions`), in name order; per class when labelled."""
+        """The files of `split` (all of them without `fractions`), in name order."""
         files = self._labelled()
         if not self.fractions:
             return files
         groups: dict[str | None, list[int]] = {}
-        for i, (_, _, label) in enumerate(files):
-            groups.setdefault(label, []).append(i)
+        for i, (_, path, label) in enumerate(files):  # per class, else per parent folder: the same files either way
+            groups.setdefault(label if self.labels == "csv" else os.path.dirname(path), []).append(i)
         names = list(self.fractions)
         chosen: list[int] = []
         for members in groups.values():
@@ -296,9 +298,9 @@ class TextSource(Source):
         n = -(-len(tokens) // self.seq_len)
         padded = np.full(n * self.seq_len, PAD, np.int32)
         padded[: len(tokens)] = tokens
-        index = np.full(n * self.seq_len, -1, np.int64)
-        index[: len(tokens)] = doc_index
-        index = index.reshape(n, self.seq_len)
+        flat = np.full(n * self.seq_len, -1, np.int64)
+        flat[: len(tokens)] = doc_index
+        index = flat.reshape(n, self.seq_len)
         first = np.where(index[:, :1] >= 0, index[:, :1], 0)
         segments = np.where(index >= 0, index - first + 1, 0).astype(np.int32)
         return {self.input_key: padded.reshape(n, self.seq_len), self.segment_key: segments}
