@@ -160,6 +160,7 @@ class TextSource(Source):
     def _matched(self) -> list[tuple[str, str]]:
         """Every matched file as ``(its name under its pattern's fixed prefix, its path)``, sorted by name."""
         seen: dict[str, str] = {}
+        reals: set[str] = set()
         for pattern in self.paths:
             expanded = _expand(pattern)
             files = sorted(f for f in glob.glob(expanded, recursive=True) if os.path.isfile(f))
@@ -171,8 +172,9 @@ class TextSource(Source):
                 rel = os.path.relpath(f, expanded_base or ".").replace(os.sep, "/")
                 name = f"{base}/{rel}" if base else rel
                 real = os.path.realpath(f)
-                if real not in seen.values():
-                    seen.setdefault(name, real)
+                if real not in reals and name not in seen:
+                    seen[name] = real
+                    reals.add(real)
         return sorted(seen.items())
 
     def _labelled(self) -> list[tuple[str, str, str | None]]:
