@@ -1,7 +1,7 @@
 """Sequence models: the token losses and metrics (shift, padding masked), the Equinox ``transformer`` and
 ``transformer_classifier`` (causal, padding never attended, the classifier takes the language model's weights,
 ``remat`` checkpoints each block), and the code example shortened: pretraining (with ``remat``, in bfloat16)
-then finetuning, lineage, falling perplexity, ``generate``, and SIGKILL + resume bitwise in both stages."""
+then finetuning, lineage, falling perplexity, ``generate``, and a chain of killed and resumed processes, bitwise."""
 
 from __future__ import annotations
 
@@ -203,8 +203,9 @@ def test_remat_checkpoints_each_block(models):
 
 @pytest.mark.slow
 def test_the_example_resumes_bitwise_after_sigkill_in_both_stages(tmp_path, monkeypatch, capsys, xla_cache_env):
-    """One chain of real processes (``check-resume``): killed, resumed with ``--resume auto``, compared step by step
-    with an uninterrupted run."""
+    """One chain of real processes (``check-resume --kills 1``): a SIGTERM at the end of the pretraining, a SIGKILL
+    inside a checkpoint write of the finetuning, each resumed with ``--resume auto`` and compared step by step with
+    an uninterrupted run."""
     from pipekit_train.cli import main
 
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
@@ -215,4 +216,5 @@ def test_the_example_resumes_bitwise_after_sigkill_in_both_stages(tmp_path, monk
     code = main(["check-resume", str(EXAMPLE), "--kills", "1", "--work-dir", "w", *sets])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "SIGKILL" in out and "result: bitwise at all" in out, out
+    assert "SIGTERM at step 10 of stage 'pretrain'" in out and "SIGKILL during the checkpoint save" in out, out
+    assert "of stage 'finetune'" in out and "result: bitwise at all 2 kill points" in out, out

@@ -13,6 +13,7 @@ from ._layout import Reshape as Reshape
 from ._layout import Select as Select
 from ._noise import GaussianNoise as GaussianNoise
 from ._noise import MaskInputs as MaskInputs
+from ._noise import MaskTokens as MaskTokens
 from ._noise import RandomTransform as RandomTransform
 from ._numeric import Cast as Cast
 from ._numeric import Normalize as Normalize
