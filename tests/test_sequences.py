@@ -202,7 +202,7 @@ def test_remat_checkpoints_each_block(models):
 
 
 @pytest.mark.slow
-def test_the_example_resumes_bitwise_after_sigkill_in_both_stages(tmp_path, monkeypatch, capsys, xla_cache_env):
+def test_the_example_resumes_bitwise_after_a_sigterm_and_a_sigkill(tmp_path, monkeypatch, capsys, xla_cache_env):
     """One chain of real processes (``check-resume --kills 1``): a SIGTERM at the end of the pretraining, a SIGKILL
     inside a checkpoint write of the finetuning, each resumed with ``--resume auto`` and compared step by step with
     an uninterrupted run."""
