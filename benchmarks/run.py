@@ -748,6 +748,8 @@ TARGETS = {
     # A callback that reads every step's loss (issue 45): at most 5% on the default loop.
     "14 observing on_step_end callback vs none": 0.95,
     "14b per-step on_step_end callback vs none": 0.0,  # informational: what acting between steps costs
+    # Sequence models (issue 42): the transformer stage at least 0.97x a hand-written Equinox + optax loop.
+    "15 transformer stage vs hand loop (tokens/s)": 0.97,
 }
 
 
@@ -1340,7 +1342,7 @@ def environment() -> dict[str, Any]:
     return info
 
 
-GROUPS = ("steps", "data", "startup", "extend", "nuts", "flax", "observe")
+GROUPS = ("steps", "data", "startup", "extend", "nuts", "flax", "observe", "transformer")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1357,7 +1359,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=GROUPS,
         help="run only this group of rows (repeatable; default every group): steps (rows 0-8 by size), data, "
-        "startup, extend, nuts, flax (row 13 by size), observe (row 14 by size)",
+        "startup, extend, nuts, flax (row 13 by size), observe (row 14 by size), transformer (row 15, "
+        "benchmarks/sequences.py)",
     )
     args = parser.parse_args(argv)
     groups = set(args.only or GROUPS)
@@ -1386,6 +1389,10 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_flax(size, x, y, rounds, root)
         for size in sizes if "observe" in groups else ():
             rows += bench_observe(size, x, y, rounds, root)
+        if "transformer" in groups:
+            from sequences import bench_transformer
+
+            rows += bench_transformer(rounds, args.quick, root, Contender, row, run_interleaved)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed = time.perf_counter() - started

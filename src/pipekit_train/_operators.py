@@ -16,11 +16,13 @@ from .backends import _model as _models  # noqa: F401
 from .losses import (
     _builtin,  # noqa: F401
     _composite,  # noqa: F401
+    _tokens,  # noqa: F401
 )
 from .provenance import _register  # noqa: F401
 from .stage import loop  # noqa: F401
 from .sweep import _sweep  # noqa: F401
 from .tracking import (
     _experiment,  # noqa: F401
+    _token_metrics,  # noqa: F401
     _writers,  # noqa: F401
 )

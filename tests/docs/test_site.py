@@ -75,6 +75,7 @@ READING_ORDER = [
     "metrics.md",
     "recipes.md",
     "sweeps.md",
+    "sequences.md",
     "backends.md",
     "bayesian.md",
     "scale.md",

@@ -44,6 +44,7 @@ Train JAX models from YAML pipelines.
   pipekit-train export ID -o model.jaxexport   the trained model as a jax.export program, with its provenance
   pipekit-train evaluate ID --data test.yaml   a trained model's metrics on a dataset, recorded in the store
   pipekit-train predict ID --data x.npz -o P   a trained model's outputs for every record, into P (.npz)
+  pipekit-train generate ID --prompt TEXT      text sampled from a trained language model (records nothing)
   pipekit-train describe TYPE                  an operator's fields, types, defaults and meaning
   pipekit-train schema -o pipekit.schema.json  a JSON Schema of pipeline files, for YAML editors
 
@@ -363,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pipekit_train.cli._evaluate import add_evaluate_commands
     from pipekit_train.cli._export import add_export_commands
     from pipekit_train.cli._extend import add_extend_commands
+    from pipekit_train.cli._generate import add_generate_commands
     from pipekit_train.cli._history import add_history_commands
     from pipekit_train.cli._launch import add_launch_commands
     from pipekit_train.cli._lr_find import add_lr_find_commands
@@ -375,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_commands(sub)
     add_extend_commands(sub)
     add_evaluate_commands(sub)
+    add_generate_commands(sub)
     add_schema_commands(sub)
     add_launch_commands(sub)
     add_lr_find_commands(sub)

@@ -88,6 +88,10 @@ def _file_identity(source: object) -> Hashable:
     A relative ``path`` resolves against the working directory, so ``data.npz`` in two directories (or a file
     rewritten in place) must not share a cache entry.
     """
+    if isinstance(source, Source):
+        files = source.files_identity()
+        if files is not None:
+            return files
     path = getattr(source, "path", None)
     if not isinstance(path, str) or not path:
         return None
@@ -295,4 +299,7 @@ class TrainingDataset(Operator):
         for t in self.transforms:
             text = pipekit.dumps(t).encode()
             h.update(b"transform %d\n" % len(text) + text)
+        digest = self.source.content_digest()
+        if digest is not None:  # only then: the hashes of the other sources stay what they were
+            h.update(b"source " + digest.encode())
         return "sha256:" + h.hexdigest()

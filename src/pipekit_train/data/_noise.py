@@ -1,12 +1,12 @@
 """Random transforms: noise from a counter-based hash of where each value is, so resume stays exact.
 
-Random transforms (`GaussianNoise`, `MaskInputs`, the corruptions of a denoising pretext task) draw every value
-from a counter-based hash of ``(transform seed, iterator seed, epoch, record index, position in the record)``:
-no generator state to checkpoint, the same noise for a record whatever the batch size, prefetching or the point
-where a run was resumed, and fresh noise every epoch.
+Random transforms (`GaussianNoise`, `MaskInputs`, `MaskTokens`: the corruptions of a pretext task) draw every
+value from a counter-based hash of ``(transform seed, iterator seed, epoch, record index, position in the
+record)``: no generator state to checkpoint, the same noise for a record whatever the batch size, prefetching or
+the point where a run was resumed, and fresh noise every epoch.
 
 `RandomTransform` is the base (a transform told where its batch comes from, `Transform.apply_at`); `GaussianNoise`
-and `MaskInputs` are the corruptions; `hashed_uniform` is the hash.
+and `MaskInputs` are the corruptions, `MaskTokens` masked language modelling's; `hashed_uniform` is the hash.
 """
 
 from __future__ import annotations
@@ -192,3 +192,66 @@ class MaskInputs(RandomTransform):
     @classmethod
     def example(cls) -> MaskInputs:
         return cls(key="x", rate=0.25, clean_key="x_clean")
+
+
+class MaskTokens(RandomTransform):
+    """Masked language modelling's input and target: a random fraction `rate` of the tokens of ``batch[key]``
+    become `mask_id`, and ``batch[target_key]`` holds the original token at each masked position and `pad_id`
+    everywhere else (what `MaskedTokenCrossEntropy` scores). Padding is never masked.
+
+    The mask is drawn from the same hash as `GaussianNoise` (the record, the epoch, the seeds), so a resumed run
+    masks exactly as the uninterrupted one. The byte tokenizer has no mask token: give the model one more id
+    (``vocab_size: 260``, ``mask_id: 259``).
+
+    Args:
+        key: the token ids to mask (integers).
+        rate: the probability that a token is masked, in (0, 1).
+        mask_id: the id a masked token becomes.
+        target_key: where the targets go (a new key).
+        pad_id: the padding id: never masked, and the target of every position that is not masked.
+        seed: varies the mask between otherwise equal transforms.
+    """
+
+    key: str
+    rate: float
+    mask_id: int
+    target_key: str = "y"
+    pad_id: int = 258
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not 0.0 < self.rate < 1.0:
+            raise ConfigError(f"MaskTokens.rate must be in (0, 1) (the fraction of tokens masked), got {self.rate!r}")
+        if self.mask_id < 0 or self.mask_id == self.pad_id:
+            raise ConfigError(
+                f"MaskTokens.mask_id must be a token id other than pad_id {self.pad_id}, got {self.mask_id}"
+            )
+        if self.target_key == self.key:
+            raise ConfigError(f"MaskTokens.target_key must differ from key, both are {self.key!r}")
+
+    def spec(self, spec: Spec) -> Spec:
+        if self.key not in spec:
+            raise _missing(self, self.key, spec)
+        shape, dtype = spec[self.key]
+        if np.dtype(dtype).kind not in "iu":
+            raise ConfigError(f"{self!r}: {self.key!r} holds {np.dtype(dtype)}, not integer token ids")
+        return {**spec, self.target_key: (shape, dtype)}
+
+    def apply_at(self, batch: Batch, records: np.ndarray, epoch: int, seed: int) -> Batch:
+        try:
+            x = batch[self.key]
+        except KeyError:
+            raise _missing(self, self.key, batch) from None
+        masked = (hashed_uniform(x.shape[1:], records, (self.seed, seed, epoch), stream=3) < self.rate) & (
+            x != self.pad_id
+        )
+        pad = np.asarray(self.pad_id, x.dtype)
+        return {
+            **batch,
+            self.key: np.where(masked, np.asarray(self.mask_id, x.dtype), x),
+            self.target_key: np.where(masked, x, pad),
+        }
+
+    @classmethod
+    def example(cls) -> MaskTokens:
+        return cls(key="x", rate=0.15, mask_id=259)

@@ -17,7 +17,7 @@ import contextlib
 import inspect
 import os
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -74,6 +74,16 @@ class Source(Operator, register=False):
     def with_fitted(self, statistics: dict[str, Any] | None, owner: str) -> Source:
         """This source with the fitted values `statistics` (another split's `fitted_statistics`), if unfitted."""
         return self
+
+    def files_identity(self) -> Hashable:
+        """What makes the files a source reads the same files (their paths and stats), for the per-process cache
+        of `TrainingDataset`; ``None`` (the default): its ``path`` field, if any, is stat-ed."""
+        return None
+
+    def content_digest(self) -> str | None:
+        """A digest of what the source reads beyond its arrays (`TextSource`: its file list and each file's
+        sha256), mixed into `TrainingDataset.content_hash`; ``None`` (the default): the arrays alone."""
+        return None
 
     def load(self) -> Arrays:
         """Read the arrays. `TrainingDataset` calls this once per process and caches the result."""

@@ -1,4 +1,5 @@
-"""Loss operators: the `Loss` protocol, `MSE`, `NLL`, `KL`, `CrossEntropy` and `Composite`; `LossFunction`, a plain
+"""Loss operators: the `Loss` protocol, `MSE`, `NLL`, `KL`, `CrossEntropy`, `Composite`, the token losses
+`NextTokenCrossEntropy` and `MaskedTokenCrossEntropy`; `LossFunction`, a plain
 callable as a loss; the target contracts pre-flight checks (`TargetContract`, `CLASS_TARGETS`,
 `SAME_SHAPE_FLOATING`)."""
 
@@ -18,5 +19,8 @@ if TYPE_CHECKING:
     from ._targets import CLASS_TARGETS as CLASS_TARGETS
     from ._targets import SAME_SHAPE_FLOATING as SAME_SHAPE_FLOATING
     from ._targets import TargetContract as TargetContract
+    from ._tokens import TOKEN_TARGETS as TOKEN_TARGETS
+    from ._tokens import MaskedTokenCrossEntropy as MaskedTokenCrossEntropy
+    from ._tokens import NextTokenCrossEntropy as NextTokenCrossEntropy
 
 __getattr__, __dir__, __all__ = _attach(__name__, __file__, globals())

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from ._metrics import evaluate_metrics as evaluate_metrics
     from ._metrics import init_states as init_states
     from ._metrics import update_states as update_states
+    from ._token_metrics import Perplexity as Perplexity
+    from ._token_metrics import TokenAccuracy as TokenAccuracy
     from ._writers import ConsoleWriter as ConsoleWriter
     from ._writers import JsonLinesWriter as JsonLinesWriter
     from ._writers import MetricWriter as MetricWriter

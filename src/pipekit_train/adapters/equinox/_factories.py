@@ -1,4 +1,5 @@
-"""The built-in Equinox factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier``.
+"""The built-in Equinox factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier``, and the transformers
+``transformer`` and ``transformer_classifier`` (``_transformer.py``; Equinox only: no zoo description, no converter).
 
 Their kwargs and layers are the backend-neutral descriptions in `pipekit_train.backends._zoo`; `build` makes
 Equinox layers from a description. Registering them imports neither JAX nor Equinox (a pipeline file naming
@@ -59,3 +60,66 @@ def build(arch: Architecture, key: Any) -> Any:
 
 for _name in ZOO:
     register_model(_name)(factory(_name, build, __name__, key=True))
+
+
+@register_model("transformer")
+def transformer(
+    key: Any,
+    vocab_size: int,
+    d_model: int,
+    num_heads: int,
+    num_layers: int,
+    max_len: int,
+    mlp_ratio: int = 4,
+    causal: bool = True,
+    dropout: float = 0.0,
+    pad_id: int | None = None,
+    remat: bool = False,
+) -> Any:
+    """A pre-norm transformer language model: token ids `(T,)` to next-token logits `(T, vocab_size)`; parts
+    ``embed``, ``blocks[i]`` (``attention``, ``mlp.up``, ``mlp.down``), ``norm``, ``lm_head``.
+
+    `pad_id` (default ``vocab_size - 1``, the byte tokenizer's ``PAD``) is never attended to; `remat` recomputes
+    each block in the backward pass.
+    """
+    from ._transformer import LanguageModel
+
+    return LanguageModel(
+        vocab_size, d_model, num_heads, num_layers, max_len, mlp_ratio, causal, dropout, pad_id, remat, key=key
+    )
+
+
+@register_model("transformer_classifier")
+def transformer_classifier(
+    key: Any,
+    vocab_size: int,
+    d_model: int,
+    num_heads: int,
+    num_layers: int,
+    max_len: int,
+    num_classes: int,
+    mlp_ratio: int = 4,
+    causal: bool = True,
+    dropout: float = 0.0,
+    pad_id: int | None = None,
+    remat: bool = False,
+) -> Any:
+    """``transformer``'s ``embed`` and ``blocks`` (same arguments: they take a pretrained language model's weights),
+    then ``norm`` and a ``head`` on the mean of the states over the non-padding tokens: class logits.
+    """
+    from ._transformer import SequenceClassifier
+
+    return SequenceClassifier(
+        vocab_size,
+        d_model,
+        num_heads,
+        num_layers,
+        max_len,
+        num_classes,
+        mlp_ratio,
+        causal,
+        dropout,
+        pad_id,
+        remat,
+        key=key,
+    )
