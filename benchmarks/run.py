@@ -740,6 +740,8 @@ TARGETS = {
     "9 time to first step (s)": 1.0,  # ratio (hand + 0.3 s) / pipekit
     "9b peak memory (MB)": 1.0,  # ratio 1.15 * hand / pipekit
     "10 extend a finished stage vs one longer stage": 0.95,
+    # Informational: the same with each stage recording its pointwise log-likelihood (the MCMC default, issue 43).
+    "10b extend, each stage recording its log-likelihood": 0.0,
     "11 a 300-step job, whole process (s)": 1.0,  # ratio 1.10 * hand / pipekit
     "12 chunked, checkpointed NUTS vs MCMC.run (s)": 1.0,  # ratio 1.10 * MCMC.run / pipekit
     # The Flax backend (issue 41): at least 0.95x a hand-written nnx.jit loop and the Equinox backend.
@@ -1023,7 +1025,12 @@ def bench_extend(rounds: int, quick: bool) -> list[Row]:
     """Row 10: a sampler stage of W + S iterations, then `extend` by N, against one stage of W + S + N from the
     start (bitwise the same draws): µs per iteration of the whole thing (both stages' fixed costs included: the
     artifact, final.json, the posterior report, the end-of-stage checkpoint), per backend. The programs are
-    compiled in the untimed warm-up, as a second run in a process finds them."""
+    compiled in the untimed warm-up, as a second run in a process finds them.
+
+    Row 10 samples with ``log_likelihood: false``: what extending costs. Row 10b (informational) keeps the
+    default, under which every finished stage records its pointwise log-likelihood (``(chains, draws, 2000)``
+    floats): the extended pair records it twice (the first stage's draws, then all of them), one longer stage
+    once, so 10b adds the first stage's log-likelihood to the comparison."""
     from pipekit_train import Checkpoint, Last, NpzSource
     from pipekit_train.adapters.numpyro import NUTS, BlackjaxModel, NumpyroModel
     from pipekit_train.stage import extend
@@ -1038,14 +1045,13 @@ def bench_extend(rounds: int, quick: bool) -> list[Row]:
     total = warmup + samples + more
     counter = iter(range(10**6))
 
-    def loop(backend: str, n: int) -> TrainingLoop:
+    def loop(backend: str, n: int, log_likelihood: bool) -> TrainingLoop:
         model = BlackjaxModel if backend == "blackjax" else NumpyroModel
         return TrainingLoop(
             model_op=model(model="logistic_regression"),
             dataset=TrainingDataset(source=NpzSource(path=data), shuffle=False),
-            task=NUTS(num_warmup=warmup, num_samples=n, num_chains=chains),
+            task=NUTS(num_warmup=warmup, num_samples=n, num_chains=chains, log_likelihood=log_likelihood),
             backend=backend,
-            batch_size=10,
             max_steps=warmup + n,
             steps_per_call=100,
             log_every_n_steps=100,
@@ -1054,29 +1060,35 @@ def bench_extend(rounds: int, quick: bool) -> list[Row]:
             name="post",
         )
 
-    def whole(backend: str) -> float:
+    def whole(backend: str, log_likelihood: bool) -> float:
         run_dir = os.path.join(root, f"r{next(counter)}")
         t0 = time.perf_counter()
         with run_settings(run_dir=run_dir, store=False):
-            loop(backend, samples + more).run()
+            loop(backend, samples + more, log_likelihood).run()
         return (time.perf_counter() - t0) / total * 1e6
 
-    def extended(backend: str) -> float:
+    def extended(backend: str, log_likelihood: bool) -> float:
         run_dir = os.path.join(root, f"r{next(counter)}")
         t0 = time.perf_counter()
         with run_settings(run_dir=run_dir, store=False):
-            loop(backend, samples).run()
+            loop(backend, samples, log_likelihood).run()
         extend(run_dir, "post", more, store=False)
         return (time.perf_counter() - t0) / total * 1e6
 
     rows = []
     try:
-        for backend in ("blackjax", "numpyro-mcmc"):
-            base = Contender(f"one {backend} stage of {total}", functools.partial(whole, backend))
-            cont = Contender(f"{warmup + samples}, then extend {more}", functools.partial(extended, backend))
-            run_interleaved([base, cont], rounds)
-            note = f"µs per iteration ({chains} chains, logistic regression 2000 x 8), both stages' fixed costs"
-            rows.append(row("10 extend a finished stage vs one longer stage", backend, base, cont, note))
+        for section, log_likelihood in (
+            ("10 extend a finished stage vs one longer stage", False),
+            ("10b extend, each stage recording its log-likelihood", True),
+        ):
+            for backend in ("blackjax", "numpyro-mcmc"):
+                base = Contender(f"one {backend} stage of {total}", functools.partial(whole, backend, log_likelihood))
+                cont = Contender(
+                    f"{warmup + samples}, then extend {more}", functools.partial(extended, backend, log_likelihood)
+                )
+                run_interleaved([base, cont], rounds)
+                note = f"µs per iteration ({chains} chains, logistic regression 2000 x 8), both stages' fixed costs"
+                rows.append(row(section, backend, base, cont, note))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
@@ -1175,7 +1187,6 @@ def bench_nuts(rounds: int) -> list[Row]:
             dataset=TrainingDataset(source=ArraySource(arrays={"sigma": sigma, "y": y}), shuffle=False),
             task=NUTS(num_warmup=NUTS_WARMUP, num_samples=NUTS_SAMPLES, num_chains=NUTS_CHAINS),
             backend="numpyro-mcmc",
-            batch_size=8,
             max_steps=total,
             steps_per_call=chunk,
             log_every_n_steps=chunk,

@@ -7,7 +7,9 @@ auto``) on an `ArraySource` of random byte tokens, timed by the run-difference m
 the fixed costs of a run cancel); the hand loop is ``jax.jit`` with donation over pre-batched device arrays, the same
 model built from the same key, one step per call. Reported as µs per step (the ratio is paired per round) and
 tokens per second in the note, with the model's FLOPs per token (``6 * parameters`` for the matrices plus the
-attention's ``12 * layers * T * d_model``, the usual estimate).
+attention's ``12 * layers * T * d_model``, the usual estimate) and the fraction of the machine's measured peak: the
+best of a few ``float32`` matrix products of 2048 x 2048 under ``jax.jit`` (``2 n^3`` FLOPs each), measured in the
+same run, so "fraction of peak" is against what XLA reaches on this machine's cores, not a vendor's figure.
 """
 
 from __future__ import annotations
@@ -38,6 +40,19 @@ def tokens(seed: int = 0) -> np.ndarray:
 
 def flops_per_token(params: int) -> float:
     return 6.0 * params + 12.0 * KWARGS["num_layers"] * SEQ * KWARGS["d_model"]
+
+
+def peak_flops(n: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of the best of `repeats` jitted ``float32`` ``n x n`` matrix products (``2 n^3`` FLOPs each)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    matmul = jax.jit(lambda a, b: a @ b)
+    jax.block_until_ready(matmul(a, a))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(matmul(a, a))
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
 
 
 class StageRuns:
@@ -136,9 +151,15 @@ def bench_transformer(
         .bind(EquinoxModel(factory="transformer", kwargs=KWARGS).build(0))
         .num_params()
     )
-    note = f"{params:,} parameters, ~{flops_per_token(params) / 1e6:.1f} MFLOP/token"
+    peak = peak_flops()
+    note = (
+        f"{params:,} parameters, ~{flops_per_token(params) / 1e6:.1f} MFLOP/token; "
+        f"peak {peak / 1e9:.0f} GFLOP/s (float32 matmul)"
+    )
     for name, c in (("hand", base), ("stage", cont)):
         if c.samples:
             us = float(np.median(c.samples))
-            note += f"; {name} {BATCH * SEQ / us * 1e6:,.0f} tokens/s"
+            tokens_per_s = BATCH * SEQ / us * 1e6
+            fraction = tokens_per_s * flops_per_token(params) / peak
+            note += f"; {name} {tokens_per_s:,.0f} tokens/s, {fraction:.0%} of peak"
     return [row("15 transformer stage vs hand loop (tokens/s)", "seq128-d128", base, cont, note)]
