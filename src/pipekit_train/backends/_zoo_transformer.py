@@ -9,7 +9,7 @@ listed in the Equinox module's tree order. Each backend names and lays them out 
 ``(out, in)``; Flax ``kernel`` ``(in, out)``, ``scale``, ``embedding``); converting is a transpose at most, so
 converting back gives the same arrays bit for bit.
 
-Cheap to import: the standard library only; NumPy is imported when a converter runs.
+Cheap to import: the standard library and `pipekit` only; NumPy is imported when a converter runs.
 """
 
 from __future__ import annotations
