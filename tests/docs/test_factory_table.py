@@ -48,6 +48,22 @@ def test_the_table_lists_every_built_in_factory_with_its_arguments() -> None:
     assert "in_size, out_size, width_size=64, depth=2, activation='relu'" in table
 
 
+def test_the_flax_backend_builds_every_factory_of_the_table_with_its_kwargs() -> None:
+    """docs/backends.md says the table's factories are built in on Flax with the same kwargs: the registries agree."""
+    from pipekit_train.adapters.equinox._model import FACTORIES as EQUINOX
+    from pipekit_train.adapters.flax._model import FACTORIES as FLAX
+
+    def builtin(registry: object, package: str) -> dict[str, list[tuple[str, object]]]:
+        out = {}
+        for name in registry.names():  # type: ignore[attr-defined]
+            fn = registry.get(name)  # type: ignore[attr-defined]
+            if fn.__module__.startswith(package):
+                out[name] = [(p.name, p.default) for p in list(inspect.signature(fn).parameters.values())[1:]]
+        return out
+
+    assert builtin(FLAX, "pipekit_train.adapters.flax.") == builtin(EQUINOX, "pipekit_train.adapters.equinox.")
+
+
 if __name__ == "__main__":
     text = BACKENDS_MD.read_text(encoding="utf-8")
     new, count = _TABLE.subn(lambda m: m.group(1) + generated_table(), text)

@@ -2,8 +2,9 @@
 
 A stage of one backend refuses the model of another unless a converter is registered for the pair (and the source
 model's factory). Backends register their converters when their package is imported (the built-in factories convert
-in all twelve directions among Equinox, Keras, Lightning and Flax: `pipekit_train.backends._zoo`). A converter takes a
-bound model operator and returns a bound one of the other backend.
+in all twelve directions among Equinox, Keras, Lightning and Flax: `pipekit_train.backends._zoo`; the transformers
+between Equinox and Flax: `pipekit_train.backends._zoo_transformer`). A converter takes a bound model operator and
+returns a bound one of the other backend.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def register_converter(
 
 def _builtin_converters() -> None:
     """Register the zoo's converters (every built-in factory, all twelve directions among Equinox, Keras,
-    Lightning and Flax) the first time a converter is looked up: `_zoo` imports no framework."""
-    from . import _zoo  # noqa: F401
+    Lightning and Flax; the transformers between Equinox and Flax) the first time a converter is looked up: `_zoo`
+    and `_zoo_transformer` import no framework."""
+    from . import _zoo, _zoo_transformer  # noqa: F401
 
 
 def registered_converters() -> list[tuple[str, str, str | None]]:

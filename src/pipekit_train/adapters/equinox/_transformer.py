@@ -22,24 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from pipekit import ConfigError, ShapeError
+from pipekit_train.backends.kit import check_transformer_sizes as check_sizes
 
 __all__ = ["Block", "Embed", "LanguageModel", "Mlp", "SequenceClassifier", "check_sizes"]
-
-
-def check_sizes(
-    vocab_size: int, d_model: int, num_heads: int, num_layers: int, max_len: int, mlp_ratio: int, dropout: float
-) -> None:
-    """One `ConfigError` naming the first size that cannot build a transformer."""
-    for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads)):
-        if value < 1:
-            raise ConfigError(f"transformer: {name} must be a positive int, got {value}")
-    for name, value in (("num_layers", num_layers), ("max_len", max_len), ("mlp_ratio", mlp_ratio)):
-        if value < 1:
-            raise ConfigError(f"transformer: {name} must be a positive int, got {value}")
-    if d_model % num_heads:
-        raise ConfigError(f"transformer: d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"transformer: dropout must be in [0, 1), got {dropout}")
 
 
 class Embed(eqx.Module):

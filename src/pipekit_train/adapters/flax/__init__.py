@@ -5,10 +5,11 @@
 imported when a model is built or a stage runs. `backend` is the backend object of the contract in the repository's
 ``adapters/README.md``; ``docs/backends.md`` says what it supports.
 
-`FlaxModel` builds the zoo's four factories (``mlp``, ``cnn``, ``autoencoder``, ``classifier``, the Equinox
-backend's kwargs and parts) and any ``nnx.Module`` factory registered with `register_flax_model`; a bound one holds
-a `FlaxState` (the module split into immutable arrays). Every built-in factory converts to and from Equinox, Keras
-and Lightning (`pipekit_train.backends.convert_model`).
+`FlaxModel` builds the zoo's four factories (``mlp``, ``cnn``, ``autoencoder``, ``classifier``) and its
+transformers (``transformer``, ``transformer_classifier``), with the Equinox backend's kwargs and parts, and any
+``nnx.Module`` factory registered with `register_flax_model`; a bound one holds a `FlaxState` (the module split
+into immutable arrays). The four convert to and from Equinox, Keras and Lightning, the transformers to and from
+Equinox (`pipekit_train.backends.convert_model`).
 """
 
 from __future__ import annotations

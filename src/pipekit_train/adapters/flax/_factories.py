@@ -1,8 +1,11 @@
-"""The built-in Flax factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier`` (the Equinox backend's kwargs).
+"""The built-in Flax factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier``, and the transformers
+``transformer`` and ``transformer_classifier`` (``_transformer.py``), with the Equinox backend's kwargs.
 
 Their kwargs and layers are the backend-neutral descriptions of the kit's zoo (`pipekit_train.backends.kit.ZOO`);
 `build` makes NNX modules (`_layers`) from a description. Registering them imports neither JAX nor Flax (a
-pipeline file naming ``factory: mlp`` is checked without them); `build` imports `_layers` when it runs.
+pipeline file naming ``factory: mlp`` is checked without them); `build` imports `_layers` when it runs. The
+transformers' weights are described in `pipekit_train.backends.kit.transformer_weights`, which their converters to
+and from Equinox go through.
 """
 
 from __future__ import annotations
@@ -34,3 +37,66 @@ def build(arch: Architecture, rngs: Any) -> Any:
 
 for _name in ZOO:
     register_flax_model(_name)(factory(_name, build, __name__, key=True))
+
+
+@register_flax_model("transformer")
+def transformer(
+    rngs: Any,
+    vocab_size: int,
+    d_model: int,
+    num_heads: int,
+    num_layers: int,
+    max_len: int,
+    mlp_ratio: int = 4,
+    causal: bool = True,
+    dropout: float = 0.0,
+    pad_id: int | None = None,
+    remat: bool = False,
+) -> Any:
+    """A pre-norm transformer language model: token ids `(B, T)` to next-token logits `(B, T, vocab_size)`; parts
+    ``embed``, ``blocks[i]`` (``attention``, ``mlp.up``, ``mlp.down``), ``norm``, ``lm_head``.
+
+    `pad_id` (default ``vocab_size - 1``, the byte tokenizer's ``PAD``) is never attended to; `remat` recomputes
+    each block in the backward pass (``nnx.remat``).
+    """
+    from ._transformer import LanguageModel
+
+    return LanguageModel(
+        vocab_size, d_model, num_heads, num_layers, max_len, mlp_ratio, causal, dropout, pad_id, remat, rngs=rngs
+    )
+
+
+@register_flax_model("transformer_classifier")
+def transformer_classifier(
+    rngs: Any,
+    vocab_size: int,
+    d_model: int,
+    num_heads: int,
+    num_layers: int,
+    max_len: int,
+    num_classes: int,
+    mlp_ratio: int = 4,
+    causal: bool = True,
+    dropout: float = 0.0,
+    pad_id: int | None = None,
+    remat: bool = False,
+) -> Any:
+    """``transformer``'s ``embed`` and ``blocks`` (same arguments: they take a pretrained language model's weights),
+    then ``norm`` and a ``head`` on the mean of the states over the non-padding tokens: class logits.
+    """
+    from ._transformer import SequenceClassifier
+
+    return SequenceClassifier(
+        vocab_size,
+        d_model,
+        num_heads,
+        num_layers,
+        max_len,
+        num_classes,
+        mlp_ratio,
+        causal,
+        dropout,
+        pad_id,
+        remat,
+        rngs=rngs,
+    )

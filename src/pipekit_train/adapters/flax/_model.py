@@ -101,9 +101,11 @@ class FlaxState:
 class FlaxModel(ModelOp):
     """A Flax NNX model built by a registered factory: ``factory(rngs, **kwargs)``.
 
-    Built-in factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier``, with the Equinox backend's kwargs and
-    parts (``layers[i]``, ``convs[i]``, ``encoder``, ``decoder``, ``head``), so the same `Transfer` paths work and
-    the weights convert to and from the other backends one to one. Register more with `register_flax_model`.
+    Built-in factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier``, ``transformer``,
+    ``transformer_classifier``, with the Equinox backend's kwargs and parts (``layers[i]``, ``convs[i]``,
+    ``encoder``, ``decoder``, ``head``; ``embed``, ``blocks[i]``, ``norm``, ``lm_head``), so the same `Transfer`
+    paths work and the weights convert to and from the other backends one to one. Register more with
+    `register_flax_model`.
 
     Args:
         factory: a name registered with `register_flax_model`.

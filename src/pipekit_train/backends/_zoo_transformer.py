@@ -1,0 +1,161 @@
+"""The zoo's transformers across backends: ``transformer`` and ``transformer_classifier`` as one canonical list of
+weights (`transformer_weights`), the size checks every backend's factory makes (`check_transformer_sizes`), and
+the converters between the Equinox and Flax backends derived from them.
+
+A transformer is not a chain of the zoo's dense and conv layers (`_zoo`), so it has a description of its own: each
+weight is an ``embedding`` table ``(num, d_model)``, a layer ``norm`` (scale and bias ``(d_model,)``) or a ``dense``
+layer (canonical kernel ``(in, out)``, a bias or none), at its path (``("blocks", 0, "attention", "query_proj")``),
+listed in the Equinox module's tree order. Each backend names and lays them out its own way (Equinox ``weight``
+``(out, in)``; Flax ``kernel`` ``(in, out)``, ``scale``, ``embedding``); converting is a transpose at most, so
+converting back gives the same arrays bit for bit.
+
+Cheap to import: the standard library and `pipekit` only; NumPy is imported when a converter runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipekit import ConfigError
+
+from ._convert import register_converter
+
+__all__ = [
+    "TRANSFORMERS",
+    "TransformerWeight",
+    "check_transformer_sizes",
+    "convert_transformer",
+    "transformer_from_canonical",
+    "transformer_to_canonical",
+    "transformer_weights",
+]
+
+Path = tuple[str | int, ...]
+
+#: The zoo's transformer factories (registered by the Equinox and the Flax backends with the same kwargs).
+TRANSFORMERS = ("transformer", "transformer_classifier")
+
+
+def check_transformer_sizes(
+    vocab_size: int, d_model: int, num_heads: int, num_layers: int, max_len: int, mlp_ratio: int, dropout: float
+) -> None:
+    """One `pipekit.ConfigError` naming the first size that cannot build a transformer (every backend's check)."""
+    for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads)):
+        if value < 1:
+            raise ConfigError(f"transformer: {name} must be a positive int, got {value}")
+    for name, value in (("num_layers", num_layers), ("max_len", max_len), ("mlp_ratio", mlp_ratio)):
+        if value < 1:
+            raise ConfigError(f"transformer: {name} must be a positive int, got {value}")
+    if d_model % num_heads:
+        raise ConfigError(f"transformer: d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
+    if not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"transformer: dropout must be in [0, 1), got {dropout}")
+
+
+@dataclass(frozen=True)
+class TransformerWeight:
+    """One weighted layer of a transformer: an ``embedding``, a ``norm`` or a ``dense`` layer (with a `bias` or not)
+    at `path`."""
+
+    path: Path
+    kind: str
+    bias: bool = True
+
+
+def transformer_weights(factory: str, kwargs: Mapping[str, Any]) -> list[TransformerWeight]:
+    """The weighted layers of `factory` (``transformer`` or ``transformer_classifier``) for `kwargs`, in the order
+    of the Equinox module's leaves: ``embed``, ``blocks[i]`` (``norm1``, ``attention``'s four bias-free projections,
+    ``norm2``, ``mlp.up``, ``mlp.down``), ``norm``, then ``lm_head`` (no bias) or ``head``."""
+    W = TransformerWeight
+    out = [W(("embed", "tokens"), "embedding"), W(("embed", "positions"), "embedding")]
+    for i in range(int(kwargs["num_layers"])):
+        block: Path = ("blocks", i)
+        out.append(W((*block, "norm1"), "norm"))
+        out += [W((*block, "attention", p), "dense", False) for p in ("query_proj", "key_proj", "value_proj")]
+        out += [W((*block, "attention", "output_proj"), "dense", False), W((*block, "norm2"), "norm")]
+        out += [W((*block, "mlp", "up"), "dense"), W((*block, "mlp", "down"), "dense")]
+    out.append(W(("norm",), "norm"))
+    out.append(W(("lm_head",), "dense", False) if factory == "transformer" else W(("head",), "dense"))
+    return out
+
+
+#: Each backend's leaf names per kind (the first is the table, scale or kernel; the second the bias) and whether a
+#: dense kernel is ``(in, out)``.
+_LEAVES: dict[str, dict[str, tuple[str, ...]]] = {
+    "equinox": {"embedding": ("weight",), "norm": ("weight", "bias"), "dense": ("weight", "bias")},
+    "flax": {"embedding": ("embedding",), "norm": ("scale", "bias"), "dense": ("kernel", "bias")},
+}
+_IN_OUT = {"equinox": False, "flax": True}
+
+
+def _name(path: Path, leaf: str) -> str:
+    return "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in (*path, leaf))
+
+
+def _leaves(backend: str, weight: TransformerWeight) -> tuple[str, ...]:
+    leaves = _LEAVES[backend][weight.kind]
+    return leaves if weight.kind != "dense" or weight.bias else leaves[:1]
+
+
+def transformer_to_canonical(
+    backend: str, factory: str, kwargs: Mapping[str, Any], weights: Mapping[str, Any]
+) -> dict[Path, tuple[Any, ...]]:
+    """`weights` (a transformer of `backend`, by its names) as ``{path: arrays}``: a table; a scale and a bias; a
+    kernel ``(in, out)`` and its bias when it has one."""
+    import numpy as np
+
+    out: dict[Path, tuple[Any, ...]] = {}
+    for weight in transformer_weights(factory, kwargs):
+        arrays = [np.asarray(weights[_name(weight.path, leaf)]) for leaf in _leaves(backend, weight)]
+        if weight.kind == "dense" and not _IN_OUT[backend]:
+            arrays[0] = arrays[0].T
+        out[weight.path] = tuple(np.ascontiguousarray(a) for a in arrays)
+    return out
+
+
+def transformer_from_canonical(
+    backend: str, factory: str, kwargs: Mapping[str, Any], canonical: Mapping[Path, tuple[Any, ...]]
+) -> dict[str, Any]:
+    """The canonical ``{path: arrays}`` as the weights of a `backend` transformer, by its names, in the Equinox
+    module's order (the order Equinox's ``with_weights`` wants)."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    for weight in transformer_weights(factory, kwargs):
+        arrays = list(canonical[weight.path])
+        if weight.kind == "dense" and not _IN_OUT[backend]:
+            arrays[0] = arrays[0].T
+        for leaf, array in zip(_leaves(backend, weight), arrays, strict=True):
+            out[_name(weight.path, leaf)] = np.ascontiguousarray(array)
+    return out
+
+
+def convert_transformer(model: Any, dst_backend: str) -> Any:
+    """A bound ``transformer`` or ``transformer_classifier`` as a bound model of `dst_backend`: the same factory,
+    kwargs and function."""
+    from ._zoo import converted_op
+
+    factory, kwargs = model.factory, model.kwargs
+    canonical = transformer_to_canonical(model.backend, factory, kwargs, model.weights())
+    return converted_op(model, dst_backend).with_weights(
+        transformer_from_canonical(dst_backend, factory, kwargs, canonical)
+    )
+
+
+def _converter(src: str, dst: str, name: str) -> Callable[[Any], Any]:
+    from ._zoo import converted_op
+
+    def fn(model: Any) -> Any:
+        return convert_transformer(model, dst)
+
+    fn.architecture = lambda model: converted_op(model, dst)  # type: ignore[attr-defined]
+    fn.__name__ = fn.__qualname__ = f"{src}_{name}_to_{dst}"
+    fn.__doc__ = f"A {src} ``{name}`` as a {dst} ``{name}``: the same kwargs, the weights in its layout."
+    return fn
+
+
+for _src, _dst in (("equinox", "flax"), ("flax", "equinox")):
+    for _name_ in TRANSFORMERS:
+        register_converter(_src, _dst, _name_)(_converter(_src, _dst, _name_))
