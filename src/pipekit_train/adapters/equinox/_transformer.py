@@ -160,6 +160,17 @@ def _trunk_parts(
     return Embed(vocab_size, d_model, max_len, key=k_embed), blocks, k_head
 
 
+#: ``PAD`` of the byte tokenizer and of a trained BPE (``pipekit_train.data._tokenizer.PAD``; adapters import no
+#: private core module).
+_PAD = 258
+
+
+def default_pad_id(vocab_size: int) -> int:
+    """The padding id when `pad_id` is not given: the tokenizers' ``PAD`` (258) when the vocabulary holds it (the byte
+    tokenizer's 259 ids, a BPE's more, or 260 with a ``MaskTokens`` mask id), else the last id."""
+    return _PAD if vocab_size > _PAD else vocab_size - 1
+
+
 class LanguageModel(_Trunk):
     """``embed``, ``blocks``, ``norm``, ``lm_head``: token ids ``(T,)`` to next-token logits ``(T, vocab_size)``."""
 
@@ -186,7 +197,7 @@ class LanguageModel(_Trunk):
         self.norm = eqx.nn.LayerNorm(d_model)
         self.lm_head = eqx.nn.Linear(d_model, vocab_size, use_bias=False, key=k_head)
         self.causal, self.remat = bool(causal), bool(remat)
-        self.pad_id = vocab_size - 1 if pad_id is None else int(pad_id)
+        self.pad_id = default_pad_id(vocab_size) if pad_id is None else int(pad_id)
 
     def __call__(self, ids: jax.Array, *, key: Any = None) -> jax.Array:
         return jax.vmap(self.lm_head)(self.states(ids, key))
@@ -221,7 +232,7 @@ class SequenceClassifier(_Trunk):
         self.norm = eqx.nn.LayerNorm(d_model)
         self.head = eqx.nn.Linear(d_model, num_classes, key=k_head)
         self.causal, self.remat = bool(causal), bool(remat)
-        self.pad_id = vocab_size - 1 if pad_id is None else int(pad_id)
+        self.pad_id = default_pad_id(vocab_size) if pad_id is None else int(pad_id)
 
     def __call__(self, ids: jax.Array, *, key: Any = None) -> jax.Array:
         states = self.states(ids, key)
