@@ -167,7 +167,18 @@ def test_a_model_smaller_than_the_tokenizer_is_refused_before_training(corpus: P
         check_without_jax(loop, "lm")
 
 
-def test_the_tokenizer_is_recorded_with_the_artifact_and_generate_uses_it(corpus: Path, tmp_path, monkeypatch):
+def test_the_resume_fingerprint_hashes_the_validation_data_with_the_training_splits_tokenizer(corpus, monkeypatch):
+    from pipekit_train.engine._fingerprint import fingerprint
+
+    monkeypatch.chdir(corpus)
+    loop = pipekit.loads(PIPELINE.replace("VOCAB", "400"))
+    statistics = loop.dataset.source.fit().fitted_statistics()
+    as_read = loop.val_dataset.with_source_statistics(statistics).content_hash()
+    assert fingerprint(loop)["val_dataset_hash"] == as_read != loop.val_dataset.content_hash()  # not its own BPE
+
+
+@pytest.mark.slow
+def test_the_tokenizer_is_recorded_with_the_artifact_and_generate_uses_it(corpus: Path, tmp_path, monkeypatch, capsys):
     import shutil
 
     from pipekit_train import ArtifactStore
@@ -182,6 +193,9 @@ def test_the_tokenizer_is_recorded_with_the_artifact_and_generate_uses_it(corpus
     (artifact,) = ArtifactStore(store).query()
     recorded = artifact.source_statistics["tokenizer"]
     assert recorded["json"] == _source(corpus).fit().statistics["tokenizer"]["json"]
+    capsys.readouterr()
+    assert main(["artifacts", "show", artifact.artifact_id, "--store", str(store)]) == 0
+    assert f"tokenizer  bpe vocab_size=400 min_frequency=2, sha256 {recorded['sha256'][:12]}" in capsys.readouterr().out
     shutil.rmtree(tmp_path / "corpus")  # generate cannot retrain: it reads the recorded tokenizer
     text = generate(artifact.artifact_id, " kappa", max_new_tokens=4, temperature=0, store=store)
     assert text == generate(artifact.artifact_id, " kappa", max_new_tokens=4, temperature=0, store=store)
