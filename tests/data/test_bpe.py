@@ -1,7 +1,8 @@
 """The trained BPE tokenizer of `TextSource` (``tokenizer: {name: bpe, vocab_size: N}``): trained on the training
 split only, deterministic (in one process and across processes), a round trip for any text with the byte
-tokenizer's special ids, given to the other splits and recorded with the artifact, used by ``generate`` with no
-retraining, one-line errors, and a data hash that changes with the setting."""
+tokenizer's special ids, given to the other splits and recorded with the artifact, used by ``evaluate`` and by
+``generate`` with no retraining, one-line errors, a model vocabulary checked at pre-flight, and a data hash (and a
+resume fingerprint) that changes with the tokenizer."""
 
 from __future__ import annotations
 
@@ -178,11 +179,12 @@ def test_the_resume_fingerprint_hashes_the_validation_data_with_the_training_spl
 
 
 @pytest.mark.slow
-def test_the_tokenizer_is_recorded_with_the_artifact_and_generate_uses_it(corpus: Path, tmp_path, monkeypatch, capsys):
+def test_the_recorded_tokenizer_is_what_evaluate_and_generate_read(corpus: Path, tmp_path, monkeypatch, capsys):
     import shutil
 
     from pipekit_train import ArtifactStore
     from pipekit_train.cli import main
+    from pipekit_train.inference import evaluate
     from pipekit_train.inference._generate import generate
 
     shutil.copytree(corpus / "corpus", tmp_path / "corpus")
@@ -196,6 +198,12 @@ def test_the_tokenizer_is_recorded_with_the_artifact_and_generate_uses_it(corpus
     capsys.readouterr()
     assert main(["artifacts", "show", artifact.artifact_id, "--store", str(store)]) == 0
     assert f"tokenizer  bpe vocab_size=400 min_frequency=2, sha256 {recorded['sha256'][:12]}" in capsys.readouterr().out
+    # evaluate reads new data with the recorded tokenizer, not one trained on that data
+    val = TrainingDataset(source=_source(tmp_path, "val"), shuffle=False)
+    pipekit.dump(val, tmp_path / "val.yaml")
+    done = evaluate(artifact.artifact_id, tmp_path / "val.yaml", store=store, record=False)
+    assert done.dataset_hash == val.with_source_statistics(artifact.source_statistics).content_hash()
+    assert done.dataset_hash != val.content_hash() and np.isfinite(done.metrics["perplexity"])
     shutil.rmtree(tmp_path / "corpus")  # generate cannot retrain: it reads the recorded tokenizer
     text = generate(artifact.artifact_id, " kappa", max_new_tokens=4, temperature=0, store=store)
     assert text == generate(artifact.artifact_id, " kappa", max_new_tokens=4, temperature=0, store=store)
