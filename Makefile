@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRAS := dev,examples,tensorboard,mlflow,keras,flax,lightning,numpyro,blackjax,plot,docs,sweep,ray
+EXTRAS := dev,examples,tensorboard,mlflow,keras,flax,lightning,numpyro,blackjax,plot,docs,sweep,ray,text
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench install clean

@@ -99,7 +99,7 @@ def test_max_records_keeps_a_seeded_subset_in_order(tree: Path):
     [
         ({"paths": ("nowhere/*.txt",)}, r"TextSource.paths: no file matches 'nowhere/\*.txt'"),
         ({"seq_len": 1}, r"TextSource.seq_len must be an int >= 2 .*got 1"),
-        ({"tokenizer": "byte"}, r"TextSource.tokenizer must be one of bytes, got 'byte'.*did you mean 'bytes'"),
+        ({"tokenizer": "byte"}, r"TextSource.tokenizer must be bytes or a mapping .*got 'byte'.*did you mean 'bytes'"),
         ({"fractions": {"train": 0.5, "val": 0.4}, "split": "train"}, r"fractions must sum to 1, got 0.9"),
         ({"fractions": {"train": 0.5, "val": 0.5}, "split": "trian"}, r"split 'trian' is not one.*'train'"),
         ({"labels": "csv"}, r"TextSource.label_file must name a CSV file"),

@@ -27,6 +27,7 @@ __all__ = [
     "TransformerWeight",
     "check_transformer_sizes",
     "convert_transformer",
+    "default_pad_id",
     "transformer_from_canonical",
     "transformer_to_canonical",
     "transformer_weights",
@@ -52,6 +53,16 @@ def check_transformer_sizes(
         raise ConfigError(f"transformer: d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
     if not 0.0 <= dropout < 1.0:
         raise ConfigError(f"transformer: dropout must be in [0, 1), got {dropout}")
+
+
+#: The tokenizers' padding id: the byte tokenizer's ``PAD`` and a trained BPE's (both keep 256-258 for BOS/EOS/PAD).
+PAD = 258
+
+
+def default_pad_id(vocab_size: int) -> int:
+    """The padding id when `pad_id` is not given: the tokenizers' ``PAD`` (258) when the vocabulary holds it (the byte
+    tokenizer's 259 ids, a BPE's more, or 260 with a ``MaskTokens`` mask id), else the last id."""
+    return PAD if vocab_size > PAD else vocab_size - 1
 
 
 @dataclass(frozen=True)

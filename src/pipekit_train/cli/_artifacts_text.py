@@ -126,6 +126,9 @@ def _show(a: TrainingArtifact) -> str:
     fitted = a.source_statistics or {}
     if fitted.get("classes"):  # a CsvSource's class_labels, fitted on the training split
         lines.append(f"classes    {', '.join(str(c) for c in fitted['classes'])}"[:300])
+    if isinstance(fitted.get("tokenizer"), dict):  # a TextSource's trained BPE: its setting and the text's digest
+        tok = fitted["tokenizer"]
+        lines.append(f"tokenizer  {tok.get('setting')}, sha256 {str(tok.get('sha256'))[:12]}")
     if fitted.get("features"):
         lines.append(f"features   {len(fitted['features'])}: {', '.join(fitted['features'])}"[:300])
     if a.user:

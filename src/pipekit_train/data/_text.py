@@ -2,10 +2,12 @@
 
 `paths` are glob patterns (``**`` recurses; ``{stdlib}`` stands for CPython's standard library directory,
 ``sysconfig.get_paths()["stdlib"]``). Every matched file is one document, tokenized by the byte tokenizer
-(``_tokenizer.py``: ``BOS``, its bytes, ``EOS``). The files are split deterministically by file (`fractions`,
-`split`, `seed`: a seeded permutation of the sorted files of each parent folder, or of each class with CSV labels),
-so no document is in two splits, and a language model's source and a classifier's with the same `fractions` and
-`seed` split the same files.
+(``_tokenizer.py``: ``BOS``, its bytes, ``EOS``) or by a byte-level BPE trained on the training split's files
+(``tokenizer: {name: bpe, vocab_size: N}``, ``_bpe.py``: ``BOS``, its tokens, ``EOS``), fitted and recorded like
+the classes (``statistics["tokenizer"]``: its canonical JSON text and sha256). The files are split
+deterministically by file (`fractions`, `split`, `seed`: a seeded permutation of the sorted files of each parent
+folder, or of each class with CSV labels), so no document is in two splits, and a language model's source and a
+classifier's with the same `fractions` and `seed` split the same files.
 
 Without labels the documents of the split are packed end to end and cut into records of `seq_len` tokens (the last
 one padded with ``PAD``); ``segments`` marks the boundaries: the 1-based number of the document each token belongs
@@ -13,8 +15,9 @@ to within its record, 0 for padding. With labels (`labels`: each file's parent f
 is cut into its own records (its last one padded) and each record gets its file's class index, into the sorted
 classes of the training split (fitted and recorded like `CsvSource`'s ``class_labels``).
 
-The data hash (`content_digest`) covers the file list (each file by its name under its pattern's fixed prefix, so
-the same tree on another machine hashes the same) and each file's sha256.
+The data hash (`content_digest`) covers the tokenizer setting, the file list (each file by its name under its
+pattern's fixed prefix, so the same tree on another machine hashes the same) and each file's sha256; the dataset's
+hash also covers the token ids themselves, so a different trained tokenizer is different data.
 
 Example:
     >>> import os, tempfile
@@ -35,6 +38,7 @@ import math
 import os
 import sysconfig
 from collections.abc import Hashable
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -42,7 +46,7 @@ import numpy as np
 from pipekit import ConfigError, field, suggestion
 
 from ._sources import Arrays, Source, check_arrays
-from ._tokenizer import PAD, check_tokenizer, encode
+from ._tokenizer import PAD, ByteTokenizer, TokenizerSetting, tokenizer_setting
 
 __all__ = ["TextSource"]
 
@@ -72,7 +76,11 @@ class TextSource(Source):
             directory). Each pattern must match at least one file; relative patterns are read from the working
             directory. A file matched twice counts once.
         seq_len: tokens per record (at least 2).
-        tokenizer: ``bytes``: UTF-8 bytes plus ``BOS``/``EOS``/``PAD``, a vocabulary of 259.
+        tokenizer: ``bytes``: UTF-8 bytes plus ``BOS``/``EOS``/``PAD``, a vocabulary of 259; or
+            ``{name: bpe, vocab_size: N, min_frequency: 2}``: a byte-level BPE of at most ``N`` ids trained on the
+            training split's files (merges of pairs seen at least `min_frequency` times), with the bytes at
+            ``0..255`` and ``BOS``/``EOS``/``PAD`` at 256, 257, 258 as in the byte tokenizer. Needs the ``text``
+            extra (Hugging Face ``tokenizers``).
         labels: ``none`` (a language model's packed records), ``folder`` (each file's class is the name of its
             parent folder) or ``csv`` (its class is `label_column` of the row of `label_file` whose `file_column`
             names it: by its path, or the longest trailing part of its path there (``cats/a.txt``)).
@@ -87,12 +95,13 @@ class TextSource(Source):
         input_key: the key of the token records ``(records, seq_len)`` int32.
         target_key: the key of the class indices ``(records,)`` int32 (with labels).
         segment_key: the key of the document numbers ``(records, seq_len)`` int32 (0: padding).
-        statistics: the fitted values (``classes``); leave it out to fit them on the training split.
+        statistics: the fitted values (``classes``; ``tokenizer``: a BPE's ``setting``, ``sha256`` and ``json``);
+            leave it out to fit them on the training split.
     """
 
     paths: tuple[str, ...]
     seq_len: int
-    tokenizer: str = "bytes"
+    tokenizer: str | dict[str, Any] = "bytes"
     labels: Literal["none", "folder", "csv"] = "none"
     label_file: str | None = None
     file_column: str = "file"
@@ -113,7 +122,7 @@ class TextSource(Source):
             raise ConfigError(
                 f"TextSource.seq_len must be an int >= 2 (a next-token target needs two tokens), got {self.seq_len}"
             )
-        check_tokenizer(self.tokenizer, "TextSource.tokenizer")
+        tokenizer_setting(self.tokenizer)
         if self.labels == "csv" and not self.label_file:
             raise ConfigError("TextSource.label_file must name a CSV file of labels with labels: csv, got null")
         if self.labels != "csv" and self.label_file:
@@ -125,9 +134,9 @@ class TextSource(Source):
         keys = [self.input_key, self.segment_key] + ([self.target_key] if self.labels != "none" else [])
         if len(set(keys)) != len(keys):
             raise ConfigError(f"TextSource: input_key, segment_key and target_key must differ, got {keys}")
-        if self.statistics is not None and set(self.statistics) - {"classes"}:
+        if self.statistics is not None and set(self.statistics) - {"classes", "tokenizer"}:
             raise ConfigError(
-                "TextSource.statistics holds only classes (fitted on the training split), got "
+                "TextSource.statistics holds only classes and tokenizer (fitted on the training split), got "
                 f"{sorted(self.statistics)}"
             )
         if self.fractions:
@@ -237,15 +246,73 @@ class TextSource(Source):
             )
         return [files[i] for i in sorted(chosen)]
 
+    # The tokenizer ------------------------------------------------------------------------------------------------
+    @property
+    def setting(self) -> TokenizerSetting:
+        """The `tokenizer` field read (``bytes`` or a BPE's size)."""
+        return tokenizer_setting(self.tokenizer)
+
+    def text_tokenizer(self) -> Any:
+        """The tokenizer that reads this source (``encode``, ``decode``, ``vocab_size``): the byte tokenizer, or the
+        BPE of `statistics` (fitted on this source's own files when it has none: give another split the training
+        split's with `with_fitted`)."""
+        if self.setting.kind == "bytes":
+            return ByteTokenizer()
+        from ._bpe import bpe_tokenizer
+
+        recorded = (self.statistics or {}).get("tokenizer")
+        if recorded is None:
+            recorded = self._trained_tokenizer()
+        else:  # given: its setting and sha256 are checked
+            recorded = self._recorded_tokenizer(recorded, "TextSource.statistics")
+        return bpe_tokenizer(str(recorded["json"]))
+
+    def _trained_tokenizer(self) -> dict[str, Any]:
+        """``{setting, sha256, json}`` of the BPE trained on this source's split (once per process per file set)."""
+        setting = self.setting
+        files = []
+        for _, path, _ in self._split_files():
+            st = os.stat(path)
+            files.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
+        text = _train(setting.vocab_size, setting.min_frequency, tuple(files))
+        return {"setting": setting.text(), "sha256": hashlib.sha256(text.encode()).hexdigest(), "json": text}
+
+    def _recorded_tokenizer(self, recorded: Any, owner: str) -> dict[str, Any]:
+        """`recorded` (another split's ``statistics["tokenizer"]``) after checking it is whole and of this setting."""
+        want = self.setting.text()
+        if not isinstance(recorded, dict) or not {"setting", "sha256", "json"} <= set(recorded):
+            raise ConfigError(
+                f"{owner}: TextSource.tokenizer is {want}, but the training split recorded no trained tokenizer "
+                "(statistics.tokenizer with setting, sha256 and json); read the training data with the same tokenizer"
+            )
+        if recorded["setting"] != want:
+            raise ConfigError(
+                f"{owner}: TextSource.tokenizer is {want}, but the training split's tokenizer is "
+                f"{recorded['setting']}; every split must be read with the training split's tokenizer setting"
+            )
+        digest = hashlib.sha256(str(recorded["json"]).encode()).hexdigest()
+        if digest != recorded["sha256"]:
+            raise ConfigError(
+                f"{owner}: the recorded BPE tokenizer's text has sha256 {digest[:12]}, not the recorded "
+                f"{str(recorded['sha256'])[:12]}: the record was changed"
+            )
+        return dict(recorded)
+
     # The Source protocol ----------------------------------------------------------------------------------------
     @property
     def fitted(self) -> bool:
-        return self.labels == "none" or self.statistics is not None
+        stats = self.statistics or {}
+        return (self.labels == "none" or "classes" in stats) and (self.setting.kind == "bytes" or "tokenizer" in stats)
 
     def fit(self) -> TextSource:
         if self.fitted:
             return self
-        return self.replace(statistics={"classes": sorted({str(label) for _, _, label in self._split_files()})})
+        stats = dict(self.statistics or {})
+        if self.labels != "none" and "classes" not in stats:
+            stats["classes"] = sorted({str(label) for _, _, label in self._split_files()})
+        if self.setting.kind != "bytes" and "tokenizer" not in stats:
+            stats["tokenizer"] = self._trained_tokenizer()
+        return self.replace(statistics=stats)
 
     def fitted_statistics(self) -> dict[str, Any] | None:
         return None if self.statistics is None else dict(self.statistics)
@@ -253,12 +320,17 @@ class TextSource(Source):
     def with_fitted(self, statistics: dict[str, Any] | None, owner: str) -> TextSource:
         if self.fitted or not statistics:
             return self
-        if "classes" not in statistics:
-            raise ConfigError(
-                f"{owner}: TextSource.labels needs the training split's classes, but it recorded none; read the "
-                "training data with labels too"
-            )
-        return self.replace(statistics={"classes": list(statistics["classes"])})
+        stats = dict(self.statistics or {})
+        if self.labels != "none" and "classes" not in stats:
+            if "classes" not in statistics:
+                raise ConfigError(
+                    f"{owner}: TextSource.labels needs the training split's classes, but it recorded none; read the "
+                    "training data with labels too"
+                )
+            stats["classes"] = list(statistics["classes"])
+        if self.setting.kind != "bytes" and "tokenizer" not in stats:
+            stats["tokenizer"] = self._recorded_tokenizer(statistics.get("tokenizer"), owner)
+        return self.replace(statistics=stats)
 
     def files_identity(self) -> Hashable:
         """Each matched file's resolved path and stat: a file rewritten in place is another cache entry."""
@@ -269,8 +341,11 @@ class TextSource(Source):
         return tuple(out)
 
     def content_digest(self) -> str:
-        """``sha256:`` of the tokenizer, `seq_len`, the labels and each file of the split: its name and sha256."""
-        h = hashlib.sha256(f"pipekit-train text v1\n{self.tokenizer}\n{self.seq_len}\n{self.labels}\n".encode())
+        """``sha256:`` of the tokenizer setting, `seq_len`, the labels and each file of the split: its name and
+        sha256. (A trained BPE is determined by its setting and the training split's files; the dataset's hash
+        covers the token ids it gives too.)"""
+        head = f"pipekit-train text v1\n{self.setting.text()}\n{self.seq_len}\n{self.labels}\n"
+        h = hashlib.sha256(head.encode())
         for name, path, label in self._split_files():
             with open(path, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()
@@ -279,14 +354,16 @@ class TextSource(Source):
 
     def load(self) -> Arrays:
         files = self._split_files()
-        docs = []
+        raw = []
         for _, path, _ in files:
             with open(path, "rb") as f:
-                docs.append(encode(f.read()))
+                raw.append(f.read())
+        fitted = self.fit()  # itself when fitted (given the training split's values); else fitted on its own files
+        docs = fitted.text_tokenizer().encode_documents(raw)
         if self.labels == "none":
             out = self._packed(docs)
         else:
-            classes = list((self.statistics or self.fit().statistics or {})["classes"])
+            classes = list((fitted.statistics or {})["classes"])
             out = self._snippets(docs, [str(label) for _, _, label in files], [n for n, _, _ in files], classes)
         if self.max_records is not None and len(out[self.input_key]) > self.max_records:
             n = len(out[self.input_key])
@@ -323,3 +400,17 @@ class TextSource(Source):
             ys.append(np.full(n, index[label], np.int32))
         x = np.concatenate(xs)
         return {self.input_key: x, self.segment_key: (x != PAD).astype(np.int32), self.target_key: np.concatenate(ys)}
+
+
+@lru_cache(maxsize=4)
+def _train(vocab_size: int, min_frequency: int, files: tuple[tuple[str, int, int, int], ...]) -> str:
+    """The canonical JSON of the BPE trained on `files` (``(path, inode, size, mtime)``: a rewritten file is another
+    entry), so pre-flight, the stage and its validation data train it once per process."""
+    from ._bpe import train_bpe
+
+    def texts() -> Any:
+        for path, *_ in files:
+            with open(path, "rb") as f:
+                yield f.read().decode("utf-8", errors="replace")
+
+    return train_bpe(texts(), vocab_size, min_frequency)

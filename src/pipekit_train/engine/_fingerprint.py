@@ -41,7 +41,11 @@ def fingerprint(loop: Any) -> dict[str, Any]:
     out["dataset_shuffle"] = loop.dataset.shuffle
     out["dataset_drop_remainder"] = loop.dataset.drop_remainder
     # Validation feeds callbacks (early stopping, plateaus) and `Best` checkpoints: its data and cadence count.
+    # It is read with what the training split's source fitted (a `TextSource`'s trained BPE, a `CsvSource`'s classes),
+    # as the stage reads it, never with values fitted on the validation split itself.
     val = loop.val_dataset
+    if val is not None and not val.source.fitted:
+        val = val.with_source_statistics(loop.dataset.fitted().source.fitted_statistics(), "TrainingLoop.val_dataset")
     out["val_dataset_hash"] = val.content_hash() if val is not None else None
     out["eval_every_n_steps"] = loop.eval_every_n_steps if val is not None else None
     out["eval_batch_size"] = (loop.eval_batch_size or loop.batch_size) if val is not None else None

@@ -1,7 +1,9 @@
 """`generate`: sample text from a trained language model, a quick look that pretraining worked (nothing recorded).
 
 The model is the one an artifact (or a model URI with its artifact in the store) names; its training stage's
-`TextSource` gives the tokenizer and the window (``seq_len``): the prompt is encoded (``BOS`` and its bytes), and
+`TextSource` gives the tokenizer and the window (``seq_len``): a trained BPE is the one the artifact recorded
+(``source_statistics``: its JSON text, read back with ``tokenizers``, never retrained). The prompt is encoded
+(``BOS`` and its tokens), and
 each new token is drawn from the logits at the last position of the window, which holds the latest ``seq_len``
 tokens padded with ``PAD`` (a causal model never looks at the padding after the position it predicts from), so one
 compiled forward pass serves every step. Sampling is on the host with NumPy: token ``i`` from
@@ -49,7 +51,7 @@ def generate(
         seed: a non-negative int; the same seed gives the same text.
         store: the artifact store (a path, an `ArtifactStore`, or ``None`` for the default).
     """
-    from ..data._tokenizer import EOS, PAD, decode, encode
+    from ..data._tokenizer import EOS, PAD
     from ..provenance._store import ArtifactStore
     from ._evaluate import _training_loop
     from ._export import _resolve
@@ -64,8 +66,15 @@ def generate(
     bound, artifact, _ = _resolve(model, store, None)
     loop, why_not = _training_loop(artifact)
     source = _text_source(loop, model, why_not)
+    recorded = dict(getattr(artifact, "source_statistics", None) or {})
+    if source.setting.kind != "bytes" and "tokenizer" not in recorded:
+        raise ConfigError(
+            f"generate {model}: its TextSource.tokenizer is {source.setting.text()}, but the artifact recorded no "
+            "trained tokenizer (source_statistics.tokenizer)"
+        )
+    tokenizer = source.with_fitted(recorded, f"generate {model}").text_tokenizer()
     window = int(source.seq_len)
-    ids = list(encode(prompt, eos=False))
+    ids = list(tokenizer.encode(prompt, eos=False))
     new: list[int] = []
     for i in range(max_new_tokens):
         context = ids[-window:]
@@ -88,4 +97,4 @@ def generate(
             break
         ids.append(token)
         new.append(token)
-    return decode(new)
+    return str(tokenizer.decode(new))

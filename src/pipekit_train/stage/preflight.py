@@ -104,6 +104,7 @@ def check_without_jax(loop: TrainingLoop, stage: str) -> None:
     check_optimizer_config(loop.optimizer_config, loop.max_steps)
     _check_capabilities(loop, backend, stage)
     _check_registries(loop, stage)
+    _check_tokenizer(loop, stage)
     if not backend.samples:  # a sampler takes the data whole: its batch_size is unused
         loop.dataset.num_batches(loop.batch_size)  # a batch_size the data cannot fill is refused here
     # Validation and test data are read with what the training split's source fitted (classes, categories).
@@ -202,6 +203,33 @@ def _check_capabilities(loop: TrainingLoop, backend: Backend, stage: str) -> Non
             f"train low-rank adapters (optimizer_config.lora is {lora!r})",
             "lora",
             "remove optimizer_config.lora to train every weight",
+        )
+
+
+def _check_tokenizer(loop: TrainingLoop, stage: str) -> None:
+    """Text data: every split read with the training split's tokenizer setting, and a model whose ``vocab_size``
+    argument (its factory's kwargs) holds every id the tokenizer can give (a BPE's `vocab_size` setting, 259 for
+    bytes). An id past an embedding table is clamped silently by JAX, so it is refused here, before any training."""
+    from ..data._text import TextSource
+
+    source = loop.dataset.source
+    if not isinstance(source, TextSource):
+        return
+    setting = source.setting
+    for role in ("val_dataset", "test_dataset"):
+        other = getattr(getattr(loop, role), "source", None)
+        if isinstance(other, TextSource) and other.setting != setting:
+            raise ConfigError(
+                f"stage {stage!r}: TrainingLoop.{role}'s TextSource.tokenizer is {other.setting.text()}, but the "
+                f"training data's is {setting.text()}; every split is read with the training split's tokenizer"
+            )
+    kwargs = getattr(loop.model_op, "kwargs", None)
+    vocab = kwargs.get("vocab_size") if isinstance(kwargs, dict) else None
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab < setting.vocab_size:
+        raise ConfigError(
+            f"stage {stage!r}: the model's vocab_size {vocab} is smaller than the tokenizer's vocab_size "
+            f"{setting.vocab_size} (TextSource.tokenizer {setting.text()}); set the model's vocab_size to at least "
+            f"{setting.vocab_size}"
         )
 
 

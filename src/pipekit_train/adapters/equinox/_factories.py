@@ -79,8 +79,8 @@ def transformer(
     """A pre-norm transformer language model: token ids `(T,)` to next-token logits `(T, vocab_size)`; parts
     ``embed``, ``blocks[i]`` (``attention``, ``mlp.up``, ``mlp.down``), ``norm``, ``lm_head``.
 
-    `pad_id` (default ``vocab_size - 1``, the byte tokenizer's ``PAD``) is never attended to; `remat` recomputes
-    each block in the backward pass.
+    `pad_id` (default 258, the ``PAD`` of the byte tokenizer and of a trained BPE; ``vocab_size - 1`` for a vocabulary
+    of 258 ids or fewer) is never attended to; `remat` recomputes each block in the backward pass.
     """
     from ._transformer import LanguageModel
 

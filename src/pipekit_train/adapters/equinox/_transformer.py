@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from pipekit import ConfigError, ShapeError
 from pipekit_train.backends.kit import check_transformer_sizes as check_sizes
+from pipekit_train.backends.kit import default_pad_id
 
 __all__ = ["Block", "Embed", "LanguageModel", "Mlp", "SequenceClassifier", "check_sizes"]
 
@@ -145,6 +146,8 @@ def _trunk_parts(
     return Embed(vocab_size, d_model, max_len, key=k_embed), blocks, k_head
 
 
+#: ``PAD`` of the byte tokenizer and of a trained BPE (``pipekit_train.data._tokenizer.PAD``; adapters import no
+#: private core module).
 class LanguageModel(_Trunk):
     """``embed``, ``blocks``, ``norm``, ``lm_head``: token ids ``(T,)`` to next-token logits ``(T, vocab_size)``."""
 
@@ -171,7 +174,7 @@ class LanguageModel(_Trunk):
         self.norm = eqx.nn.LayerNorm(d_model)
         self.lm_head = eqx.nn.Linear(d_model, vocab_size, use_bias=False, key=k_head)
         self.causal, self.remat = bool(causal), bool(remat)
-        self.pad_id = vocab_size - 1 if pad_id is None else int(pad_id)
+        self.pad_id = default_pad_id(vocab_size) if pad_id is None else int(pad_id)
 
     def __call__(self, ids: jax.Array, *, key: Any = None) -> jax.Array:
         return jax.vmap(self.lm_head)(self.states(ids, key))
@@ -206,7 +209,7 @@ class SequenceClassifier(_Trunk):
         self.norm = eqx.nn.LayerNorm(d_model)
         self.head = eqx.nn.Linear(d_model, num_classes, key=k_head)
         self.causal, self.remat = bool(causal), bool(remat)
-        self.pad_id = vocab_size - 1 if pad_id is None else int(pad_id)
+        self.pad_id = default_pad_id(vocab_size) if pad_id is None else int(pad_id)
 
     def __call__(self, ids: jax.Array, *, key: Any = None) -> jax.Array:
         states = self.states(ids, key)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pipekit import ConfigError, ShapeError
-from pipekit_train.backends.kit import check_transformer_sizes
+from pipekit_train.backends.kit import check_transformer_sizes, default_pad_id
 
 __all__ = ["Attention", "Block", "Embed", "LanguageModel", "Mlp", "SequenceClassifier"]
 
@@ -146,7 +146,7 @@ class _Trunk(nnx.Module):
         self.blocks = nnx.List([Block(d_model, num_heads, mlp_ratio, dropout, rngs=rngs) for _ in range(num_layers)])
         self.norm = _layer_norm(d_model, rngs)
         self.causal, self.remat = bool(causal), bool(remat)
-        self.pad_id = vocab_size - 1 if pad_id is None else int(pad_id)
+        self.pad_id = default_pad_id(vocab_size) if pad_id is None else int(pad_id)
 
     @property
     def expected_input(self) -> str:
