@@ -752,6 +752,8 @@ TARGETS = {
     "14b per-step on_step_end callback vs none": 0.0,  # informational: what acting between steps costs
     # Sequence models (issue 42): the transformer stage at least 0.97x a hand-written Equinox + optax loop.
     "15 transformer stage vs hand loop (tokens/s)": 0.97,
+    # ... and with LoRA: faster steps than full training of the same stage.
+    "15b transformer LoRA vs full training": 1.0,
 }
 
 
@@ -1370,7 +1372,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=GROUPS,
         help="run only this group of rows (repeatable; default every group): steps (rows 0-8 by size), data, "
-        "startup, extend, nuts, flax (row 13 by size), observe (row 14 by size), transformer (row 15, "
+        "startup, extend, nuts, flax (row 13 by size), observe (row 14 by size), transformer (rows 15, 15b, "
         "benchmarks/sequences.py)",
     )
     args = parser.parse_args(argv)

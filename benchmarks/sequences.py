@@ -58,9 +58,10 @@ def peak_flops(n: int = 2048, repeats: int = 10) -> float:
 class StageRuns:
     """`TrainingLoop.run()` of the transformer stage; each run in a fresh run directory."""
 
-    def __init__(self, x: np.ndarray, root: str, short: int, long: int) -> None:
+    def __init__(self, x: np.ndarray, root: str, short: int, long: int, lora: dict[str, Any] | None = None) -> None:
         self.dataset = TrainingDataset(source=ArraySource(arrays={"x": x}))
         self.root, self.lengths, self.count, self.last = root, (short, long), 0, ""
+        self.optimizer_config: dict[str, Any] = {"name": "adamw", "lr": LR, **({"lora": lora} if lora else {})}
 
     def run(self, steps: int) -> None:
         self.count += 1
@@ -70,7 +71,7 @@ class StageRuns:
             dataset=self.dataset,
             loss=NextTokenCrossEntropy(),
             target_key="x",
-            optimizer_config={"name": "adamw", "lr": LR},
+            optimizer_config=self.optimizer_config,
             max_steps=steps,
             batch_size=BATCH,
             log_every_n_steps=100,
@@ -162,4 +163,13 @@ def bench_transformer(
             tokens_per_s = BATCH * SEQ / us * 1e6
             fraction = tokens_per_s * flops_per_token(params) / peak
             note += f"; {name} {tokens_per_s:,.0f} tokens/s, {fraction:.0%} of peak"
-    return [row("15 transformer stage vs hand loop (tokens/s)", "seq128-d128", base, cont, note)]
+    rows = [row("15 transformer stage vs hand loop (tokens/s)", "seq128-d128", base, cont, note)]
+    # 15b: LoRA (rank 8 on the default targets, the attention and MLP projections) against full training of the
+    # same stage: a LoRA step skips the frozen weights' gradients and optimizer update.
+    lora = StageRuns(x, os.path.join(root, "transformer-lora"), short, long, lora={"rank": 8})
+    full = contender_cls("pipekit stage, full training", stage.measure, stage.setup)
+    c_lora = contender_cls("pipekit stage, LoRA rank 8", lora.measure, lora.setup)
+    print(f"\n## transformer with LoRA: rank 8, steps {short}/{long}", flush=True)
+    run_interleaved([full, c_lora], rounds)
+    rows.append(row("15b transformer LoRA vs full training", "seq128-d128", full, c_lora, "µs per step"))
+    return rows
