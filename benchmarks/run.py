@@ -739,6 +739,7 @@ TARGETS = {
     "8 bfloat16 compute vs float32": 0.0,  # informational: what mixed precision costs or gains here
     "9 time to first step (s)": 1.0,  # ratio (hand + 0.3 s) / pipekit
     "9b peak memory (MB)": 1.0,  # ratio 1.15 * hand / pipekit
+    "9c import cost (ms)": 1.0,  # ratio numpy / pipekit: import pipekit at most 1.0x import numpy (issue 45)
     "10 extend a finished stage vs one longer stage": 0.95,
     # Informational: the same with each stage recording its pointwise log-likelihood (the MCMC default, issue 43).
     "10b extend, each stage recording its log-likelihood": 0.0,
@@ -1020,7 +1021,31 @@ def bench_startup(rounds: int) -> list[Row]:
             )
         )
     rows.append(bench_job(rounds))
+    rows.append(bench_import(max(5 * rounds, 10)))
     return rows
+
+
+def _import_ms(module: str) -> float:
+    """ms a fresh interpreter spends importing `module`: its run less a bare interpreter's run just before."""
+    import subprocess
+
+    def wall(code: str) -> float:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        return time.perf_counter() - t0
+
+    bare = wall("pass")
+    return (wall(f"import {module}") - bare) * 1e3
+
+
+def bench_import(rounds: int) -> Row:
+    """Row 9c: ``import pipekit`` against ``import numpy`` in fresh processes (issue 45: at most 1.0x), each less a
+    bare interpreter's start measured just before it, interleaved."""
+    print(f"\n## import cost: fresh processes, {rounds} interleaved rounds", flush=True)
+    base = Contender("import numpy", functools.partial(_import_ms, "numpy"))
+    cont = Contender("import pipekit", functools.partial(_import_ms, "pipekit"))
+    run_interleaved([base, cont], rounds)
+    return row("9c import cost (ms)", "-", base, cont, "ms per fresh process, less a bare interpreter's start")
 
 
 def bench_extend(rounds: int, quick: bool) -> list[Row]:
