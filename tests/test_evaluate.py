@@ -99,16 +99,29 @@ def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess
 
 
 @pytest.mark.slow
-def test_the_cli_evaluates_and_refuses_bad_input_in_one_line(trained):
+def test_the_cli_evaluates_and_refuses_bad_input_in_one_line(trained, xla_cache_env):
     root, artifact_id, final = trained
     store = str(root / "store.sqlite")
-    done = _cli("evaluate", artifact_id, "--data", "test.yaml", "--store", store, "--json", cwd=root)
+    # The run's persistent XLA cache (tests/conftest.py): a process that loads a program another compiled runs it
+    # bit for bit, and a refusal reads nothing from it.
+    done = _cli("evaluate", artifact_id, "--data", "test.yaml", "--store", store, "--json", cwd=root, env=xla_cache_env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["metrics"]["accuracy"] == pytest.approx(final["test/accuracy"], abs=1e-12)
-    bad = _cli("evaluate", artifact_id, "--data", "test.yaml", "--store", store, "--metric", "Acuracy", cwd=root)
+    bad = _cli(
+        "evaluate",
+        artifact_id,
+        "--data",
+        "test.yaml",
+        "--store",
+        store,
+        "--metric",
+        "Acuracy",
+        cwd=root,
+        env=xla_cache_env,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "did you mean 'Accuracy'" in bad.stderr
-    listed = _cli("evaluations", "--store", store, "--metric", "accuracy", cwd=root)
+    listed = _cli("evaluations", "--store", store, "--metric", "accuracy", cwd=root, env=xla_cache_env)
     assert listed.returncode == 0 and artifact_id[:12] in listed.stdout
 
 
@@ -189,10 +202,13 @@ for metrics in ((MAE(), RMSE()), ()):
 
 
 @pytest.mark.slow
-def test_evaluate_and_predict_load_the_users_module_and_default_to_the_stages_metrics(tmp_path: Path):
+def test_evaluate_and_predict_load_the_users_module_and_default_to_the_stages_metrics(tmp_path: Path, xla_cache_env):
     """A stage with a user's loss (and MAE, RMSE): evaluate found "no TrainingLoop.metrics" because its YAML names a
     type nobody imported. --import, $PIPEKIT_IMPORT and the artifact's recorded imports all load it; a stage without
-    metrics evaluates its loss, as the stage logged test/loss; predict records what it predicted from."""
+    metrics evaluates its loss, as the stage logged test/loss; predict records what it predicted from.
+
+    Five fresh processes (a fresh process is what does not know the user's module), sharing the run's persistent XLA
+    cache: the evaluations load the programs the first one compiled, bit for bit."""
     (tmp_path / "day_one_loss.py").write_text(USER_MODULE)
     trained = subprocess.run(
         [sys.executable, "-c", USER_TRAINING],
@@ -200,7 +216,12 @@ def test_evaluate_and_predict_load_the_users_module_and_default_to_the_stages_me
         capture_output=True,
         text=True,
         timeout=300,
-        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT / 'src'}:{tmp_path}"},
+        env={
+            "JAX_PLATFORMS": "cpu",
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": f"{ROOT / 'src'}:{tmp_path}",
+            **xla_cache_env,
+        },
     )
     assert trained.returncode == 0, trained.stderr
     recorded = {}
@@ -209,7 +230,9 @@ def test_evaluate_and_predict_load_the_users_module_and_default_to_the_stages_me
         recorded[aid] = {k: float(v) for k, v in (p.split("=") for p in pairs)}
     with_metrics, without = list(recorded)
 
-    plain = _cli("evaluate", with_metrics, "--data", "data.npz", "--store", "store.sqlite", cwd=tmp_path)
+    plain = _cli(
+        "evaluate", with_metrics, "--data", "data.npz", "--store", "store.sqlite", cwd=tmp_path, env=xla_cache_env
+    )
     assert plain.returncode == 2 and "Traceback" not in plain.stderr and len(plain.stderr.strip().splitlines()) == 1
     assert "DayOneHuber" in plain.stderr and "--import MODULE" in plain.stderr
 
@@ -225,6 +248,7 @@ def test_evaluate_and_predict_load_the_users_module_and_default_to_the_stages_me
         "--import",
         "day_one_loss",
         cwd=tmp_path,
+        env=xla_cache_env,
     )
     assert done.returncode == 0, done.stderr
     metrics = json.loads(done.stdout)["metrics"]
@@ -234,14 +258,16 @@ def test_evaluate_and_predict_load_the_users_module_and_default_to_the_stages_me
         assert metrics[name] == pytest.approx(expected[f"test/{name}"], rel=1e-6), name
 
     # `without` (no TrainingLoop.metrics) recorded its import: evaluate finds the module alone, scores the loss
-    recorded_done = _cli("evaluate", without, "--data", "data.npz", "--store", store, "--json", cwd=tmp_path)
+    recorded_done = _cli(
+        "evaluate", without, "--data", "data.npz", "--store", store, "--json", cwd=tmp_path, env=xla_cache_env
+    )
     assert recorded_done.returncode == 0, recorded_done.stderr
     assert "re-imported the recorded module(s) day_one_loss" in recorded_done.stderr
     result = json.loads(recorded_done.stdout)
     assert set(result["metrics"]) == {"loss", "loss/max_err"}
     assert result["metrics"]["loss"] == pytest.approx(recorded[without]["test/loss"], rel=1e-6)
 
-    env = {"PIPEKIT_IMPORT": "day_one_loss"}
+    env = {**xla_cache_env, "PIPEKIT_IMPORT": "day_one_loss"}
     predicted = _cli(
         "predict", with_metrics, "--data", "data.npz", "-o", "p.npz", "--store", store, cwd=tmp_path, env=env
     )

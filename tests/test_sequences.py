@@ -21,6 +21,10 @@ from pipekit_train.tracking import Perplexity, TokenAccuracy, compute_metrics, i
 ROOT = Path(__file__).parent.parent
 PAD = 258
 
+#: The tests of the trained example (`pipeline`, `models`) on one xdist worker (``--dist loadgroup``): the fixture
+#: trains the two-stage transformer once for the run, not once per worker that happens to draw one of them.
+SHARED = pytest.mark.xdist_group("sequences")
+
 
 def _manual_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -122,6 +126,7 @@ def models(pipeline):
     return load_model(pretrain.model_registry_uri).module, load_model(finetune.model_registry_uri).module
 
 
+@SHARED
 def test_the_example_pretrains_then_finetunes_with_lineage_and_falling_perplexity(pipeline):
     from pipekit_train import ArtifactStore
     from pipekit_train.tracking import history
@@ -138,6 +143,7 @@ def test_the_example_pretrains_then_finetunes_with_lineage_and_falling_perplexit
     assert pretrain.dataset_hash != finetune.dataset_hash
 
 
+@SHARED
 def test_generate_samples_the_same_text_for_the_same_seed_and_refuses_a_classifier(pipeline, capsys):
     from pipekit_train.cli import main
 
@@ -152,6 +158,7 @@ def test_generate_samples_the_same_text_for_the_same_seed_and_refuses_a_classifi
     assert "not a language model (a transformer, not a transformer_classifier)" in capsys.readouterr().err
 
 
+@SHARED
 def test_the_transformer_is_causal_and_never_attends_to_padding(models):
     lm, clf = models
     ids = jnp.arange(32, dtype=jnp.int32) + 60
@@ -173,6 +180,7 @@ def test_the_transformer_is_causal_and_never_attends_to_padding(models):
         eqx.filter_eval_shape(lm, jnp.zeros(33, jnp.int32))
 
 
+@SHARED
 def test_the_classifier_takes_the_language_models_embed_and_blocks(models):
     from pipekit_train.adapters.equinox import apply_transfer
     from pipekit_train.backends import Transfer
@@ -188,6 +196,7 @@ def test_the_classifier_takes_the_language_models_embed_and_blocks(models):
         EquinoxModel(factory="transformer", kwargs=kwargs).build(0)
 
 
+@SHARED
 def test_remat_checkpoints_each_block(models):
     """Traced only: `jax.checkpoint` (``remat2`` in the jaxpr) recomputes the same numbers by construction."""
     lm, _ = models

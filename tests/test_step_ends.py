@@ -36,6 +36,9 @@ from pipekit_train.checkpoint import Checkpointer, Last
 from pipekit_train.cli._check_resume_compare import history_difference
 from pipekit_train.engine._chunks import step_hook
 
+#: One xdist worker (``--dist loadgroup``): the three counted runs (`runs`) are trained once for the module.
+pytestmark = pytest.mark.xdist_group("step-ends")
+
 SEEN: list[tuple[int, int, float, bool]] = []
 
 

@@ -25,9 +25,14 @@ def test_the_kit_has_every_documented_check():
 
 
 #: Backends whose CLI check runs the CLI in this process: the fresh process (an entry point found, nothing imported
-#: from this one) is proven by the other backends here and by numpy-linear's ``--import``; what stays checked for these
-#: is that their YAML pipeline validates and runs through ``pipekit-train`` to bitwise this process's weights.
-CLI_IN_PROCESS = {"blackjax", "numpyro-mcmc", "numpyro-svi"}
+#: from this one) is proven here by equinox and by numpy-linear's ``--import``, and for flax, keras and lightning by a
+#: fresh ``pipekit-train run`` subprocess of each in its own tests (the SIGKILL tests of
+#: tests/adapters/flax/test_flax_backend.py and tests/adapters/lightning/test_lightning_backend.py, the four-device
+#: run of tests/scale/test_keras_data_parallel.py), each backend found by its entry point there too. A fresh
+#: interpreter here would pay that framework's import and compiles once more for nothing new (5 s each, issue 45);
+#: what stays checked for these is that their YAML pipeline validates and runs through ``pipekit-train`` to bitwise
+#: this process's weights.
+CLI_IN_PROCESS = {"blackjax", "flax", "keras", "lightning", "numpyro-mcmc", "numpyro-svi"}
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))

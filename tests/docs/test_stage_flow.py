@@ -24,6 +24,10 @@ import pytest
 from pipekit import Operator
 from pipekit_train.backends import Backend, ModelOp, StepBackend
 
+#: One xdist worker (``--dist loadgroup``) for the module: the traced run (`traced`) is trained once, not once per
+#: worker that draws one of its three tests.
+pytestmark = pytest.mark.xdist_group("stage-flow")
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 OVERVIEW = (ROOT / "design" / "overview.md").read_text(encoding="utf-8")

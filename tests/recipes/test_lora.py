@@ -27,6 +27,9 @@ from pipekit_train.provenance._model_registry import load_model
 from pipekit_train.stage.preflight import check_pipeline
 from pipekit_train.tracking._progress import format_model_summary
 
+#: One xdist worker (``--dist loadgroup``): the module's two-stage LoRA run (`pipeline`) is trained once.
+pytestmark = pytest.mark.xdist_group("lora")
+
 MLP = "{type: EquinoxModel, factory: mlp, kwargs: {in_size: 4, out_size: 1, width_size: 8, depth: 1}}"
 STAGE = """\
 - type: TrainingLoop

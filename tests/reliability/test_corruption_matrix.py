@@ -30,6 +30,9 @@ import pytest
 
 from pipekit import PipekitError
 
+#: One xdist worker (``--dist loadgroup``): each layout's undamaged run (`trained`) is trained once for the module.
+pytestmark = pytest.mark.xdist_group("corruption-matrix")
+
 PIPELINE = """\
 pipekit: 1
 type: TrainingLoop

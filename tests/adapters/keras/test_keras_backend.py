@@ -42,6 +42,10 @@ from pipekit_train.adapters.keras import (
 )
 from pipekit_train.stage.preflight import check
 
+#: One xdist worker with the kit's Keras checks (tests/adapters/test_conformance.py): Keras imported (it is imported
+#: on first use, not when this module is collected) and its programs compiled on one worker, not on both.
+pytestmark = pytest.mark.xdist_group("kit-keras")
+
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 4)).astype(np.float32)
 Y = (X @ np.array([[1.0], [-2.0], [0.5], [0.0]], np.float32)).astype(np.float32)
