@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(PY) examples/digits/compare.py $(DEMO_RUN) $(DEMO_RUN)-scratch --seeds 3
 
 # The code demo (docs/sequences.md): pretrain a byte-level LM on CPython's stdlib, then full finetuning, LoRA and
-# the classifier from scratch over 3 seeds, with a verdict. About 25 minutes on two shared CPU cores.
+# the classifier from scratch over 3 seeds, with a verdict. About 20 minutes on two shared CPU cores.
 demo-code: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) examples/code/compare.py $(DEMO_RUN)-code --seeds 3
 

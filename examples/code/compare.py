@@ -45,7 +45,7 @@ LORA = {"rank": 8, "alpha": 8.0, "targets": ["*.attention.*_proj", "*.mlp.up", "
 
 @dataclass
 class Arm:
-    """One arm's runs: final metrics per seed, trainable parameters and wall seconds."""
+    """One arm's runs: final metrics per seed, trainable and total parameters, and each run's own seconds."""
 
     name: str
     metrics: list[dict[str, float]] = field(default_factory=list)
