@@ -227,3 +227,52 @@ def test_the_example_resumes_bitwise_after_a_sigterm_and_a_sigkill(tmp_path, mon
     assert code == 0, out
     assert "SIGTERM at step 10 of stage 'pretrain'" in out and "SIGKILL during the checkpoint save" in out, out
     assert "of stage 'finetune'" in out and "result: bitwise at all 2 kill points" in out, out
+
+
+def _compare_module(monkeypatch):
+    """examples/code/compare.py, imported from its file (examples/ is not a package)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("code_compare", ROOT / "examples" / "code" / "compare.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_code_comparison_trains_three_arms_and_judges_from_the_numbers(pipeline, monkeypatch):
+    """compare.py on the shortened example's run (1 seed, 10 steps an arm): its finished pretraining is read back,
+    full finetuning, LoRA and the classifier from scratch each train, and the verdict follows the numbers."""
+    compare = _compare_module(monkeypatch)
+    _, pretrain, _ = pipeline
+    run_dir = Path(pretrain.run_dir).parent  # the artifact's run_dir is its stage's folder
+    sets = [s.removeprefix("--set=") for s in SETS]
+    before = (run_dir / "pretrain" / "metrics.jsonl").read_text()
+    arms, has_test = compare.run_arms(run_dir, 1, sets)
+    after = (run_dir / "pretrain" / "metrics.jsonl").read_text()
+    assert after.startswith(before) and "stepping" not in after[len(before) :]  # read back, not trained again
+    assert not has_test and list(arms) == ["full", "lora", "scratch"]
+    for name, arm in arms.items():
+        assert len(arm.metrics) == 1 and 0 <= arm.values("validate/accuracy")[0] <= 1
+        assert arm.metrics[0]["train/lr"] == 0.0 and (run_dir / f"{name}_seed0" / "artifact.json").exists()
+    full, lora, scratch = arms["full"], arms["lora"], arms["scratch"]
+    assert full.trainable == scratch.trainable == full.params == 22_216
+    # rank 8 on 4 attention projections (32x32), the MLP's up (32->128) and down, and the head (32->8)
+    assert lora.trainable == 8 * (4 * 64 + 2 * 160 + 40) and lora.params == full.params
+    assert full.metrics[0]["train/loss"] != scratch.metrics[0]["train/loss"]  # the trunk was handed over
+    text = compare.table(arms, has_test, 1, sets)
+    assert all(label in text for label in compare.LABELS.values()) and "SHORTENED" in text
+    assert "verdict (validate accuracy): pretrained - scratch = " in text and "one seed" in text
+
+    def judged(full, lora, scratch):
+        values = {"full": full, "lora": lora, "scratch": scratch}
+        fake = {n: compare.Arm(n, metrics=[{"validate/accuracy": v} for v in vs]) for n, vs in values.items()}
+        return compare.verdict(fake, "validate/accuracy")
+
+    assert "pretraining helps here" in judged([0.5, 0.52, 0.51], [0.5, 0.5, 0.52], [0.2, 0.22, 0.21])
+    assert "LoRA and full finetuning are within the seeds' spread" in judged([0.5, 0.52, 0.51], [0.5, 0.5, 0.52], [0.2])
+    assert "does not measurably help" in judged([0.3, 0.5, 0.2], [0.2, 0.21, 0.2], [0.25, 0.3, 0.35])
+    assert "LoRA falls short of full finetuning" in judged([0.3, 0.5, 0.2], [0.1, 0.11, 0.1], [0.25, 0.3, 0.35])
+    assert "pretraining hurts here" in judged([0.2, 0.21, 0.2], [0.5, 0.52, 0.51], [0.4, 0.41, 0.42])
