@@ -327,3 +327,43 @@ def test_default_targets_are_a_transformers_projections():
         "blocks[0].mlp.down",
     ]
     assert seen["wrapped"] is LoraLinear and seen["merged"] == (eqx.nn.Linear, eqx.nn.Linear)
+
+
+def test_a_transformers_adapters_are_folded_and_compute_exactly_what_the_merged_model_computes():
+    """The zoo's transformers compute LoRA in the folded form (``W + scale * B @ A``, then one product: faster there
+    than the thin products, docs/sequences.md), so the adapted model and its merged export give the same bits and the
+    same gradients' direction reaches the adapters; an MLP keeps the thin form (``base(x) + scale * B (A x)``)."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from pipekit_train.adapters.equinox._lora import LoraLinear, attach, merge, trainable
+
+    settings = lora_settings({"lora": {"rank": 2, "alpha": 4.0}})
+    assert settings is not None
+    kwargs = {"vocab_size": 20, "d_model": 8, "num_heads": 2, "num_layers": 1, "max_len": 6}
+    lm = EquinoxModel(factory="transformer", kwargs=kwargs).build(0)
+
+    def adapters(m: Any) -> list[Any]:
+        return [n for n in jax.tree.leaves(m, is_leaf=lambda n: isinstance(n, LoraLinear)) if isinstance(n, LoraLinear)]
+
+    adapted, paths = attach(lm, settings, jax.random.key(1), "the 'transformer' model")
+    wrappers = adapters(adapted)
+    assert len(wrappers) == len(paths) == 6 and all(w.fold for w in wrappers)
+    # B starts at zero: give it values, so the adapters change the outputs.
+    adapted = eqx.tree_at(
+        lambda m: [w.lora_b for w in adapters(m)],
+        adapted,
+        replace=[jax.random.normal(jax.random.key(i), w.lora_b.shape) for i, w in enumerate(wrappers)],
+    )
+    ids = jnp.array([1, 5, 7, 2, 19, 3], jnp.int32)
+    out = eqx.filter_jit(lambda m, x: m(x))
+    assert np.array_equal(np.asarray(out(adapted, ids)), np.asarray(out(merge(adapted), ids)))
+    assert not np.array_equal(np.asarray(out(adapted, ids)), np.asarray(out(lm, ids)))
+    params, rest = eqx.partition(adapted, trainable(adapted))
+    grads = eqx.filter_grad(lambda p: jnp.sum(eqx.combine(p, rest)(ids) ** 2))(params)
+    assert all(float(jnp.abs(g).sum()) > 0 for g in jax.tree.leaves(grads))
+
+    mlp = EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 1, "width_size": 8, "depth": 1}).build(0)
+    thin, _ = attach(mlp, lora_settings({"lora": {"rank": 2, "targets": ["layers[*]"]}}), jax.random.key(1), "mlp")
+    assert not any(w.fold for w in thin.layers)
