@@ -5,6 +5,7 @@ then finetuning, lineage, falling perplexity, ``generate``, and a chain of kille
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import equinox as eqx
@@ -211,22 +212,29 @@ def test_remat_checkpoints_each_block(models):
 
 
 @pytest.mark.slow
-def test_the_example_resumes_bitwise_after_a_sigterm_and_a_sigkill(tmp_path, monkeypatch, capsys, xla_cache_env):
-    """One chain of real processes (``check-resume --kills 1``): a SIGTERM at the end of the pretraining, a SIGKILL
-    inside a checkpoint write of the finetuning, each resumed with ``--resume auto`` and compared step by step with
-    an uninterrupted run."""
+def test_the_example_with_a_lora_finetune_resumes_bitwise_after_a_sigterm_and_a_sigkill(
+    tmp_path, monkeypatch, capsys, xla_cache_env
+):
+    """One chain of real processes (``check-resume --kills 1``) of the example with its finetuning done by LoRA
+    (rank 4 on the default targets, the folded form of the transformers): a SIGTERM at the end of the pretraining,
+    a SIGKILL inside a checkpoint write of the LoRA finetuning, each resumed with ``--resume auto`` and compared
+    step by step with an uninterrupted run. (The full finetuning's path is the shortened run's above.)"""
     from pipekit_train.cli import main
 
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     for key, value in xla_cache_env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
-    sets = [a for s in SETS for a in ("--set", s.removeprefix("--set="))]
+    lora = ["--set=stages.1.optimizer_config.lora={rank: 4}"]
+    sets = [a for s in SETS + lora for a in ("--set", s.removeprefix("--set="))]
     code = main(["check-resume", str(EXAMPLE), "--kills", "1", "--work-dir", "w", *sets])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "SIGTERM at step 10 of stage 'pretrain'" in out and "SIGKILL during the checkpoint save" in out, out
     assert "of stage 'finetune'" in out and "result: bitwise at all 2 kill points" in out, out
+    # The finetuning trained the adapters only: the artifact records them beside the model's parameter count.
+    info = json.loads((tmp_path / "w" / "chain" / "finetune" / "artifact.json").read_text())["backend_info"]
+    assert info["lora"]["rank"] == 4 and 0 < info["trainable_params"] < info["num_params"], info
 
 
 def _compare_module(monkeypatch):
