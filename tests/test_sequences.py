@@ -216,16 +216,17 @@ def test_the_example_with_a_lora_finetune_resumes_bitwise_after_a_sigterm_and_a_
     tmp_path, monkeypatch, capsys, xla_cache_env
 ):
     """One chain of real processes (``check-resume --kills 1``) of the example with its finetuning done by LoRA
-    (rank 4 on the default targets, the folded form of the transformers): a SIGTERM at the end of the pretraining,
-    a SIGKILL inside a checkpoint write of the LoRA finetuning, each resumed with ``--resume auto`` and compared
-    step by step with an uninterrupted run. (The full finetuning's path is the shortened run's above.)"""
+    (rank 2 on the default targets, folded as on every zoo transformer: under 10% of the parameters train): a
+    SIGTERM at the end of the pretraining, a SIGKILL inside a checkpoint write of the LoRA finetuning, each resumed
+    with ``--resume auto`` and compared step by step with an uninterrupted run. (The full finetuning's path is the
+    shortened run's above.)"""
     from pipekit_train.cli import main
 
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     for key, value in xla_cache_env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
-    lora = ["--set=stages.1.optimizer_config.lora={rank: 4}"]
+    lora = ["--set=stages.1.optimizer_config.lora={rank: 2}"]
     sets = [a for s in SETS + lora for a in ("--set", s.removeprefix("--set="))]
     code = main(["check-resume", str(EXAMPLE), "--kills", "1", "--work-dir", "w", *sets])
     out = capsys.readouterr().out
@@ -234,7 +235,7 @@ def test_the_example_with_a_lora_finetune_resumes_bitwise_after_a_sigterm_and_a_
     assert "of stage 'finetune'" in out and "result: bitwise at all 2 kill points" in out, out
     # The finetuning trained the adapters only: the artifact records them beside the model's parameter count.
     info = json.loads((tmp_path / "w" / "chain" / "finetune" / "artifact.json").read_text())["backend_info"]
-    assert info["lora"]["rank"] == 4 and 0 < info["trainable_params"] < info["num_params"], info
+    assert info["lora"]["rank"] == 2 and 0 < info["trainable_params"] < 0.1 * info["num_params"], info
 
 
 def _compare_module(monkeypatch):
