@@ -7,9 +7,9 @@ library sources (every machine has them), then scores both on the same validatio
 - **the stage**: `TrainingLoop.run()` with a `TextSource` (byte tokenizer, records of `SEQ` tokens, files split
   80/20 by the source's seeded permutation), `NextTokenCrossEntropy`, AdamW, its own shuffling and model seed;
   its validation perplexity is the recorded `validate/perplexity` (the `Perplexity` metric).
-- **the hand loop**: what a user writes without the library: the same model built by `eqx` from its own key, the
-  training records read once into NumPy, shuffled each epoch by NumPy's generator, ``jax.jit`` of a hand-written
-  next-token cross-entropy (``optax.softmax_cross_entropy_with_integer_labels``, padding masked) with
+- **the hand loop**: what a user writes without the library: the same Equinox model (the zoo's factory) from its
+  own key, the training records read once into NumPy, shuffled each epoch by NumPy's generator, ``jax.jit`` of a
+  hand-written next-token cross-entropy (``optax.softmax_cross_entropy_with_integer_labels``, padding masked) with
   ``optax.adamw``; its perplexity is computed by hand over the same validation records (``exp`` of the summed
   negative log-likelihood over counted tokens).
 
