@@ -273,7 +273,7 @@ def test_the_code_comparison_trains_three_arms_and_judges_from_the_numbers(pipel
     assert full.metrics[0]["train/loss"] != scratch.metrics[0]["train/loss"]  # the trunk was handed over
     text = compare.table(arms, has_test, 1, sets)
     assert all(label in text for label in compare.LABELS.values()) and "SHORTENED" in text
-    assert "verdict (validate accuracy): pretrained - scratch = " in text and "one seed" in text
+    assert "verdict (validate accuracy): full finetune - scratch = " in text and "one seed" in text
 
     def judged(full, lora, scratch):
         values = {"full": full, "lora": lora, "scratch": scratch}

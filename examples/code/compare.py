@@ -109,33 +109,36 @@ def _margin(a: list[float], b: list[float]) -> tuple[float, float | None]:
     return diff, 2 * math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
 
 
+def _judged(a: list[float], b: list[float], label: str, phrases: tuple[str, str, str]) -> str:
+    """One sentence on ``mean(a) - mean(b)`` (`label`): the first of `phrases` when it exceeds two standard errors,
+    the second when it falls below minus two, else the third; with one seed a side, only the difference."""
+    diff, two_se = _margin(a, b)
+    if two_se is None:
+        return f"{label} = {100 * diff:+.1f} points (one seed: no spread to judge by)"
+    phrase = phrases[0] if diff > two_se else phrases[1] if diff < -two_se else phrases[2]
+    return f"{phrase}: {label} = {100 * diff:+.1f} points, 2 standard errors = {100 * two_se:.1f}"
+
+
 def verdict(arms: dict[str, Arm], key: str) -> str:
     """Two sentences from the numbers: does pretraining help (full vs scratch), does LoRA match full finetuning?"""
     full, lora, scratch = (arms[n].values(key) for n in ARMS)
-    split = key.split("/")[0]
-    diff, two_se = _margin(full, scratch)
-    if two_se is None:
-        first = f"pretrained - scratch = {100 * diff:+.1f} points ({split}; one seed: no spread to judge by)"
-    else:
-        margin = f"{100 * diff:+.1f} points, 2 standard errors = {100 * two_se:.1f}"
-        if diff > two_se:
-            first = f"pretraining helps here: full finetune - scratch = {margin}"
-        elif diff < -two_se:
-            first = f"pretraining hurts here: full finetune - scratch = {margin}"
-        else:
-            first = f"pretraining does not measurably help here: full finetune - scratch = {margin}"
-    diff, two_se = _margin(lora, full)
-    if two_se is None:
-        second = f"LoRA - full = {100 * diff:+.1f} points (one seed: no spread to judge by)"
-    else:
-        margin = f"{100 * diff:+.1f} points, 2 standard errors = {100 * two_se:.1f}"
-        if diff > two_se:
-            second = f"LoRA beats full finetuning: LoRA - full = {margin}"
-        elif diff < -two_se:
-            second = f"LoRA falls short of full finetuning: LoRA - full = {margin}"
-        else:
-            second = f"LoRA and full finetuning are within the seeds' spread: LoRA - full = {margin}"
-    return f"verdict ({split} accuracy): {first}; {second}"
+    first = _judged(
+        full,
+        scratch,
+        "full finetune - scratch",
+        ("pretraining helps here", "pretraining hurts here", "pretraining does not measurably help here"),
+    )
+    second = _judged(
+        lora,
+        full,
+        "LoRA - full",
+        (
+            "LoRA beats full finetuning",
+            "LoRA falls short of full finetuning",
+            "LoRA and full finetuning are within the seeds' spread",
+        ),
+    )
+    return f"verdict ({key.split('/')[0]} accuracy): {first}; {second}"
 
 
 def table(arms: dict[str, Arm], has_test: bool, seeds: int, sets: Sequence[str] = ()) -> str:

@@ -225,10 +225,18 @@ def describe(name: str, kwargs: Mapping[str, Any]) -> Architecture:
     return ZOO[name](**kwargs)
 
 
-def factory(name: str, build: Callable[[Architecture, Any], Any], module: str, *, key: bool = False) -> Any:
-    """Backend factory `name`: ``build(describe(name, kwargs), key)``, with the description's signature (a leading
-    ``key`` when `key`) and docstring, so a backend's registry checks kwargs against the zoo."""
-    describe_fn = ZOO[name]
+def factory(
+    name: str,
+    build: Callable[[Any, Any], Any],
+    module: str,
+    *,
+    key: bool = False,
+    describe: Callable[..., Any] | None = None,
+) -> Any:
+    """Backend factory `name`: ``build(describe(**kwargs), key)``, with the description's signature (a leading
+    ``key`` when `key`) and docstring, so a backend's registry checks kwargs against the zoo. `describe` is the
+    zoo's description of `name` unless given (the transformers': `transformer_factory`)."""
+    describe_fn = describe or ZOO[name]
 
     if key:
 

@@ -1,6 +1,7 @@
-"""The zoo's transformers across backends: ``transformer`` and ``transformer_classifier`` as one canonical list of
-weights (`transformer_weights`), the size checks every backend's factory makes (`check_transformer_sizes`), and
-the converters between the Equinox and Flax backends derived from them.
+"""The zoo's transformers across backends: ``transformer`` and ``transformer_classifier`` as one signature every
+backend's factory has (`transformer_factory`), one canonical list of weights (`transformer_weights`), the size
+checks every backend's factory makes (`check_transformer_sizes`), and the converters between the Equinox and Flax
+backends derived from them.
 
 A transformer is not a chain of the zoo's dense and conv layers (`_zoo`), so it has a description of its own: each
 weight is an ``embedding`` table ``(num, d_model)``, a layer ``norm`` (scale and bias ``(d_model,)``) or a ``dense``
@@ -21,6 +22,7 @@ from typing import Any
 from pipekit import ConfigError
 
 from ._convert import register_converter
+from ._zoo import factory
 
 __all__ = [
     "TRANSFORMERS",
@@ -28,6 +30,7 @@ __all__ = [
     "check_transformer_sizes",
     "convert_transformer",
     "default_pad_id",
+    "transformer_factory",
     "transformer_from_canonical",
     "transformer_to_canonical",
     "transformer_weights",
@@ -53,6 +56,60 @@ def check_transformer_sizes(
         raise ConfigError(f"transformer: d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
     if not 0.0 <= dropout < 1.0:
         raise ConfigError(f"transformer: dropout must be in [0, 1), got {dropout}")
+
+
+def _transformer(
+    vocab_size: int,
+    d_model: int,
+    num_heads: int,
+    num_layers: int,
+    max_len: int,
+    mlp_ratio: int = 4,
+    causal: bool = True,
+    dropout: float = 0.0,
+    pad_id: int | None = None,
+    remat: bool = False,
+) -> dict[str, Any]:
+    """A pre-norm transformer language model: token ids `(T,)` to next-token logits `(T, vocab_size)` (with a
+    leading batch axis on Flax); parts ``embed``, ``blocks[i]`` (``attention``, ``mlp.up``, ``mlp.down``), ``norm``,
+    ``lm_head``.
+
+    `pad_id` (default 258, the ``PAD`` of the byte tokenizer and of a trained BPE; ``vocab_size - 1`` for a vocabulary
+    of 258 ids or fewer) is never attended to; `remat` recomputes each block in the backward pass.
+    """
+    return {"factory": "transformer", **locals()}
+
+
+def _transformer_classifier(
+    vocab_size: int,
+    d_model: int,
+    num_heads: int,
+    num_layers: int,
+    max_len: int,
+    num_classes: int,
+    mlp_ratio: int = 4,
+    causal: bool = True,
+    dropout: float = 0.0,
+    pad_id: int | None = None,
+    remat: bool = False,
+) -> dict[str, Any]:
+    """``transformer``'s ``embed`` and ``blocks`` (same arguments: they take a pretrained language model's weights),
+    then ``norm`` and a ``head`` on the mean of the states over the non-padding tokens: class logits.
+    """
+    return {"factory": "transformer_classifier", **locals()}
+
+
+_SIGNATURES: dict[str, Callable[..., dict[str, Any]]] = {
+    "transformer": _transformer,
+    "transformer_classifier": _transformer_classifier,
+}
+
+
+def transformer_factory(name: str, build: Callable[[dict[str, Any], Any], Any], module: str) -> Any:
+    """Backend factory `name` (one of `TRANSFORMERS`): ``build(arguments, key)``, where `arguments` holds every
+    argument with its default filled in and ``factory`` (the name), under the one signature and docstring every
+    backend registers, so each backend's registry checks kwargs alike."""
+    return factory(name, build, module, key=True, describe=_SIGNATURES[name])
 
 
 #: The tokenizers' padding id: the byte tokenizer's ``PAD`` and a trained BPE's (both keep 256-258 for BOS/EOS/PAD).

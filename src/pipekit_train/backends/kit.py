@@ -4,9 +4,9 @@ your own package build on the same pieces (and import nothing private).
 - **Model factories by name** (`FactoryRegistry`), the **built-in zoo** (`mlp`, `cnn`, `autoencoder`,
   `classifier` as backend-neutral layer lists: `describe`, `Architecture`, `factory`) and the canonical per-layer
   weight layout converters go through (`to_canonical`, `from_canonical`); the zoo's transformers likewise
-  (`TRANSFORMERS`, `transformer_weights`, `transformer_to_canonical`, `transformer_from_canonical`) and the size
-  checks and default padding id their factories share on every backend (`check_transformer_sizes`,
-  `default_pad_id`).
+  (`TRANSFORMERS`, `transformer_factory`, `transformer_weights`, `transformer_to_canonical`,
+  `transformer_from_canonical`) and the size checks and default padding id their factories share on every backend
+  (`check_transformer_sizes`, `default_pad_id`).
 - **Pre-flight helpers**: the data keys a loop names against its batches (`check_input_and_target_keys`), the loss
   against the model's predictions (`check_loss_fits`), a model too large for the memory there is
   (`check_model_size`), the stage's name (`stage_name`).
@@ -84,6 +84,7 @@ if TYPE_CHECKING:
     from ._zoo_transformer import TRANSFORMERS as TRANSFORMERS
     from ._zoo_transformer import check_transformer_sizes as check_transformer_sizes
     from ._zoo_transformer import default_pad_id as default_pad_id
+    from ._zoo_transformer import transformer_factory as transformer_factory
     from ._zoo_transformer import transformer_from_canonical as transformer_from_canonical
     from ._zoo_transformer import transformer_to_canonical as transformer_to_canonical
     from ._zoo_transformer import transformer_weights as transformer_weights

@@ -1,5 +1,6 @@
 """The built-in Equinox factories: ``mlp``, ``cnn``, ``autoencoder``, ``classifier``, and the transformers
-``transformer`` and ``transformer_classifier`` (``_transformer.py``; Equinox only: no zoo description, no converter).
+``transformer`` and ``transformer_classifier`` (``_transformer.py``; their signature is the kit's
+`transformer_factory`, the one the Flax backend registers too).
 
 Their kwargs and layers are the backend-neutral descriptions in `pipekit_train.backends._zoo`; `build` makes
 Equinox layers from a description. Registering them imports neither JAX nor Equinox (a pipeline file naming
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipekit_train.backends.kit import ZOO, Architecture, factory
+from pipekit_train.backends.kit import TRANSFORMERS, ZOO, Architecture, factory, transformer_factory
 
 from ._model import register_model
 
-__all__ = ["build"]
+__all__ = ["build", "build_transformer"]
 
 
 def build(arch: Architecture, key: Any) -> Any:
@@ -62,64 +63,14 @@ for _name in ZOO:
     register_model(_name)(factory(_name, build, __name__, key=True))
 
 
-@register_model("transformer")
-def transformer(
-    key: Any,
-    vocab_size: int,
-    d_model: int,
-    num_heads: int,
-    num_layers: int,
-    max_len: int,
-    mlp_ratio: int = 4,
-    causal: bool = True,
-    dropout: float = 0.0,
-    pad_id: int | None = None,
-    remat: bool = False,
-) -> Any:
-    """A pre-norm transformer language model: token ids `(T,)` to next-token logits `(T, vocab_size)`; parts
-    ``embed``, ``blocks[i]`` (``attention``, ``mlp.up``, ``mlp.down``), ``norm``, ``lm_head``.
+def build_transformer(arguments: dict[str, Any], key: Any) -> Any:
+    """The Equinox `LanguageModel` or `SequenceClassifier` of `arguments` (`transformer_factory`'s), from `key`."""
+    from ._transformer import LanguageModel, SequenceClassifier
 
-    `pad_id` (default 258, the ``PAD`` of the byte tokenizer and of a trained BPE; ``vocab_size - 1`` for a vocabulary
-    of 258 ids or fewer) is never attended to; `remat` recomputes each block in the backward pass.
-    """
-    from ._transformer import LanguageModel
-
-    return LanguageModel(
-        vocab_size, d_model, num_heads, num_layers, max_len, mlp_ratio, causal, dropout, pad_id, remat, key=key
-    )
+    kwargs = dict(arguments)
+    model = SequenceClassifier if kwargs.pop("factory") == "transformer_classifier" else LanguageModel
+    return model(**kwargs, key=key)
 
 
-@register_model("transformer_classifier")
-def transformer_classifier(
-    key: Any,
-    vocab_size: int,
-    d_model: int,
-    num_heads: int,
-    num_layers: int,
-    max_len: int,
-    num_classes: int,
-    mlp_ratio: int = 4,
-    causal: bool = True,
-    dropout: float = 0.0,
-    pad_id: int | None = None,
-    remat: bool = False,
-) -> Any:
-    """``transformer``'s ``embed`` and ``blocks`` (same arguments: they take a pretrained language model's weights),
-    then ``norm`` and a ``head`` on the mean of the states over the non-padding tokens: class logits.
-    """
-    from ._transformer import SequenceClassifier
-
-    return SequenceClassifier(
-        vocab_size,
-        d_model,
-        num_heads,
-        num_layers,
-        max_len,
-        num_classes,
-        mlp_ratio,
-        causal,
-        dropout,
-        pad_id,
-        remat,
-        key=key,
-    )
+for _name in TRANSFORMERS:
+    register_model(_name)(transformer_factory(_name, build_transformer, __name__))

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipekit_train.backends.kit import ZOO, Architecture, factory
+from pipekit_train.backends.kit import TRANSFORMERS, ZOO, Architecture, factory, transformer_factory
 
 from ._model import register_flax_model
 
-__all__ = ["build"]
+__all__ = ["build", "build_transformer"]
 
 
 def build(arch: Architecture, rngs: Any) -> Any:
@@ -39,64 +39,14 @@ for _name in ZOO:
     register_flax_model(_name)(factory(_name, build, __name__, key=True))
 
 
-@register_flax_model("transformer")
-def transformer(
-    rngs: Any,
-    vocab_size: int,
-    d_model: int,
-    num_heads: int,
-    num_layers: int,
-    max_len: int,
-    mlp_ratio: int = 4,
-    causal: bool = True,
-    dropout: float = 0.0,
-    pad_id: int | None = None,
-    remat: bool = False,
-) -> Any:
-    """A pre-norm transformer language model: token ids `(B, T)` to next-token logits `(B, T, vocab_size)`; parts
-    ``embed``, ``blocks[i]`` (``attention``, ``mlp.up``, ``mlp.down``), ``norm``, ``lm_head``.
+def build_transformer(arguments: dict[str, Any], rngs: Any) -> Any:
+    """The NNX `LanguageModel` or `SequenceClassifier` of `arguments` (`transformer_factory`'s), from `rngs`."""
+    from ._transformer import LanguageModel, SequenceClassifier
 
-    `pad_id` (default ``vocab_size - 1``, the byte tokenizer's ``PAD``) is never attended to; `remat` recomputes
-    each block in the backward pass (``nnx.remat``).
-    """
-    from ._transformer import LanguageModel
-
-    return LanguageModel(
-        vocab_size, d_model, num_heads, num_layers, max_len, mlp_ratio, causal, dropout, pad_id, remat, rngs=rngs
-    )
+    kwargs = dict(arguments)
+    model = SequenceClassifier if kwargs.pop("factory") == "transformer_classifier" else LanguageModel
+    return model(**kwargs, rngs=rngs)
 
 
-@register_flax_model("transformer_classifier")
-def transformer_classifier(
-    rngs: Any,
-    vocab_size: int,
-    d_model: int,
-    num_heads: int,
-    num_layers: int,
-    max_len: int,
-    num_classes: int,
-    mlp_ratio: int = 4,
-    causal: bool = True,
-    dropout: float = 0.0,
-    pad_id: int | None = None,
-    remat: bool = False,
-) -> Any:
-    """``transformer``'s ``embed`` and ``blocks`` (same arguments: they take a pretrained language model's weights),
-    then ``norm`` and a ``head`` on the mean of the states over the non-padding tokens: class logits.
-    """
-    from ._transformer import SequenceClassifier
-
-    return SequenceClassifier(
-        vocab_size,
-        d_model,
-        num_heads,
-        num_layers,
-        max_len,
-        num_classes,
-        mlp_ratio,
-        causal,
-        dropout,
-        pad_id,
-        remat,
-        rngs=rngs,
-    )
+for _name in TRANSFORMERS:
+    register_flax_model(_name)(transformer_factory(_name, build_transformer, __name__))
