@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+import re
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -200,6 +204,38 @@ def test_nan_loss_names_the_step():
     loop = _loop(optimizer_config={"name": "sgd", "lr": 1e30}, max_steps=30)
     with run_settings(store=False), pytest.raises(NonFiniteLossError, match=r"at step \d+ \(epoch 0\)"):
         loop.run()
+
+
+def test_nan_on_the_one_step_path_names_the_first_non_finite_step():
+    """One step per call, where the loop reads a loss early only once in `FINITE_READ_STEPS` steps: the error still
+    names the first step whose loss is not finite (the log window checks every step), as the fused path does."""
+    fused = _loop(optimizer_config={"name": "sgd", "lr": 1e30}, max_steps=30)
+    with run_settings(store=False), pytest.raises(NonFiniteLossError) as caught_fused:
+        fused.run()
+    with run_settings(store=False), pytest.raises(NonFiniteLossError) as caught:
+        fused.replace(steps_per_call=1).run()
+    first = re.search(r"at step (\d+)", str(caught_fused.value))
+    assert first is not None and f"at step {first.group(1)} " in str(caught.value)
+
+
+def test_the_one_step_path_reads_losses_early_at_most_once_in_finite_read_steps(monkeypatch):
+    """The divergence check's early read is a host transfer: one step per call, it happens at most once per
+    `FINITE_READ_STEPS` steps (counted, not timed); finite losses are then read only with the log window."""
+    from pipekit_train.engine._divergence import Divergence
+    from pipekit_train.engine._loop import FINITE_READ_STEPS
+
+    reads: list[int] = []
+    real = Divergence._check_finite
+
+    def counting(self: Any, step: int, loss: Any) -> None:
+        reads.append(step)
+        real(self, step, loss)
+
+    monkeypatch.setattr(Divergence, "_check_finite", counting)
+    with run_settings(store=False):
+        _loop(max_steps=64, log_every_n_steps=64, steps_per_call=1).run()
+    assert len(reads) <= 64 // FINITE_READ_STEPS
+    assert all(b - a >= FINITE_READ_STEPS for a, b in itertools.pairwise(reads))
 
 
 def test_nan_check_can_be_switched_off():

@@ -1,9 +1,10 @@
 """Divergence: a stage stops on the first non-finite training loss (`TrainingLoop.stop_on_nonfinite`).
 
 The loop checks a chunk's losses one dispatch late, only once the device has computed them (it never waits for
-them), and every step's loss again when its log window is written (`LogWindow._flush`) or a checkpoint is taken
-(`Saves.snapshot`), so no record and no checkpoint holds a step past a NaN. The weights' own check before a save is
-`CheckpointHooks._save`; the errors are `NonFiniteLossError` and `NonFiniteWeightsError` (`_protocol`).
+them) and at most once per `_loop.FINITE_READ_STEPS` steps, and every step's loss again when its log window is
+written (`LogWindow._flush`) or a checkpoint is taken (`Saves.snapshot`), so no record and no checkpoint holds a
+step past a NaN. The weights' own check before a save is `CheckpointHooks._save`; the errors are
+`NonFiniteLossError` and `NonFiniteWeightsError` (`_protocol`).
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ from ._window import LogWindow
 
 __all__ = ["Engine", "run_steps"]
 
+#: The loop reads a dispatch's losses for the divergence check (`_divergence`) when at least this many steps have
+#: passed since its last read: every fused chunk of that length or more, one in this many one-step calls.
+FINITE_READ_STEPS = 16
+
 
 class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence, StepEnds):
     """Runs one stage's steps. Checkpointing and signal handling plug in through `hooks`."""
@@ -97,6 +101,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence, StepEnd
         if data_state is not None:
             self.iterator.set_state(data_state)
         self.window: list[tuple[int, Mapping[str, Any]]] = []
+        self._finite_read = start_step  # the step whose loss the divergence check last read early
         self._interrupted = False  # stopped by SIGINT/SIGTERM: the stage will be resumed from its checkpoint
         self._showing_stop = False  # after the stop checkpoint: what the stop shows, which nothing resumes from
         # `restore_best`: the step whose checkpoint the stage returns, and what that checkpoint recorded.
@@ -201,9 +206,12 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence, StepEnd
                 self.step += n
                 ctx.step, ctx.epoch = self.step, self.epoch_of(self.step)
                 # The divergence check reads the previous dispatch's loss only when it is already computed, so
-                # it never makes the host wait for the device; every step's loss is checked at the next log step.
-                if pending is not None and getattr(pending[1], "is_ready", lambda: True)():
+                # it never makes the host wait for the device, and at most once per `FINITE_READ_STEPS` steps (a
+                # read per one-step call cost a small model's loop a tenth of its step); every step's loss is
+                # checked at the next log step and before a checkpoint (`_divergence`).
+                if pending is not None and self.step - self._finite_read >= FINITE_READ_STEPS and _ready(pending[1]):
                     self._check_finite(*pending)
+                    self._finite_read = self.step
                 pending = (self.step, metrics["loss"])
                 self._after_chunk(first, n, metrics, may_defer=not compiled_now)
                 if self.probe is not None:  # (it reads the callbacks' states: their steps were reported)
@@ -335,6 +343,12 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence, StepEnd
 
         fields = to_plain(self.loop, strict=False)
         return {"stage": self.stage, "params": fields}
+
+
+def _ready(value: Any) -> bool:
+    """Whether a dispatched value is computed (a JAX array's ``is_ready``; anything else is)."""
+    is_ready = getattr(value, "is_ready", None)
+    return True if is_ready is None else bool(is_ready())
 
 
 def _failure_line(stage: str, step: int, exc: BaseException) -> str:
