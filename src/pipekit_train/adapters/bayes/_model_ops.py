@@ -269,6 +269,24 @@ class NumpyroGuide(_NumpyroModelBase):
 
         return getattr(autoguide, self.guide)(model_fn, **self.guide_kwargs)
 
+    def prediction_guide(self) -> Any:
+        """The guide for predicting on inputs without observations: its model hides the observed sites from it.
+
+        An autoguide finds its sites by running the model once (its prototype). Run on new inputs, with the
+        observed sites left ``None``, it took them for latent variables: the guide then drew the predictions from
+        its own initial values instead of the model's likelihood under the fitted parameters (a fitted linear
+        regression predicted ~0 everywhere), and a discrete observed site (a logistic regression's) made NumPyro
+        ask for ``funsor``. Here the model the guide sees draws its observed sites out of the guide's sight (a
+        seed inside the block, so they still have a value), so the guide holds the latent sites alone, as it did
+        when fitted on data.
+        """
+        from numpyro import handlers
+
+        hidden = list(get_numpyro_model(self.model).observed)
+        if not hidden:
+            return self.make_guide()
+        return self.make_guide(model_fn=handlers.block(handlers.seed(self.fn, rng_seed=0), hide=hidden))
+
     def build(self, key: Any) -> GuideParams:
         """No parameters yet: SVI initialises them from the data."""
         return GuideParams({})
@@ -326,7 +344,7 @@ class NumpyroGuide(_NumpyroModelBase):
         import jax
         from numpyro.infer import Predictive
 
-        pred = Predictive(self.fn, guide=self.make_guide(), params=self.params, num_samples=num_samples)
+        pred = Predictive(self.fn, guide=self.prediction_guide(), params=self.params, num_samples=num_samples)
         out = pred(jax.random.PRNGKey(seed), **self.model_kwargs(_as_kwargs(data)))
         return {k: np.asarray(v) for k, v in out.items()}
 
@@ -342,7 +360,7 @@ class NumpyroGuide(_NumpyroModelBase):
 
         params = {k: jnp.asarray(v) for k, v in self.params.items()}
         # A fresh guide per call: an autoguide keeps the prototype trace of its first call (a tracer under jit).
-        return _traceable_mean(self, lambda: {"guide": self.make_guide(), "params": params, "num_samples": 500})
+        return _traceable_mean(self, lambda: {"guide": self.prediction_guide(), "params": params, "num_samples": 500})
 
 
 def _traceable_mean(op: _NumpyroModelBase, predictive_kwargs: Callable[[], dict[str, Any]]) -> Any:
