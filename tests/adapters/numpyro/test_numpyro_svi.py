@@ -227,3 +227,21 @@ def test_a_fitted_guide_predicts_new_inputs_from_the_models_likelihood(model):
     np.testing.assert_allclose(jax.jit(guide.inference_function())(x), predicted, rtol=1e-5, atol=1e-6)
     draws = guide.predictive(x, num_samples=50)
     assert draws["y"].shape == (50, 6)  # the posterior-predictive draws of the observed site
+
+
+def test_calling_a_fitted_guide_again_or_another_fit_of_it_compiles_nothing():
+    """`NumpyroGuide.__call__` is compiled once per configuration and input shapes (`_compiled_mean`): NumPyro's
+    eager `Predictive` compiled its draws' loop again on every call. Another fit's parameters are arguments, not
+    constants: the same program gives that fit's predictions. Counted, not timed."""
+    from pipekit_train.adapters.equinox._steps import CompileCounter
+
+    guide = _fitted("logistic_regression")
+    other = _fitted("logistic_regression", **{"params/w_auto_loc": np.array([-0.5, 1.0, 0.2], np.float32)})
+    x = np.random.default_rng(1).normal(size=(7, 3)).astype(np.float32)
+    first = guide(x)
+    with CompileCounter() as again:
+        second = guide(x)
+        theirs = other(x)
+    assert again.count == 0
+    np.testing.assert_array_equal(first, second)
+    assert np.abs(theirs - first).max() > 0.1  # the other fit's weights, not the first's baked in

@@ -200,8 +200,10 @@ class NumpyroModel(_NumpyroModelBase):
         return {k: np.asarray(v) for k, v in out.items()}
 
     def __call__(self, x: Any) -> Any:
-        """The posterior-predictive mean of the observed site(s) for inputs `x`."""
-        return _predictive_mean(self, self.predictive(x))
+        """The posterior-predictive mean of the observed site(s) for inputs `x` (`inference_function`), compiled
+        once per configuration and input shapes (`_compiled_mean`)."""
+        out = _compiled_mean(self, x, self.posterior.flat(), _posterior_kwargs)
+        return {k: np.asarray(v) for k, v in out.items()} if isinstance(out, dict) else np.asarray(out)
 
     def inference_function(self) -> Any:
         """``predict(x)``: the posterior-predictive mean of the observed site(s) over the bound draws (closed over
@@ -210,7 +212,7 @@ class NumpyroModel(_NumpyroModelBase):
         import jax.numpy as jnp
 
         samples = {k: jnp.asarray(v) for k, v in self.posterior.flat().items()}
-        return _traceable_mean(self, lambda: {"posterior_samples": samples, "batch_ndims": 1})
+        return _traceable_mean(self, lambda: _posterior_kwargs(self, samples))
 
 
 class BlackjaxModel(NumpyroModel):
@@ -349,8 +351,10 @@ class NumpyroGuide(_NumpyroModelBase):
         return {k: np.asarray(v) for k, v in out.items()}
 
     def __call__(self, x: Any) -> Any:
-        """The posterior-predictive mean of the observed site(s) for inputs `x` (`inference_function`)."""
-        out = self.inference_function()(x)
+        """The posterior-predictive mean of the observed site(s) for inputs `x` (`inference_function`), compiled
+        once per configuration and input shapes (`_compiled_mean`): calling it again, or another fit of the same
+        guide, compiles nothing."""
+        out = _compiled_mean(self, x, self.params, _guide_kwargs)
         return {k: np.asarray(v) for k, v in out.items()} if isinstance(out, dict) else np.asarray(out)
 
     def inference_function(self) -> Any:
@@ -359,8 +363,55 @@ class NumpyroGuide(_NumpyroModelBase):
         import jax.numpy as jnp
 
         params = {k: jnp.asarray(v) for k, v in self.params.items()}
-        # A fresh guide per call: an autoguide keeps the prototype trace of its first call (a tracer under jit).
-        return _traceable_mean(self, lambda: {"guide": self.prediction_guide(), "params": params, "num_samples": 500})
+        return _traceable_mean(self, lambda: _guide_kwargs(self, params))
+
+
+#: `__call__`'s compiled posterior-predictive means (`_compiled_mean`), by unbound operator and non-array inputs.
+_MEANS: dict[Any, Any] = {}
+_MEANS_MAX = 64
+
+
+def _posterior_kwargs(template: Any, draws: Any) -> dict[str, Any]:
+    """`Predictive`'s arguments for a sampler's posterior: the draws, one batch dimension (chains flattened)."""
+    return {"posterior_samples": draws, "batch_ndims": 1}
+
+
+def _guide_kwargs(template: Any, params: Any) -> dict[str, Any]:
+    """`Predictive`'s arguments for a fitted guide: 500 draws under its parameters (a fresh guide per trace: an
+    autoguide keeps the prototype trace of its first call)."""
+    return {"guide": template.prediction_guide(), "params": params, "num_samples": 500}
+
+
+def _compiled_mean(
+    op: _NumpyroModelBase, x: Any, bound: Any, predictive_kwargs: Callable[[Any, Any], dict[str, Any]]
+) -> Any:
+    """``op(x)``: the operator's `inference_function` under one `jax.jit` per configuration, with `bound` (the
+    draws, or the guide's parameters) and the input arrays as its arguments.
+
+    Calling NumPyro's `Predictive` eagerly compiled its draws' loop again on every call (a new closure each time:
+    about a second a call for a small model, three calls of one kit check 3.4 s); here a second call, or another
+    fit of the same configuration, finds the program. The unbound operator (model, kwargs, guide) and the inputs
+    that are not arrays (sizes a model reads as Python numbers) key it; the cache holds no draws or parameters.
+    """
+    import jax
+
+    from pipekit import canonical
+
+    data = _as_kwargs(x)
+    arrays = {k: v for k, v in data.items() if hasattr(v, "shape") and hasattr(v, "dtype")}
+    others = {k: v for k, v in data.items() if k not in arrays}
+    template = op.replace()
+    key = (template, template.fn, canonical(others))  # the function too: a model name registered again
+    fn = _MEANS.get(key)
+    if fn is None:
+
+        def mean(bound: Any, arrays: Any) -> Any:
+            return _traceable_mean(template, lambda: predictive_kwargs(template, bound))({**others, **arrays})
+
+        while len(_MEANS) >= _MEANS_MAX:
+            _MEANS.pop(next(iter(_MEANS)))
+        fn = _MEANS[key] = jax.jit(mean)
+    return fn(bound, arrays)
 
 
 def _traceable_mean(op: _NumpyroModelBase, predictive_kwargs: Callable[[], dict[str, Any]]) -> Any:
