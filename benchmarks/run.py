@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import gc
 import itertools
 import json
 import os
@@ -135,6 +136,10 @@ def run_interleaved(contenders: list[Contender], rounds: int) -> None:
         k = r % max(len(live), 1)
         for c in live[k:] + live[:k]:
             try:
+                # The garbage one contender leaves (a hand `nnx.jit` loop's graph objects) is collected before the
+                # next is timed, not inside its timing: rotation keeps each contender's cyclic successor, so it was
+                # always the same one. (Collections a contender's own allocations cause stay in its time.)
+                gc.collect()
                 c.samples.append(c.measure())
             except Exception as e:
                 c.error = f"{type(e).__name__}: {e}"
