@@ -206,9 +206,9 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence, StepEnd
                 self.step += n
                 ctx.step, ctx.epoch = self.step, self.epoch_of(self.step)
                 # The divergence check reads the previous dispatch's loss only when it is already computed, so
-                # it never makes the host wait for the device, and at most once per `FINITE_READ_STEPS` steps (a
-                # read per one-step call cost a small model's loop a tenth of its step); every step's loss is
-                # checked at the next log step and before a checkpoint (`_divergence`).
+                # it never makes the host wait for the device, and at most once per `FINITE_READ_STEPS` steps (at
+                # one step per call it was a host transfer every step); every step's loss is checked at the next
+                # log step and before a checkpoint (`_divergence`).
                 if pending is not None and self.step - self._finite_read >= FINITE_READ_STEPS and _ready(pending[1]):
                     self._check_finite(*pending)
                     self._finite_read = self.step
