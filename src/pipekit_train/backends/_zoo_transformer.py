@@ -46,10 +46,15 @@ def check_transformer_sizes(
     vocab_size: int, d_model: int, num_heads: int, num_layers: int, max_len: int, mlp_ratio: int, dropout: float
 ) -> None:
     """One `pipekit.ConfigError` naming the first size that cannot build a transformer (every backend's check)."""
-    for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads)):
-        if value < 1:
-            raise ConfigError(f"transformer: {name} must be a positive int, got {value}")
-    for name, value in (("num_layers", num_layers), ("max_len", max_len), ("mlp_ratio", mlp_ratio)):
+    sizes = {
+        "vocab_size": vocab_size,
+        "d_model": d_model,
+        "num_heads": num_heads,
+        "num_layers": num_layers,
+        "max_len": max_len,
+        "mlp_ratio": mlp_ratio,
+    }
+    for name, value in sizes.items():
         if value < 1:
             raise ConfigError(f"transformer: {name} must be a positive int, got {value}")
     if d_model % num_heads:
