@@ -1,6 +1,7 @@
 """The problem every conformance check trains: 96 examples of 4 features with a linear target, the backend's
 ``example_model(4, 1)`` (and its ``example_fields()``), `MSE`, SGD with momentum under a warm-up cosine schedule,
-30 steps of 16 with validation every 10; and the helpers the checks share to run it and read what it wrote.
+30 steps of 16 with validation every 10 and logging every 5 (so every check runs chunks of the same length, one
+compiled program per backend for most of them); and the helpers the checks share to run it and read what it wrote.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _problem(backend: str, **overrides: Any) -> Any:
         max_steps=30,
         batch_size=16,
         eval_every_n_steps=10,
-        log_every_n_steps=10,
+        log_every_n_steps=5,
         backend=backend,
         progress=False,
     )

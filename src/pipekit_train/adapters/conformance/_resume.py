@@ -39,7 +39,7 @@ def check_resumes_exactly(backend: str, tmp: Path) -> None:
             return None  # it interrupts the run; it does not change what is trained
 
     callbacks: list[Any] = [Checkpoint(every_n_steps=10, keep=(Last(n=1),), async_save=False), TermAt15()]
-    loop = _problem(backend, log_every_n_steps=5)
+    loop = _problem(backend)
     if "weights" in _capabilities(backend) and loop.val_dataset is not None:
         callbacks += [ReduceLROnPlateau(patience=0, factor=0.5, threshold=0.5), EarlyStopping(patience=10)]
     loop = loop.replace(callbacks=tuple(callbacks))
