@@ -83,6 +83,56 @@ def test_the_four_factories_have_the_equinox_part_names_and_check_their_input():
         FlaxModel(factory="mlp", kwargs=KWARGS["mlp"]).check_input((7,), np.float32)
 
 
+# Sizes no other test builds: the builder is kept per factory and kwargs for the process, so a structure another
+# test built first (in the same xdist worker) would compile nothing here.
+BUILDS = {
+    "mlp": {"in_size": 7, "out_size": 2, "width_size": 5, "depth": 2},
+    "cnn": {"image_size": 8, "out_size": 3, "channels": (3,), "hidden": 5},
+    "autoencoder": {"in_size": 9, "latent_size": 2, "hidden": (3,)},
+    "classifier": {"in_size": 9, "num_classes": 4, "hidden": (3,), "head_hidden": (2,)},
+    "transformer": {"vocab_size": 13, "d_model": 8, "num_heads": 2, "num_layers": 1, "max_len": 6, "dropout": 0.1},
+    "transformer_classifier": {
+        "vocab_size": 13,
+        "d_model": 8,
+        "num_heads": 2,
+        "num_layers": 1,
+        "max_len": 6,
+        "num_classes": 2,
+    },
+    "test_flax_dropout_bn": {"in_size": 3, "out_size": 2},  # a user module: BatchNorm statistics, dropout streams
+}
+
+
+@pytest.mark.parametrize("factory", list(BUILDS))
+def test_building_is_one_program_with_the_default_levels_bits(factory):
+    """`FlaxModel.build` draws the variables in one compiled program at the kit's `init_compiler_options` (LLVM
+    -O1 on the CPU), bit for bit what the same factory gives compiled at XLA's default level (``nnx.jit``, how
+    the backend built before): params, BatchNorm statistics and RNG streams. (Not the eager factory's bits: XLA
+    fuses a truncated normal's inverse error function into other last bits than its eager operations give.)"""
+    import jax
+    from flax import nnx
+
+    from pipekit_train.adapters.equinox._steps import CompileCounter
+    from pipekit_train.adapters.flax._model import FACTORIES
+
+    op, key = FlaxModel(factory=factory, kwargs=BUILDS[factory]), jax.random.key(3)
+    with CompileCounter() as compiles:
+        state = op.build(key)
+    assert compiles.count == 1
+    built = op.bind(state).to_nnx()
+    default = nnx.jit(lambda k: FACTORIES.get(factory)(nnx.Rngs(k), **BUILDS[factory]))(key)
+    ours, theirs = nnx.to_flat_state(nnx.state(built)), nnx.to_flat_state(nnx.state(default))
+    assert [path for path, _ in ours] == [path for path, _ in theirs]
+
+    def raw(variable):
+        value = variable.get_value()
+        is_key = jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+        return np.asarray(jax.random.key_data(value) if is_key else value)
+
+    for (path, a), (_, b) in zip(ours, theirs, strict=True):
+        assert raw(a).dtype == raw(b).dtype and raw(a).tobytes() == raw(b).tobytes(), path
+
+
 @pytest.mark.parametrize("factory", list(KWARGS))
 def test_every_factory_converts_to_equinox_and_back(factory):
     """The same function to float rounding, and back the same arrays bit for bit, both ways round."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from pipekit import ConfigError, field
 from pipekit_train.backends import ModelOp
-from pipekit_train.backends.kit import FactoryRegistry
+from pipekit_train.backends.kit import FactoryRegistry, init_compiler_options
 
 __all__ = ["EquinoxModel", "register_model", "registered_models"]
 
@@ -76,7 +76,7 @@ def _traced_build(factory: Callable[..., Any], kwargs: Mapping[str, Any], key: A
     except (TypeError, ValueError):
         cache_key = None
     entry = _BUILDERS.get(cache_key) if cache_key is not None else None
-    builder = entry[1] if entry is not None else eqx.filter_jit(make, **_builder_options())
+    builder = entry[1] if entry is not None else eqx.filter_jit(make, **init_compiler_options())
     if entry is None and cache_key is not None:
         if len(_BUILDERS) >= _MAX_BUILDERS:
             _BUILDERS.pop(next(iter(_BUILDERS)))  # the oldest
@@ -91,23 +91,6 @@ def _traced_build(factory: Callable[..., Any], kwargs: Mapping[str, Any], key: A
 
 _BUILDERS: dict[Any, tuple[Any, Any]] = {}
 _MAX_BUILDERS = 64
-
-
-def _builder_options() -> dict[str, Any]:
-    """How the builder compiles: on the CPU, with LLVM's ``-O1`` instead of ``-O2``.
-
-    The builder runs once per process and architecture, so its compile time is all that counts: for the small MLP
-    of ``make bench`` it took as long as the train step's (1.06 s against 0.59 s), and ``-O1`` cuts it by a third.
-    The bits are the same: the random bits are integer arithmetic, and their conversion and scaling are
-    IEEE operations that LLVM does not reorder at either level (multiply-adds are fused alike; ``-O0`` fuses
-    none and gives other bits, so it is not used). The tests compare every built-in factory's weights with an
-    eager build bit for bit. Other platforms compile as JAX does by default.
-    """
-    import jax
-
-    if jax.default_backend() != "cpu":
-        return {}
-    return {"compiler_options": {"xla_backend_optimization_level": 1}}
 
 
 class EquinoxModel(ModelOp):

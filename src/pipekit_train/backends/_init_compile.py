@@ -1,0 +1,33 @@
+"""How a backend compiles the program that initialises a model's weights (`init_compiler_options`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["init_compiler_options"]
+
+
+def init_compiler_options() -> dict[str, Any]:
+    """``jax.jit`` keyword arguments for a program that draws a model's initial weights: on the CPU, LLVM ``-O1``
+    instead of XLA's default ``-O3``; elsewhere nothing (JAX's defaults).
+
+    Such a program runs once per process and architecture, so its compile time is all it costs: drawing the weights
+    of a small MLP compiled in 0.7-1.0 s at the default level, 0.2-0.7 s at ``-O1``, a small CNN's in 1.9 s against
+    0.4 s. The bits are the same: random bits are integer arithmetic, and their conversion and scaling are IEEE
+    operations that LLVM does not reorder at either level (multiply-adds are fused alike; ``-O0`` fuses none and
+    gives other bits, so it is not used). The Equinox and Flax backends' tests compare every built-in factory's
+    weights with an eager build bit for bit. Only for initialisation: a train step runs many times and is compiled
+    at the default level.
+
+    Example:
+        >>> import jax
+        >>> from pipekit_train.backends.kit import init_compiler_options
+        >>> build = jax.jit(lambda key: jax.random.normal(key, (3,)), **init_compiler_options())
+        >>> build(jax.random.key(0)).shape
+        (3,)
+    """
+    import jax
+
+    if jax.default_backend() != "cpu":
+        return {}
+    return {"compiler_options": {"xla_backend_optimization_level": 1}}
