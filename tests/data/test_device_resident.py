@@ -81,21 +81,27 @@ def test_forcing_the_device_path_where_it_cannot_be_is_one_error_naming_the_reas
 # Same batches, same position -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_device_windows_hold_the_host_batches_across_epochs(shuffle):
-    """Windows of 7 steps over 12-batch epochs (crossing epochs) gather exactly the host iterator's batches."""
+    """Windows of 7 steps over 12-batch epochs (crossing epochs) slice exactly the host iterator's batches, one
+    by one (`take`, the one-step call's) and all at once (`stacked`, a fused chunk's)."""
     ds = _dataset(shuffle=shuffle, transforms=(OneHot(key="label", num_classes=3),))
     host = ds.iterator(8, seed=5)
     resident = ResidentBatches(ds, 8, seed=5, max_steps_per_window=7)
-    gather = jax.jit(lambda window, i: window.take(i))
+    take = jax.jit(lambda window, i: window.take(i))
+    stacked = jax.jit(lambda window: window.stacked(7))
     for _ in range(6):  # 42 steps: three and a half epochs
         assert resident.get_state() == host.get_state()
         window = resident.window(7)
+        together = stacked(window)
         for i in range(7):
             expected = next(host)
-            got = gather(window, np.int32(i))
-            assert set(got) == set(expected)
+            got = take(window, np.int32(i))
+            assert set(got) == set(expected) == set(together)
             for key in expected:
                 np.testing.assert_array_equal(np.asarray(got[key]), expected[key])
+                np.testing.assert_array_equal(np.asarray(together[key][i]), expected[key])
     assert resident.get_state() == host.get_state() == {"epoch": 3, "batch": 6}
+    with pytest.raises(ValueError, match=r"8 steps, but windows of 1 to 7 were planned"):
+        resident.window(8)  # past the rows it ordered: refused, never a clamped slice of other rows
 
 
 def test_the_data_position_means_the_same_on_both_paths():
@@ -150,10 +156,13 @@ def test_training_on_the_device_path_is_bitwise_the_host_path():
         device, device_artifact = _loop(data).run()
         host, host_artifact = _loop(data.replace(device_resident=False)).run()
         single, _ = _loop(data.replace(device_resident=False), steps_per_call=1).run()
+        device_single, device_single_artifact = _loop(data, steps_per_call=1).run()
     assert device_artifact.backend_info["data"] == "device" and host_artifact.backend_info["data"] == "host"
     assert device_artifact.backend_info["steps_per_call"] == 10
+    assert device_single_artifact.backend_info["data"] == "device"
     _assert_bitwise(device, host)
     _assert_bitwise(device, single)
+    _assert_bitwise(device, device_single)  # one step a call: each batch one slice of the epoch's ordered rows
 
 
 class _StopAt(Callback, register=False):

@@ -130,9 +130,10 @@ class TrainingDataset(Operator):
         drop_remainder: drop the last, short batch of each epoch in `iterator` (`epoch_batches` always keeps it).
         prefetch: batches Grain prepares ahead in a background thread; 0 prepares each batch when asked.
         device_resident: ``auto`` puts a training set below the threshold (`pipekit_train.data._device`: 256 MiB,
-            or a quarter of the device's memory) on the device once and gathers each step's batch inside the
-            compiled call, when the backend supports it; ``true`` insists (an error says why it cannot), ``false``
-            always uses the host path. The batches are the same either way (docs/performance.md).
+            or an eighth of the device's memory) on the device once and slices each step's batch inside the
+            compiled call from the epoch's rows in order, when the backend supports it; ``true`` insists (an error
+            says why it cannot), ``false`` always uses the host path. The batches are the same either way
+            (docs/performance.md).
     """
 
     source: Source

@@ -1,16 +1,19 @@
-"""Device-resident training data: the arrays go to the device once and each fused chunk gathers its own batches.
+"""Device-resident training data: the arrays go to the device once and each fused chunk slices its own batches.
 
-For an in-memory training set small enough (`DEVICE_RESIDENT_MAX_BYTES`, or a quarter of the device's memory when
-the device reports it), `ResidentBatches` stands in for the host `BatchIterator`: the engine asks it for a
-`DeviceWindow` of ``n`` steps, the backend's compiled chunk calls `DeviceWindow.stacked` once, before its
-``lax.scan``, and the host does no work per step at all (no gather, no stacking, no transfer).
+For an in-memory training set small enough (`DEVICE_RESIDENT_MAX_BYTES`, or an eighth of the device's memory
+when the device reports it: the device holds it twice), `ResidentBatches` stands in for the host `BatchIterator`:
+the engine asks it for a `DeviceWindow` of ``n`` steps, the backend's compiled chunk calls `DeviceWindow.stacked`
+once, before its ``lax.scan`` (or `DeviceWindow.take` for one step), and the host does no work per step at all
+(no gather, no stacking, no transfer).
 
 The order of records is the host path's, bit for bit: epoch ``e`` visits ``np.random.default_rng([seed, e])
 .permutation(n)`` (`_dataset._Plan.perm`, the very same function). The permutation is drawn on the host once per
-epoch (a few hundred microseconds for 16k records, once every few hundred steps) and sent to the device as int32
-indices; the gather ``perm[b * B:(b + 1) * B]`` of every step happens in the compiled call. So a batch on the
-device path holds the same rows as on the host path, and the data position (`get_state` / `set_state`, ``{"epoch":
-e, "batch": b}``) means exactly what it means there: a checkpoint written on one path resumes on the other.
+epoch (a few hundred microseconds for 16k records, once every few hundred steps), and the rows are gathered on the
+device in that order once per epoch (with the first batches of the next epoch, for a window that crosses into
+it); a step's batch is then a contiguous slice ``[b * B, (b + 1) * B)`` of them in the compiled call. So a batch
+on the device path holds the same rows as on the host path, and the data position (`get_state` / `set_state`,
+``{"epoch": e, "batch": b}``) means exactly what it means there: a checkpoint written on one path resumes on the
+other. The device holds the training set twice: its arrays, and one epoch (plus a window) of rows in order.
 
 Transforms are per-record operations (`Normalize`, `Cast`, `OneHot`, ...), so they are applied once to the whole
 arrays before the upload; a user transform takes the device path only when it says it is per-record
@@ -42,8 +45,9 @@ from ._transforms import Transform
 
 __all__ = ["DEVICE_RESIDENT_MAX_BYTES", "DeviceWindow", "ResidentBatches", "resident_reason"]
 
-#: The largest training set (after transforms) that ``device_resident: auto`` puts on the device: 256 MiB, or a
-#: quarter of the device's memory when that is smaller and the device reports it.
+#: The largest training set (after transforms) that ``device_resident: auto`` puts on the device: 256 MiB, or an
+#: eighth of the device's memory when that is smaller and the device reports it (the device holds the set twice:
+#: its arrays, and an epoch of rows in training order; so at most a quarter of the memory).
 DEVICE_RESIDENT_MAX_BYTES = 256 * 2**20
 
 #: The built-in transforms, all per-record: applying one to the whole arrays equals applying it batch by batch.
@@ -56,7 +60,7 @@ def _per_record(t: Transform) -> bool:
 
 
 def _limit_bytes() -> int:
-    """`DEVICE_RESIDENT_MAX_BYTES`, or a quarter of the default device's memory when that is smaller."""
+    """`DEVICE_RESIDENT_MAX_BYTES`, or an eighth of the default device's memory when that is smaller."""
     import jax
 
     limit = DEVICE_RESIDENT_MAX_BYTES
@@ -66,7 +70,7 @@ def _limit_bytes() -> int:
         stats = {}
     total = stats.get("bytes_limit")
     if isinstance(total, int) and total > 0:
-        limit = min(limit, total // 4)
+        limit = min(limit, total // 8)
     return limit
 
 
@@ -136,59 +140,70 @@ def check_forced(dataset: TrainingDataset, reason: str | None) -> None:
 class DeviceWindow:
     """The batches of ``n`` consecutive steps as device data: what a fused chunk receives instead of batches.
 
-    A JAX pytree: the arrays (the whole training set), the permutations of the epochs the window touches
-    (``(epochs, records)`` int32), the first batch's index in the first of them and the batches per epoch are its
-    leaves, so every window of a stage has the same structure and the compiled chunk is reused; the batch size is
-    static. `take` is called inside the compiled chunk.
+    A JAX pytree: the training set's rows in the order the epochs the window touches visit them (`ResidentBatches`
+    gathers them once per epoch), and the first batch's index in them; the batch size is static. Batch ``b`` of
+    the window is rows ``[(first + b) * B, (first + b + 1) * B)``: a contiguous slice, so every window of a stage
+    has the same structure (the compiled chunk is reused) and a batch costs a slice, not a gather, inside the
+    compiled call. `take` and `stacked` are called inside the compiled chunk.
     """
 
-    __slots__ = ("arrays", "batch_size", "first", "per_epoch", "perms")
+    __slots__ = ("arrays", "batch_size", "first")
 
-    def __init__(self, arrays: dict[str, Any], perms: Any, first: Any, per_epoch: Any, batch_size: int) -> None:
+    def __init__(self, arrays: dict[str, Any], first: Any, batch_size: int) -> None:
         self.arrays = arrays
-        self.perms = perms
         self.first = first
-        self.per_epoch = per_epoch
         self.batch_size = batch_size
 
     def stacked(self, n: int) -> dict[str, Any]:
-        """The window's `n` batches stacked (leading axis `n`), gathered in one go inside the compiled chunk.
-
-        One gather before the chunk's ``lax.scan``, not one per step inside it: on CPU, a gather from the whole
-        training set inside the loop body made a small MLP's step 2-3x slower (the loop carries the arrays it
-        reads); gathered up front, the chunk runs at the speed of a scan over batches passed in.
-        """
-        import jax.numpy as jnp
-
-        b = self.first + jnp.arange(n, dtype=jnp.int32)
-        epoch = b // self.per_epoch
-        starts = epoch * self.perms.shape[1] + (b - epoch * self.per_epoch) * self.batch_size
-        idx = self.perms.reshape(-1)[starts[:, None] + jnp.arange(self.batch_size, dtype=jnp.int32)[None, :]]
-        return {k: v[idx] for k, v in self.arrays.items()}
-
-    def take(self, i: Any) -> dict[str, Any]:
-        """Batch `i` of the window (a traced int): ``perm[b * B:(b + 1) * B]`` gathered from each array."""
+        """The window's `n` batches stacked (leading axis `n`): one slice of ``n * B`` rows, before the chunk's
+        ``lax.scan`` (a gather from the whole training set inside the loop body made a small MLP's step 2-3x
+        slower)."""
         import jax
 
-        b = self.first + i
-        epoch = b // self.per_epoch
-        within = b - epoch * self.per_epoch
-        # One slice of the flattened permutations: indexing the epoch's row first copied the whole row every step.
-        flat = self.perms.reshape(-1)
-        start = epoch * self.perms.shape[1] + within * self.batch_size
-        idx = jax.lax.dynamic_slice_in_dim(flat, start, self.batch_size)
-        # Plain indexing, not `jnp.take`: with `take` (its default out-of-bounds mode) the trained weights came
-        # out a few ulps off the host path's on CPU; with indexing they are bitwise equal
-        # (tests/data/test_device_resident.py).
-        return {k: v[idx] for k, v in self.arrays.items()}
+        start = self.first * self.batch_size
+        size = n * self.batch_size
+        return {
+            k: jax.lax.dynamic_slice_in_dim(v, start, size).reshape(n, self.batch_size, *v.shape[1:])
+            for k, v in self.arrays.items()
+        }
+
+    def take(self, i: Any) -> dict[str, Any]:
+        """Batch `i` of the window (a traced int): its ``B`` rows, sliced.
+
+        A slice, not a gather of the batch's rows from the whole training set: on the CPU XLA splits such a gather
+        over its threads, and a one-step call of the small bench MLP took 130 µs with it against 68 µs with the
+        slice (the same as a batch passed in). The rows are the same, so the weights are bitwise the host path's
+        (tests/data/test_device_resident.py).
+        """
+        import jax
+
+        start = (self.first + i) * self.batch_size
+        return {k: jax.lax.dynamic_slice_in_dim(v, start, self.batch_size) for k, v in self.arrays.items()}
 
     def tree_flatten(self) -> tuple[tuple[Any, ...], int]:
-        return (self.arrays, self.perms, self.first, self.per_epoch), self.batch_size
+        return (self.arrays, self.first), self.batch_size
 
     @classmethod
     def tree_unflatten(cls, batch_size: int, children: tuple[Any, ...]) -> DeviceWindow:
-        arrays, perms, first, per_epoch = children
-        return cls(arrays, perms, first, per_epoch, batch_size)
+        arrays, first = children
+        return cls(arrays, first, batch_size)
+
+
+def _rows(arrays: dict[str, Any], index: Any) -> dict[str, Any]:
+    """``{k: v[index]}``: the rows `index` names, gathered on the device (one compiled program per shape)."""
+    return {k: v[index] for k, v in arrays.items()}
+
+
+_GATHER: list[Any] = []
+
+
+def _gather(arrays: dict[str, Any], index: Any) -> dict[str, Any]:
+    if not _GATHER:
+        import jax
+
+        _GATHER.append(jax.jit(_rows))
+    out: dict[str, Any] = _GATHER[0](arrays, index)
+    return out
 
 
 _REGISTERED: list[bool] = []
@@ -222,28 +237,40 @@ class ResidentBatches:
         self._per_epoch = dataset.num_batches(batch_size)
         self._plan = _Plan(n, batch_size, self._per_epoch, dataset.shuffle, int(seed))
         self._arrays = {k: jax.device_put(np.ascontiguousarray(v)) for k, v in _resident_arrays(dataset).items()}
-        # A window of `w` steps starting anywhere in an epoch touches at most this many epochs.
-        self._epochs = 1 + math.ceil((max(1, max_steps_per_window) - 1) / self._per_epoch)
+        # A window of `w` steps starts in some epoch `e` at a batch below `per_epoch` and ends at most `w - 1` batches
+        # later: the rows of epoch `e` in its order and of the first `w - 1` batches after it cover every window
+        # starting in `e` (with `w` above `per_epoch`, of several epochs after it).
+        self._window = max(1, max_steps_per_window)
+        self._epochs = 1 + math.ceil((self._window - 1) / self._per_epoch)
         self._next = 0  # the global batch index (epoch * per_epoch + batch) of the next step
-        self._perms: tuple[int, Any] = (-1, None)  # (first epoch, its device permutations)
+        # (epoch, the rows of the windows starting in it, in their order, on the device)
+        self._ordered: tuple[int, dict[str, Any] | None] = (-1, None)
         self.nbytes = sum(int(a.nbytes) for a in self._arrays.values())
 
-    def _device_perms(self, epoch: int) -> Any:
+    def _ordered_rows(self, epoch: int) -> dict[str, Any]:
+        """The rows of the windows starting in `epoch`, in the order they train: epoch `epoch`'s batches, then the
+        first ``window - 1`` batches after it. Gathered on the device once per epoch (the permutations drawn on
+        the host, `_Plan.perm`, as the host path draws them); one shape for every epoch of the stage."""
         import jax
 
-        first, perms = self._perms
-        if first != epoch or perms is None:
-            host = np.stack([self._plan.perm(e) for e in range(epoch, epoch + self._epochs)]).astype(np.int32)
-            perms = jax.device_put(host)
-            self._perms = (epoch, perms)
-        return perms
+        first, ordered = self._ordered
+        if first == epoch and ordered is not None:
+            return ordered
+        self._ordered = (-1, None)  # the previous epoch's rows are freed before the next are gathered
+        size = self._plan.batch_size
+        used = self._per_epoch * size  # a last short batch is dropped (drop_remainder), as on the host path
+        index = np.concatenate([self._plan.perm(e)[:used] for e in range(epoch, epoch + self._epochs)])
+        index = index[: (self._per_epoch + self._window - 1) * size].astype(np.int32)
+        rows = _gather(self._arrays, jax.device_put(index))
+        self._ordered = (epoch, rows)
+        return rows
 
     def window(self, steps: int) -> DeviceWindow:
         """The next `steps` batches as a `DeviceWindow`; the position moves past them."""
+        if not 1 <= steps <= self._window:  # a longer window would slice past the ordered rows (a slice clamps)
+            raise ValueError(f"ResidentBatches.window: {steps} steps, but windows of 1 to {self._window} were planned")
         epoch, batch = divmod(self._next, self._per_epoch)
-        window = DeviceWindow(
-            self._arrays, self._device_perms(epoch), np.int32(batch), np.int32(self._per_epoch), self._plan.batch_size
-        )
+        window = DeviceWindow(self._ordered_rows(epoch), np.int32(batch), self._plan.batch_size)
         self._next += steps
         return window
 
@@ -269,8 +296,8 @@ class ResidentBatches:
         self._next = position_index(state, self._per_epoch, "ResidentBatches")
 
     def close(self) -> None:
-        """Nothing to stop (no thread); drops the device arrays' references."""
-        self._perms = (-1, None)
+        """Nothing to stop (no thread); drops the ordered rows' references."""
+        self._ordered = (-1, None)
 
     def __repr__(self) -> str:
         state = self.get_state()
