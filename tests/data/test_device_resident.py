@@ -104,6 +104,21 @@ def test_device_windows_hold_the_host_batches_across_epochs(shuffle):
         resident.window(8)  # past the rows it ordered: refused, never a clamped slice of other rows
 
 
+def test_the_compiled_gather_of_other_devices_orders_the_rows_as_numpy_does_on_the_cpu():
+    """Off the CPU the epoch's rows are ordered by a compiled gather on the device (on the CPU by NumPy, which
+    compiles nothing): both give the same arrays, crossing into the next epoch."""
+    ds = _dataset(transforms=(OneHot(key="label", num_classes=3),))
+    numpy_path = ResidentBatches(ds, 8, seed=3, max_steps_per_window=5)
+    device_path = ResidentBatches(ds, 8, seed=3, max_steps_per_window=5)
+    assert numpy_path._on_cpu
+    device_path._on_cpu = False  # as on a GPU
+    for _ in range(4):  # 20 steps over 12-batch epochs
+        a, b = numpy_path.window(5), device_path.window(5)
+        assert int(a.first) == int(b.first)
+        for key in a.arrays:
+            np.testing.assert_array_equal(np.asarray(a.arrays[key]), np.asarray(b.arrays[key]))
+
+
 def test_the_data_position_means_the_same_on_both_paths():
     ds = _dataset()
     resident = ResidentBatches(ds, 8, seed=1, max_steps_per_window=4)
