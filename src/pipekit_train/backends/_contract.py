@@ -242,7 +242,8 @@ class StepBackend(abc.ABC):
 
     def train_window(self, window: Any, n: int, step: int) -> Mapping[str, Any]:
         """`train` for device-resident data (with `resident_data`): `window` (a `pipekit_train.data.DeviceWindow`)
-        is gathered inside the compiled call. Only called when `resident_data` says so."""
+        is sliced inside the compiled call (``window.take(i)``, or ``window.stacked(n)`` for a chunk). Only called
+        when `resident_data` says so."""
         raise NotImplementedError(f"{type(self).__name__} takes no device-resident data (resident_data is False)")
 
     def running(self) -> contextlib.AbstractContextManager[None]:

@@ -1,5 +1,5 @@
 """The training batches a stage draws: device-resident (`pipekit_train.data._device.ResidentBatches`: a chunk
-gathers its own batches on the device) where the dataset and the backend allow it, else the dataset's host iterator
+slices its own batches on the device) where the dataset and the backend allow it, else the dataset's host iterator
 (several processes: each reads its rows of every global batch); and what the engine's plan reads of the dataset
 (the bytes of a batch, the batches of an epoch)."""
 

@@ -180,7 +180,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence, StepEnd
                     self._deliver_pending()
                     self._phase_start("compiling")
                 t0 = time.perf_counter()
-                if self.resident:  # the chunk gathers its own batches on the device
+                if self.resident:  # the chunk slices its own batches on the device
                     data: Any = self.iterator.window(n)
                 else:
                     data = [next(self.iterator) for _ in range(n)]

@@ -255,7 +255,7 @@ def _train_chunk_impl(
             )
         return p, o, e, {**m, **ctx.metrics()}
 
-    # Device-resident data (`data._device.DeviceWindow`): the chunk gathers its own batches, all n at once.
+    # Device-resident data (`data._device.DeviceWindow`): the chunk slices its own batches, all n at once.
     window: Any = batches if hasattr(batches, "stacked") else None
     if n == 1:
         batch = window.take(0) if window is not None else batches

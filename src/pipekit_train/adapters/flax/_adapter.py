@@ -99,7 +99,7 @@ class FlaxBackend(StepBackend):
         return self.plan is None
 
     def train_window(self, window: Any, n: int, step: int) -> Any:
-        """`train` for device-resident data: `window` (a `DeviceWindow`) is gathered inside the compiled chunk."""
+        """`train` for device-resident data: `window` (a `DeviceWindow`) is sliced inside the compiled chunk."""
         return self._chunk(window, step, n)
 
     def train(self, batches: list[dict[str, np.ndarray]], step: int) -> Any:

@@ -166,7 +166,7 @@ def _train_chunk(
         optimizer=optimizer,
         ema_config=ema_config,
     )
-    # Device-resident data (`pipekit_train.data.DeviceWindow`): the chunk gathers its own batches, all n at once.
+    # Device-resident data (`pipekit_train.data.DeviceWindow`): the chunk slices its own batches, all n at once.
     window: Any = batches if hasattr(batches, "stacked") else None
     if n == 1:
         return one(state, batch=window.take(0) if window is not None else batches, step=step)
