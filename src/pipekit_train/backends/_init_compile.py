@@ -15,9 +15,9 @@ def init_compiler_options() -> dict[str, Any]:
     of a small MLP compiled in 0.7-1.0 s at the default level, 0.2-0.7 s at ``-O1``, a small CNN's in 1.9 s against
     0.4 s. The bits are the same: random bits are integer arithmetic, and their conversion and scaling are IEEE
     operations that LLVM does not reorder at either level (multiply-adds are fused alike; ``-O0`` fuses none and
-    gives other bits, so it is not used). The Equinox and Flax backends' tests compare every built-in factory's
-    weights with an eager build bit for bit. Only for initialisation: a train step runs many times and is compiled
-    at the default level.
+    gives other bits, so it is not used). The tests compare every built-in factory's weights bit for bit: the
+    Equinox backend's with an eager build, the Flax backend's with a build at the default level. Only for
+    initialisation: a train step runs many times and is compiled at the default level.
 
     Example:
         >>> import jax

@@ -8,12 +8,13 @@ once, before its ``lax.scan`` (or `DeviceWindow.take` for one step), and the hos
 
 The order of records is the host path's, bit for bit: epoch ``e`` visits ``np.random.default_rng([seed, e])
 .permutation(n)`` (`_dataset._Plan.perm`, the very same function). The permutation is drawn on the host once per
-epoch (a few hundred microseconds for 16k records, once every few hundred steps), and the rows are gathered on the
-device in that order once per epoch (with the first batches of the next epoch, for a window that crosses into
-it); a step's batch is then a contiguous slice ``[b * B, (b + 1) * B)`` of them in the compiled call. So a batch
-on the device path holds the same rows as on the host path, and the data position (`get_state` / `set_state`,
-``{"epoch": e, "batch": b}``) means exactly what it means there: a checkpoint written on one path resumes on the
-other. The device holds the training set twice: its arrays, and one epoch (plus a window) of rows in order.
+epoch (a few hundred microseconds for 16k records, once every few hundred steps), and the rows are put in that
+order once per epoch (with the first batches of the next epoch, for a window that crosses into it; on the CPU by
+NumPy, elsewhere by a compiled gather on the device); a step's batch is then a contiguous slice ``[b * B, (b + 1)
+* B)`` of them in the compiled call. So a batch on the device path holds the same rows as on the host path, and
+the data position (`get_state` / `set_state`, ``{"epoch": e, "batch": b}``) means exactly what it means there: a
+checkpoint written on one path resumes on the other. The device holds the training set twice: its arrays, and
+one epoch (plus a window) of rows in order.
 
 Transforms are per-record operations (`Normalize`, `Cast`, `OneHot`, ...), so they are applied once to the whole
 arrays before the upload; a user transform takes the device path only when it says it is per-record
@@ -250,8 +251,9 @@ class ResidentBatches:
 
     def _ordered_rows(self, epoch: int) -> dict[str, Any]:
         """The rows of the windows starting in `epoch`, in the order they train: epoch `epoch`'s batches, then the
-        first ``window - 1`` batches after it. Gathered on the device once per epoch (the permutations drawn on
-        the host, `_Plan.perm`, as the host path draws them); one shape for every epoch of the stage."""
+        first ``window - 1`` batches after it. Gathered once per epoch (on the CPU by NumPy, elsewhere by a
+        compiled gather on the device) in the order of the permutations drawn on the host (`_Plan.perm`, as the
+        host path draws them); one shape for every epoch of the stage."""
         import jax
 
         first, ordered = self._ordered
