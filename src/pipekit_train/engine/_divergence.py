@@ -31,9 +31,12 @@ class Divergence:
         """Raise `NonFiniteLossError` if `loss` (the last step's, or a chunk's per-step losses) is not finite."""
         if not self.loop.stop_on_nonfinite:
             return
-        if np.ndim(loss) == 0 and math.isfinite(loss):  # one step's loss, finite: the usual case, kept cheap
+        # One read to the host (a JAX array's NumPy view, cached on it for the log window's later read), then
+        # one step's finite loss, the usual case, returns at once.
+        host = np.asarray(loss)
+        if host.ndim == 0 and math.isfinite(host):
             return
-        values = np.atleast_1d(np.asarray(loss, dtype=np.float64))
+        values = np.atleast_1d(host.astype(np.float64))
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
             step = step - len(values) + 1 + int(bad[0])

@@ -108,6 +108,16 @@ class CheckpointHooks:
             return 0, None, None
         return resume_from_checkpoint(self, backend)
 
+    def idle_after(self, step: int) -> bool:
+        """Whether `after_chunk` at `step` would do nothing: one process (no agreement to take part in), no signal
+        seen and no checkpoint due. The engine then skips the call and the `HookCall` it builds for it (a few µs of
+        each step of a one-step-per-call loop)."""
+        quiet = self.config is None or not self.config.should_save(step)
+        if quiet and self.signals.reason is None and process_count() == 1:
+            self.stopping = None  # what `after_chunk` would have agreed on: no signal
+            return True
+        return False
+
     def after_chunk(self, call: HookCall, data_state: dict[str, Any]) -> Callable[[], None] | None:
         # A signal seen now stops after this chunk and `at_end` writes the checkpoint with its stop_reason; one that
         # arrives during the save below is acted on after the next chunk, so the stop checkpoint always records it.

@@ -216,7 +216,7 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence, StepEnd
                 self._after_chunk(first, n, metrics, may_defer=not compiled_now)
                 if self.probe is not None:  # (it reads the callbacks' states: their steps were reported)
                     self.probe.after_chunk(self, first, metrics, data_state)
-                if self.hooks is not None and ctx.stop_reason is None:
+                if self.hooks is not None and ctx.stop_reason is None and not self.hooks.idle_after(self.step):
                     may_wait = self._saves_may_wait and self._async and self.step < loop.max_steps
                     self._checkpointing(self.hooks.after_chunk, self._hook_call(may_wait), data_state)
                 signal_name = self.hooks.stop_requested() if self.hooks is not None else None
@@ -232,7 +232,8 @@ class Engine(Schedule, LogWindow, Phases, Evaluation, Saves, Divergence, StepEnd
                     self._phase("compiling", wall - data_s)
                     progress.compiled(wall - data_s)
                 self.clock.chunk(n, wall, data_s, compiled)
-                progress.update(self.step, ctx.epoch, self.last_train.get("loss"), self.clock.recent_step_s())
+                if progress.enabled:
+                    progress.update(self.step, ctx.epoch, self.last_train.get("loss"), self.clock.recent_step_s())
             self._deliver_pending()  # the last chunk's steps, before anything of the stage's end
             if self._save_rest is not None:  # no next chunk came (a sampler reached `until`)
                 self._finish_save()

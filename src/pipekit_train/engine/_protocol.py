@@ -118,8 +118,12 @@ class StageHooks(Protocol):
     def boundaries(self) -> list[int]:
         """Step multiples a fused chunk must not cross (the checkpoint cadence)."""
 
+    def idle_after(self, step: int) -> bool:
+        """Whether `after_chunk` after `step` steps would do nothing (no checkpoint due, no signal, no other process
+        to agree with): the engine then does not call it."""
+
     def after_chunk(self, call: HookCall, data_state: dict[str, Any]) -> Callable[[], None] | None:
-        """After every dispatch: save when the cadence says so.
+        """After every dispatch that `idle_after` does not rule out: save when the cadence says so.
 
         With ``call.may_wait``, a hook may take the state's snapshot now and return the rest of the save; the
         engine calls it right after dispatching the next chunk, before anything else of that chunk (and at the

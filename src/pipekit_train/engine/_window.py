@@ -140,6 +140,12 @@ def _columns(window: list[tuple[int, Mapping[str, Any]]]) -> dict[str, np.ndarra
             segments.append((m._stacked, m._index, 1))
     host = _hosts(window)
     keys = list(host[id(segments[0][0])])
+    if all(first is None for _, first, _ in segments):  # one-step calls: a scalar per chunk, stacked per name
+        rows = [host[id(stacked)] for stacked, _, _ in segments]
+        if any(r.keys() != rows[0].keys() for r in rows):
+            return None
+        columns = {k: np.asarray([r[k] for r in rows]) for k in keys}
+        return columns if all(c.ndim == 1 for c in columns.values()) else None
     parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     for stacked, first, count in segments:
         values = host[id(stacked)]

@@ -35,13 +35,13 @@ from ._recipe_step import StepRecipe, frozen_count
 from ._steps import (
     Layout,
     LossSpec,
+    bound_train_chunk,
     combine,
     eval_batch,
     host_copy,
     partition,
     sharded_train_chunk,
     static_arg,
-    train_chunk,
 )
 from ._tree import apply_transfer
 
@@ -86,6 +86,7 @@ class EquinoxBackend(StepBackend):
         self.plan = mesh_plan(loop)
         self.compute = compute_dtype(loop.precision)
         self._sharded: dict[int, Any] = {}
+        self._bound: dict[int, Any] = {}  # (the unsharded chunk, the task's arrays) by length (`bound_train_chunk`)
         self.model_op = model_op
         self.optimizer = _optimizer(loop)
         # LoRA (`_lora`): the adapters are the trained params; the model they adapt is frozen in the consts.
@@ -219,22 +220,25 @@ class EquinoxBackend(StepBackend):
         return self._chunk(batch, step, n)
 
     def _chunk(self, batch: Any, step: int, n: int) -> dict[str, Any]:
-        """`n` steps through the unsharded compiled chunk; `batch` is stacked batches or a `DeviceWindow`."""
-        # `train_chunk` is jitted: it takes NumPy arrays as they are (its annotations say `jax.Array`).
-        self._state, metrics = train_chunk(
-            self._state,
-            self._consts,
-            cast("dict[str, jax.Array]", batch),
-            cast("jax.Array", np.int32(step)),
-            self.base_key,
-            layout=self.layout,
-            spec=self.spec,
-            optimizer=self.optimizer,
-            n=n,
-            ema_config=self.ema_config,
-            compute=self.compute,
-        )
-        return metrics
+        """`n` steps through the unsharded compiled chunk; `batch` is stacked batches or a `DeviceWindow`.
+
+        The chunk's static configuration is bound once per length (`bound_train_chunk`): a call passes arrays only.
+        The jitted chunk takes NumPy arrays (the step, host batches) as they are."""
+        bound = self._bound.get(n)
+        if bound is None:
+            loss_spec: LossSpec = self.spec.value
+            fn = bound_train_chunk(
+                layout=self.layout,
+                spec=loss_spec.step_loss,
+                optimizer=self.optimizer,
+                n=n,
+                ema_config=self.ema_config,
+                compute=self.compute,
+            )
+            bound = self._bound[n] = (fn, loss_spec.task_arrays.leaves)
+        fn, task_leaves = bound
+        self._state, metrics = fn(self._state, self._consts, task_leaves, batch, np.int32(step), self.base_key)
+        return cast("dict[str, Any]", metrics)
 
     def _train_sharded(self, batch: dict[str, np.ndarray], step: int, n: int) -> dict[str, Any]:
         """`train` on the mesh: the global batch goes in as NumPy and the compiled call splits it over ``data``."""

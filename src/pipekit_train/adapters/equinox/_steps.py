@@ -1,8 +1,8 @@
 """The compiled train and eval steps of the Equinox adapter.
 
 The model is partitioned once per stage into ``params`` (inexact arrays, trained), ``consts`` (other arrays) and
-``static`` (everything else). The step is a module-level `jax.jit` function with ``static``, the loss (or the
-static part of a task) and the optimizer as static arguments, so JAX's own cache is keyed by structure: a second
+``static`` (everything else). The step is one `jax.jit` per static configuration (`bound_train_chunk`): ``static``,
+the loss (or the static part of a task) and the optimizer are bound into it and key a module-level cache, so a second
 stage (or a second run in the same process) with the same model structure, loss, optimizer and batch shapes
 compiles nothing new. A task's arrays are arguments of the step, like the parameters. Parameters and optimizer
 state are donated. ``n > 1`` runs ``n`` steps in one dispatch with `lax.scan` over stacked batches.
@@ -273,11 +273,42 @@ def _train_chunk_impl(
     return new_state, metrics
 
 
-_train_chunk = jax.jit(
-    _train_chunk_impl,
-    static_argnames=("layout", "spec", "optimizer", "n", "ema_config", "compute"),
-    donate_argnums=(0,),
-)
+#: The unsharded chunks (`bound_train_chunk`), one `jax.jit` per static configuration.
+_BOUND_STEPS: dict[tuple[Any, ...], Any] = {}
+
+
+def bound_train_chunk(
+    *,
+    layout: Static,
+    spec: Static,
+    optimizer: optax.GradientTransformation,
+    n: int,
+    ema_config: tuple[Any, bool] | None = None,
+    compute: str | None = None,
+) -> Any:
+    """The unsharded chunk with its static configuration bound: ``fn(state, consts, task_leaves, batches, step,
+    base_key)``, the state donated. `spec` is the loss's `StepLoss` (``LossSpec.step_loss``).
+
+    One `jax.jit` per configuration, cached here, so a second stage with the same configuration compiles nothing
+    new. Bound once per stage rather than passed as static arguments on every call: JAX hashes and compares each
+    static argument at every dispatch (Python ``__hash__``/``__eq__`` calls), about 4 µs of a small MLP's
+    one-step call (`make bench` row 1).
+    """
+    key = (layout, spec, optimizer, n, ema_config, compute)
+    fn = _BOUND_STEPS.get(key)
+    if fn is None:
+        body = functools.partial(
+            _train_chunk_impl,
+            layout=layout,
+            spec=spec,
+            optimizer=optimizer,
+            n=n,
+            ema_config=ema_config,
+            compute=compute,
+        )
+        fn = _BOUND_STEPS[key] = jax.jit(body, donate_argnums=(0,))
+    return fn
+
 
 #: The sharded steps (`sharded_train_chunk`), one `jax.jit` per mesh, state shardings and static configuration.
 _SHARDED_STEPS: dict[tuple[Any, ...], Any] = {}
@@ -349,25 +380,22 @@ def train_chunk(
     Returns the new state and the metrics (leading axis ``n`` when ``n > 1``).
     """
     loss_spec: LossSpec = spec.value
-    out: tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]] = _train_chunk(
-        state,
-        consts,
-        loss_spec.task_arrays.leaves,
-        batches,
-        step,
-        base_key,
-        layout=layout,
-        spec=loss_spec.step_loss,
-        optimizer=optimizer,
-        n=n,
-        ema_config=ema_config,
-        compute=compute,
+    fn = bound_train_chunk(
+        layout=layout, spec=loss_spec.step_loss, optimizer=optimizer, n=n, ema_config=ema_config, compute=compute
+    )
+    out: tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]] = fn(
+        state, consts, loss_spec.task_arrays.leaves, batches, step, base_key
     )
     return out
 
 
+def _chunk_cache_size() -> int:
+    """The compiled unsharded chunks: one entry per configuration and argument shapes."""
+    return sum(fn._cache_size() for fn in list(_BOUND_STEPS.values()))
+
+
 #: The compiled step's cache (``train_chunk._cache_size()`` counts the compiled variants).
-train_chunk._cache_size = _train_chunk._cache_size  # type: ignore[attr-defined]
+train_chunk._cache_size = _chunk_cache_size  # type: ignore[attr-defined]
 
 
 @functools.partial(jax.jit, static_argnames=("static", "spec"))

@@ -29,7 +29,7 @@ from pipekit_train.backends.kit import (
 from pipekit_train.scale import compute_dtype, mesh_plan
 
 from ._model import FlaxModel, FlaxState
-from ._steps import Layout, Spec, eval_batch, sharded_train_chunk, static_arg, train_chunk
+from ._steps import Layout, Spec, bound_train_chunk, eval_batch, sharded_train_chunk, static_arg
 from ._tree import apply_transfer
 
 _OPTIMIZERS: dict[Any, Any] = {}
@@ -64,6 +64,7 @@ class FlaxBackend(StepBackend):
         # Data parallel (`TrainingLoop.mesh`): None trains on the default device; else the state lives replicated.
         self.plan = mesh_plan(loop)
         self.optimizer = _optimizer(loop)
+        self._bound: dict[int, Any] = {}  # the unsharded chunk by length (`bound_train_chunk`)
         ema = loop.ema_settings
         self.ema_callback = ema
         # the decay may be a `Schedule` (read at the traced step inside the compiled step): a static argument
@@ -72,16 +73,18 @@ class FlaxBackend(StepBackend):
         r_leaves, r_def = jax.tree.flatten(state.rest)
         rng_leaves, rng_def = jax.tree.flatten(state.rngs)
         self.graphdef, self.defs = state.graphdef, (p_def, r_def, rng_def)
-        self.layout = static_arg(Layout(state.graphdef, p_def, r_def, rng_def))
+        params = _copy(p_leaves)
+        o_leaves, o_def = jax.tree.flatten(self.optimizer.init(params))
+        self.layout = static_arg(Layout(state.graphdef, p_def, r_def, rng_def, o_def))
         self.compute = compute_dtype(loop.precision)  # mixed precision: None trains in float32
         prefix = getattr(loop.loss, "aux_prefix", "loss/")
         self.spec = static_arg(Spec(loop.loss, loop.input_key, loop.target_key, prefix, self.compute))
         self.rngs = rng_leaves  # reseeded from (seed, step) inside every step: never part of the saved state
-        params = _copy(p_leaves)
-        self.state: tuple[list[Any], list[Any], Any, list[Any]] = (
+        # The optimizer state is kept as its leaves (`Layout.opt_state` rebuilds it inside the step).
+        self.state: tuple[list[Any], list[Any], list[Any], list[Any]] = (
             params,
             _copy(r_leaves),
-            self.optimizer.init(params),
+            o_leaves,
             _copy(params) if ema is not None else [],
         )
         self._place()
@@ -114,19 +117,14 @@ class FlaxBackend(StepBackend):
         return self._chunk(batch, step, n)
 
     def _chunk(self, batch: Any, step: int, n: int) -> Any:
-        """`n` steps through the compiled chunk (one device); `batch` is stacked batches or a `DeviceWindow`."""
-        self.state, metrics = train_chunk(
-            self.state,
-            self.rngs,
-            batch,
-            np.int32(step),
-            self.base_key,
-            layout=self.layout,
-            spec=self.spec,
-            optimizer=self.optimizer,
-            n=n,
-            ema_config=self.ema_config,
-        )
+        """`n` steps through the compiled chunk (one device); `batch` is stacked batches or a `DeviceWindow`. The
+        chunk's static configuration is bound once per length (`bound_train_chunk`): a call passes arrays only."""
+        fn = self._bound.get(n)
+        if fn is None:
+            fn = self._bound[n] = bound_train_chunk(
+                layout=self.layout, spec=self.spec, optimizer=self.optimizer, n=n, ema_config=self.ema_config
+            )
+        self.state, metrics = fn(self.state, self.rngs, batch, np.int32(step), self.base_key)
         return metrics
 
     def _params(self, use_ema: bool) -> list[Any]:
@@ -155,7 +153,7 @@ class FlaxBackend(StepBackend):
                 raise ShapeError(f"the new {what} have other shapes than the ones being trained")
         p = _copy(params)
         e = _copy(ema if ema is not None else p) if self.ema_config is not None else []
-        o = jax.tree.map(lambda x: x, opt_state) if opt_state is not None else old[2]
+        o = self._opt_leaves(opt_state) if opt_state is not None else old[2]
         self.state = (p, _copy(rest), o, e)
         self._place()
 
@@ -167,7 +165,19 @@ class FlaxBackend(StepBackend):
 
     def optimizer_state(self) -> Any:
         """The optimizer state the stage ends with (`TrainerCarryState.opt_state`)."""
-        return self.state[2]
+        return self._opt_tree()
+
+    def _opt_tree(self, leaves: list[Any] | None = None) -> Any:
+        """The optimizer state as optax's tree (the stage keeps its leaves)."""
+        return jax.tree.unflatten(self.layout.value.opt_state, self.state[2] if leaves is None else leaves)
+
+    def _opt_leaves(self, tree: Any) -> list[Any]:
+        """The leaves of an optimizer state of this stage's structure (a checkpoint's, a callback's change)."""
+        leaves = jax.tree.leaves(tree)
+        expected = self.layout.value.opt_state.num_leaves
+        if len(leaves) != expected:
+            raise ShapeError(f"the optimizer state has {len(leaves)} arrays, this stage's optimizer {expected}")
+        return list(leaves)
 
     def summary(self) -> dict[str, Any]:
         """What the artifact's ``backend_info`` records of this run."""
@@ -177,11 +187,11 @@ class FlaxBackend(StepBackend):
         }
 
     def get_lr_scale(self) -> float:
-        return get_lr_scale(self.state[2])
+        return get_lr_scale(self._opt_tree())
 
     def set_lr_scale(self, value: float) -> None:
         p, r, o, e = self.state
-        self.state = (p, r, set_lr_scale(o, value), e)
+        self.state = (p, r, self._opt_leaves(set_lr_scale(self._opt_tree(o), value)), e)
         self._place()
 
     def learning_rate(self, step: int) -> float:
@@ -194,15 +204,15 @@ class FlaxBackend(StepBackend):
         self._segment_start = start
         if restart:
             p, r, o, e = self.state
-            self.state = (p, r, restart_schedule(o), e)
+            self.state = (p, r, self._opt_leaves(restart_schedule(self._opt_tree(o))), e)
             self._place()
 
     # Checkpointing -----------------------------------------------------------------------------------------
     def state_tree(self) -> dict[str, Any]:
         """The arrays a checkpoint holds: params, other variables (BatchNorm statistics), optimizer state, and the
         EMA with the `EMA` callback. The RNG streams are not saved: every step reseeds them from ``(seed, step)``."""
-        params, rest, opt_state, ema = self.state
-        tree = {"params": list(params), "rest": list(rest), "opt_state": opt_state}
+        params, rest, opt_leaves, ema = self.state
+        tree = {"params": list(params), "rest": list(rest), "opt_state": self._opt_tree(opt_leaves)}
         if self.ema_config is not None:
             tree["ema"] = list(ema)
         return tree

@@ -1,0 +1,109 @@
+"""The one-step-per-call path's own work, counted (never timed; `make bench` row 1 times it): the compiled chunk's
+static configuration is compared once per stage, not at every dispatch; the checkpoint hook is called only after
+the chunks where it can act; the Flax backend carries its optimizer state across the `jax.jit` boundary as leaves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+from pipekit_train import MSE, ArraySource, Checkpoint, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
+from pipekit_train.adapters.equinox import _steps as equinox_steps
+from pipekit_train.engine import _hooks
+
+MLP = {"in_size": 4, "out_size": 1, "width_size": 8, "depth": 1}
+
+
+def _data() -> TrainingDataset:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    return TrainingDataset(source=ArraySource(arrays={"x": x, "y": x[:, :1] * 2.0}))
+
+
+def _loop(steps: int, model_op: Any = None, **kw: Any) -> TrainingLoop:
+    return TrainingLoop(
+        model_op=model_op or EquinoxModel(factory="mlp", kwargs=MLP),
+        dataset=_data(),
+        loss=MSE(),
+        max_steps=steps,
+        batch_size=8,
+        steps_per_call=1,
+        log_every_n_steps=4,
+        progress=False,
+        **kw,
+    )
+
+
+def _run(loop: TrainingLoop, run_dir: Any) -> Any:
+    with run_settings(store=False, run_dir=str(run_dir)):
+        model, _ = loop.run()
+    return model
+
+
+def test_the_static_configuration_is_compared_once_per_stage_not_per_step(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    hash_, eq = equinox_steps.Static.__hash__, equinox_steps.Static.__eq__
+
+    def counted_hash(self: Any) -> int:
+        calls["n"] += 1
+        return hash_(self)
+
+    def counted_eq(self: Any, other: object) -> bool:
+        calls["n"] += 1
+        return eq(self, other)
+
+    _run(_loop(4), tmp_path / "warm")  # compiles; the counts below are of stages that find the program
+    monkeypatch.setattr(equinox_steps.Static, "__hash__", counted_hash)
+    monkeypatch.setattr(equinox_steps.Static, "__eq__", counted_eq)
+    counts = []
+    for steps in (4, 20):
+        calls["n"] = 0
+        _run(_loop(steps), tmp_path / f"run{steps}")
+        counts.append(calls["n"])
+    # Passed as static arguments, they were hashed and compared at every dispatch: 16 more steps, 16x more calls.
+    assert counts[0] == counts[1], counts
+
+
+def test_the_checkpoint_hook_is_called_only_where_it_can_act(tmp_path, monkeypatch):
+    seen: list[int] = []
+    after_chunk = _hooks.CheckpointHooks.after_chunk
+
+    def counted(self: Any, call: Any, data_state: Any) -> Any:
+        seen.append(call.step)
+        return after_chunk(self, call, data_state)
+
+    monkeypatch.setattr(_hooks.CheckpointHooks, "after_chunk", counted)
+    _run(_loop(12), tmp_path / "plain")
+    assert seen == []  # no checkpoints, no signal, one process: nothing to do after any chunk
+    _run(_loop(12, callbacks=(Checkpoint(every_n_steps=4),)), tmp_path / "saving")
+    assert seen == [4, 8, 12]  # after exactly the chunks the cadence names
+    assert (
+        tmp_path / "saving" / "stage0" / "checkpoints" / "12"
+    ).is_dir()  # the hook still saves (retention: the last)
+
+
+def test_the_flax_backend_carries_its_optimizer_state_as_leaves(tmp_path, monkeypatch):
+    pytest.importorskip("flax")
+    from pipekit_train.adapters.flax import FlaxModel, _adapter
+
+    made: list[Any] = []
+    init = _adapter.FlaxBackend.__init__
+
+    def keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(_adapter.FlaxBackend, "__init__", keep)
+    _run(_loop(6, model_op=FlaxModel(factory="mlp", kwargs=MLP)), tmp_path / "flax")
+    backend = made[-1]
+    leaves = backend.state[2]
+    assert isinstance(leaves, list) and all(isinstance(a, jax.Array) for a in leaves)
+    tree = backend.optimizer_state()  # optax's tree, rebuilt from the leaves (what the next stage and checkpoints get)
+    assert jax.tree.structure(tree) == backend.layout.value.opt_state
+    assert all(a is b for a, b in zip(jax.tree.leaves(tree), leaves, strict=True))
+    backend.set_lr_scale(0.25)  # a callback's change goes through the tree and back to leaves
+    assert backend.get_lr_scale() == 0.25 and isinstance(backend.state[2], list)
