@@ -200,9 +200,10 @@ def bound_train_chunk(
     n: int,
     ema_config: tuple[float, bool] | None,
 ) -> Any:
-    """`train_chunk` with its static configuration bound: ``fn(state, rngs, batches, step, base_key)``, the state
-    donated. Cached by the configuration (a second stage compiles nothing new); the adapter binds it once per
-    chunk length, so a dispatch passes arrays only (JAX hashes and compares static arguments at every call)."""
+    """The unsharded chunk (`_train_chunk`) with its static configuration bound: ``fn(state, rngs, batches, step,
+    base_key)``, the state donated. Cached by the configuration (a second stage compiles nothing new); the adapter
+    binds it once per chunk length, so a dispatch passes arrays only (JAX hashes and compares static arguments at
+    every call)."""
     key = (layout, spec, optimizer, n, ema_config)
     fn = _BOUND.get(key)
     if fn is None:
