@@ -1,6 +1,6 @@
 """`steps_per_call: auto`: how a stage's steps are cut into compiled calls, what that compiles, what it changes.
 
-Chunk lengths are read from the compiled step's cache (`train_chunk._cache_size()`, one entry per compiled chunk
+Chunk lengths are read from the compiled step's cache (`chunk_cache_size()`, one entry per compiled chunk
 length) and from XLA compile events (`CompileCounter`); every test uses a model width of its own so the process-
 wide cache starts empty for it.
 """
@@ -29,7 +29,7 @@ from pipekit_train import (
     TrainingLoop,
     run_settings,
 )
-from pipekit_train.adapters.equinox._steps import CompileCounter, train_chunk
+from pipekit_train.adapters.equinox._steps import CompileCounter, chunk_cache_size
 from pipekit_train.engine._chunks import AUTO_CHUNK_BYTES, AUTO_MAX_STEPS, ChunkPlan, chunk_plan, needs_every_step
 
 
@@ -62,10 +62,10 @@ def _weights(model: Any) -> list[np.ndarray]:
 
 def _run(loop: TrainingLoop) -> tuple[Any, Any, int]:
     """Run `loop`; the trained model, its artifact and how many chunk lengths it compiled."""
-    before = train_chunk._cache_size()
+    before = chunk_cache_size()
     with run_settings(store=False):
         model, artifact = loop.run()
-    return model, artifact, train_chunk._cache_size() - before
+    return model, artifact, chunk_cache_size() - before
 
 
 SEEN: list[tuple[int, float]] = []

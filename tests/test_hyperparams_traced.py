@@ -24,7 +24,7 @@ from pipekit_train import (
     TrainingLoop,
     run_settings,
 )
-from pipekit_train.adapters.equinox._steps import CompileCounter, train_chunk
+from pipekit_train.adapters.equinox._steps import CompileCounter, chunk_cache_size
 from pipekit_train.backends import _optax as pk_optax
 from pipekit_train.backends._optax import StructuredOptimizer, build_optimizer
 from pipekit_train.backends._optax_numbers import Hyperparams, refresh_hyperparams
@@ -93,11 +93,11 @@ def test_two_stages_with_other_numbers_compile_the_train_step_once():
         ]
     )
     _MARKS.clear()
-    before = train_chunk._cache_size()
+    before = chunk_cache_size()
     with CompileCounter() as counter, run_settings(store=False):
         _COUNTER[:] = [counter]
         seq.run()
-    assert train_chunk._cache_size() - before == 1  # the second stage found the first stage's program
+    assert chunk_cache_size() - before == 1  # the second stage found the first stage's program
     (s0, _, a0), (_, _, b0), (s1, _, a1), (_, _, b1) = _MARKS
     assert s0 != s1
     assert b0 - a0 >= 1  # the first stage compiled its step ...
@@ -106,7 +106,7 @@ def test_two_stages_with_other_numbers_compile_the_train_step_once():
 
 def test_a_learning_rate_sweep_compiles_once_and_each_point_has_its_own_numbers():
     model = _mlp(19)
-    before = train_chunk._cache_size()
+    before = chunk_cache_size()
     finals = []
     counts = []
     for lr in (0.003, 0.01, 0.03):
@@ -114,7 +114,7 @@ def test_a_learning_rate_sweep_compiles_once_and_each_point_has_its_own_numbers(
             trained, _ = _loop(model, {"name": "adam", "lr": lr}, 12).run()
         counts.append(counter.count)
         finals.append(_leaves(trained))
-    assert train_chunk._cache_size() - before == 1
+    assert chunk_cache_size() - before == 1
     assert counts[0] >= 1 and counts[1:] == [0, 0]
     # The reused program trained with the last point's rate: bitwise a hand-written optax.adam(0.03) loop.
     loop = _loop(model, {"name": "adam", "lr": 0.03}, 12)

@@ -276,13 +276,13 @@ def test_second_stage_with_the_same_structure_compiles_nothing_new():
 
 
 def test_the_step_compiles_once_per_structure():
-    from pipekit_train.adapters.equinox._steps import train_chunk
+    from pipekit_train.adapters.equinox._steps import chunk_cache_size
 
-    before = train_chunk._cache_size()
+    before = chunk_cache_size()
     with run_settings(store=False):
         _loop(max_steps=30, steps_per_call=1).run()
         _loop(max_steps=30, steps_per_call=1, seed=9).run()
-    assert train_chunk._cache_size() - before <= 1
+    assert chunk_cache_size() - before <= 1
 
 
 def test_every_stage_keeps_its_final_weights_loadable_from_the_artifact(tmp_path):

@@ -373,27 +373,27 @@ def test_a_callable_loss_has_no_yaml_form_and_records_name_it(tmp_path):
 
 
 def test_a_callable_loss_trains_on_equinox_compiling_once_per_function(tmp_path):
-    from pipekit_train.adapters.equinox._steps import train_chunk
+    from pipekit_train.adapters.equinox._steps import chunk_cache_size
 
     def weights(model):
         return [np.asarray(w) for w in model.weights().values()]
 
-    before = train_chunk._cache_size()
+    before = chunk_cache_size()
     with run_settings(run_dir=str(tmp_path / "fn"), store=False):
         stages = pipekit.Sequential([_small_loop(loss=_l1, name="a"), _small_loop(loss=_l1, name="b")])
         stages.run()
-    assert train_chunk._cache_size() - before == 1  # the second stage found the first stage's program
+    assert chunk_cache_size() - before == 1  # the second stage found the first stage's program
     logged = [r for r in read_jsonl(tmp_path / "fn" / "a" / "metrics.jsonl") if r.get("context") == "train"]
     assert all({"loss", "loss/max_error"} <= set(r) for r in logged if r["type"] == "metrics")
     with run_settings(run_dir=str(tmp_path / "fn1"), store=False):
         by_function, _ = _small_loop(loss=_l1).run()
     with run_settings(run_dir=str(tmp_path / "cls"), store=False):
         by_class, _ = _small_loop(loss=ScaledL1()).run()  # the same formula as a Loss subclass
-    assert train_chunk._cache_size() - before == 2  # ... which compiles its own program
+    assert chunk_cache_size() - before == 2  # ... which compiles its own program
     assert all(np.array_equal(a, b) for a, b in zip(weights(by_function), weights(by_class)))
     with run_settings(run_dir=str(tmp_path / "l2"), store=False):
         by_other, _ = _small_loop(loss=_l2).run()
-    assert train_chunk._cache_size() - before == 3  # another function: its own program, not _l1's
+    assert chunk_cache_size() - before == 3  # another function: its own program, not _l1's
     assert not all(np.array_equal(a, b) for a, b in zip(weights(by_function), weights(by_other)))
 
 

@@ -20,7 +20,7 @@ from pipekit_train import (
     read_jsonl,
     run_settings,
 )
-from pipekit_train.adapters.equinox._steps import CompileCounter, train_chunk
+from pipekit_train.adapters.equinox._steps import CompileCounter, chunk_cache_size
 from pipekit_train.sweep._lr_find import suggest
 
 
@@ -49,9 +49,9 @@ def _loop(**kw) -> TrainingLoop:
 
 def test_sweep_grows_geometrically_diverges_and_suggests_a_rate_inside_it(tmp_path):
     before = set(os.listdir(tmp_path))
-    compiled = train_chunk._cache_size()
+    compiled = chunk_cache_size()
     result = lr_find(_loop(), min_lr=1e-4, max_lr=100.0, steps=60)
-    assert train_chunk._cache_size() - compiled <= 1  # one step program: the rate changes through the multiplier
+    assert chunk_cache_size() - compiled <= 1  # one step program: the rate changes through the multiplier
     with CompileCounter() as again:
         lr_find(_loop(), min_lr=1e-3, max_lr=1.0, steps=10)
     assert again.count == 0  # another sweep of the same stage compiles nothing

@@ -24,7 +24,7 @@ from pipekit_train import (
     read_jsonl,
     run_settings,
 )
-from pipekit_train.adapters.equinox._steps import train_chunk
+from pipekit_train.adapters.equinox._steps import chunk_cache_size
 from pipekit_train.backends._optax import build_optimizer
 from pipekit_train.backends._optax_transforms import L2SPState, reset_anchor
 
@@ -124,10 +124,10 @@ def test_a_frozen_encoder_stays_bitwise_and_the_head_trains():
 
 def test_gradual_unfreezing_compiles_one_step_and_trains_the_encoder_after():
     loop = _loop(max_steps=8, param_groups=(ParamGroup(pattern="encoder.*", frozen=True, unfreeze_at=4),))
-    before = train_chunk._cache_size()
+    before = chunk_cache_size()
     with run_settings(store=False):
         trained, _ = loop.run()
-    assert train_chunk._cache_size() - before <= 1  # at most one new compile (none when cached): no recompile at 4
+    assert chunk_cache_size() - before <= 1  # at most one new compile (none when cached): no recompile at 4
     start = _start(loop)
     assert not _same(eqx.filter(trained.module.encoder, eqx.is_array), eqx.filter(start.encoder, eqx.is_array))
 

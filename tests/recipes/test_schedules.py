@@ -33,7 +33,7 @@ from pipekit_train import (
     schedule_value,
     step_context,
 )
-from pipekit_train.adapters.equinox._steps import train_chunk
+from pipekit_train.adapters.equinox._steps import chunk_cache_size
 from pipekit_train.optim._schedules import schedules_in
 from pipekit_train.stage.preflight import check_pipeline
 
@@ -152,10 +152,10 @@ components:
 
 # In training --------------------------------------------------------------------------------------------------
 def test_annealed_weight_reaches_its_values_at_the_given_steps_and_weights_the_loss(tmp_path):
-    before = train_chunk._cache_size()
+    before = chunk_cache_size()
     with run_settings(run_dir=str(tmp_path / "run"), store=False):
         _loop().run()
-    assert train_chunk._cache_size() - before <= 1  # one compiled step for every value of the weight
+    assert chunk_cache_size() - before <= 1  # one compiled step for every value of the weight
     records = _train_records(tmp_path / "run")
     # The record at step t holds the value used by step t - 1 (steps taken before it): 0 up to step 2, then a
     # straight line to 1 at step 8.

@@ -277,6 +277,27 @@ def _train_chunk_impl(
 _BOUND_STEPS: dict[tuple[Any, ...], Any] = {}
 
 
+def _chunk_body(
+    layout: Static,
+    step_loss: Static,
+    optimizer: optax.GradientTransformation,
+    n: int,
+    ema_config: tuple[Any, bool] | None,
+    compute: str | None,
+) -> Any:
+    """`_train_chunk_impl` with its static configuration bound: what `bound_train_chunk` and `sharded_train_chunk`
+    compile."""
+    return functools.partial(
+        _train_chunk_impl,
+        layout=layout,
+        spec=step_loss,
+        optimizer=optimizer,
+        n=n,
+        ema_config=ema_config,
+        compute=compute,
+    )
+
+
 def bound_train_chunk(
     *,
     layout: Static,
@@ -287,7 +308,13 @@ def bound_train_chunk(
     compute: str | None = None,
 ) -> Any:
     """The unsharded chunk with its static configuration bound: ``fn(state, consts, task_leaves, batches, step,
-    base_key)``, the state donated. `spec` is the loss's `StepLoss` (``LossSpec.step_loss``).
+    base_key)``: ``n`` optimizer steps, with ``n == 1`` `batches` one batch, else each leaf with a leading axis ``n``.
+
+    `state` is ``(params, opt_state, ema)`` as flat leaf lists (``ema`` empty when `ema_config` is ``None``),
+    donated and returned updated; the EMA is updated after every step inside the same dispatch. `spec` is the
+    loss's `StepLoss` (``LossSpec.step_loss``), on which the program specialises; `task_leaves` are the task's
+    arrays (``LossSpec.task_arrays.leaves``). The call returns the new state and the metrics (a leading axis ``n``
+    when ``n > 1``).
 
     One `jax.jit` per configuration, cached here, so a second stage with the same configuration compiles nothing
     new. Bound once per stage rather than passed as static arguments on every call: JAX hashes and compares each
@@ -297,17 +324,14 @@ def bound_train_chunk(
     key = (layout, spec, optimizer, n, ema_config, compute)
     fn = _BOUND_STEPS.get(key)
     if fn is None:
-        body = functools.partial(
-            _train_chunk_impl,
-            layout=layout,
-            spec=spec,
-            optimizer=optimizer,
-            n=n,
-            ema_config=ema_config,
-            compute=compute,
-        )
+        body = _chunk_body(layout, spec, optimizer, n, ema_config, compute)
         fn = _BOUND_STEPS[key] = jax.jit(body, donate_argnums=(0,))
     return fn
+
+
+def chunk_cache_size() -> int:
+    """The compiled unsharded chunks: one entry per configuration and argument shapes (what tests count)."""
+    return sum(fn._cache_size() for fn in list(_BOUND_STEPS.values()))
 
 
 #: The sharded steps (`sharded_train_chunk`), one `jax.jit` per mesh, state shardings and static configuration.
@@ -327,7 +351,7 @@ def sharded_train_chunk(
 ) -> Any:
     """The data-parallel chunk on `plan`'s mesh: ``fn(state, consts, task_leaves, batches, step, base_key)``.
 
-    The same step as `train_chunk`, compiled with explicit shardings: the batch split along ``data`` (axis 1 of
+    The same step as `bound_train_chunk`, compiled with explicit shardings: the batch split along ``data`` (axis 1 of
     stacked batches), the state placed as `state_shardings` says (replicated, or split for ``shard_params``) and
     returned the same way, everything else replicated; the state is donated. `jax.jit` takes no keyword arguments
     with explicit shardings, so the static configuration is bound here and the function is cached by it: a
@@ -339,15 +363,7 @@ def sharded_train_chunk(
     if fn is None:
         rep = plan.replicated
         state = tuple(list(s) for s in state_shardings)
-        body = functools.partial(
-            _train_chunk_impl,
-            layout=layout,
-            spec=loss_spec.step_loss,
-            optimizer=optimizer,
-            n=n,
-            ema_config=ema_config,
-            compute=compute,
-        )
+        body = _chunk_body(layout, loss_spec.step_loss, optimizer, n, ema_config, compute)
         fn = jax.jit(
             body,
             in_shardings=(state, rep, rep, plan.batch(stacked=n > 1), rep, rep),
@@ -356,46 +372,6 @@ def sharded_train_chunk(
         )
         _SHARDED_STEPS[key] = fn
     return fn
-
-
-def train_chunk(
-    state: tuple[list[jax.Array], list[jax.Array], list[jax.Array]],
-    consts: list[jax.Array],
-    batches: dict[str, jax.Array],
-    step: jax.Array,
-    base_key: jax.Array,
-    *,
-    layout: Static,
-    spec: Static,
-    optimizer: optax.GradientTransformation,
-    n: int,
-    ema_config: tuple[Any, bool] | None = None,
-    compute: str | None = None,
-) -> tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]]:
-    """``n`` optimizer steps. With ``n == 1`` `batches` is one batch; else each leaf has a leading axis ``n``.
-
-    `state` is ``(params, opt_state, ema)`` as flat leaf lists (``ema`` empty when `ema_config` is ``None``),
-    donated and returned updated; the EMA is updated after every step inside the same dispatch. `spec` wraps a
-    `LossSpec`: the compiled step specialises on its `StepLoss` and receives the task's arrays as arguments.
-    Returns the new state and the metrics (leading axis ``n`` when ``n > 1``).
-    """
-    loss_spec: LossSpec = spec.value
-    fn = bound_train_chunk(
-        layout=layout, spec=loss_spec.step_loss, optimizer=optimizer, n=n, ema_config=ema_config, compute=compute
-    )
-    out: tuple[tuple[list[jax.Array], list[jax.Array], list[jax.Array]], dict[str, jax.Array]] = fn(
-        state, consts, loss_spec.task_arrays.leaves, batches, step, base_key
-    )
-    return out
-
-
-def _chunk_cache_size() -> int:
-    """The compiled unsharded chunks: one entry per configuration and argument shapes."""
-    return sum(fn._cache_size() for fn in list(_BOUND_STEPS.values()))
-
-
-#: The compiled step's cache (``train_chunk._cache_size()`` counts the compiled variants).
-train_chunk._cache_size = _chunk_cache_size  # type: ignore[attr-defined]
 
 
 @functools.partial(jax.jit, static_argnames=("static", "spec"))

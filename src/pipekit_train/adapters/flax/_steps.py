@@ -207,9 +207,14 @@ def bound_train_chunk(
     key = (layout, spec, optimizer, n, ema_config)
     fn = _BOUND.get(key)
     if fn is None:
-        static = {"layout": layout, "spec": spec, "optimizer": optimizer, "n": n, "ema_config": ema_config}
-        fn = _BOUND[key] = jax.jit(functools.partial(_train_chunk, **static), donate_argnums=(0,))
+        fn = _BOUND[key] = jax.jit(_chunk_body(*key), donate_argnums=(0,))
     return fn
+
+
+def _chunk_body(layout: Static, spec: Static, optimizer: optax.GradientTransformation, n: int, ema_config: Any) -> Any:
+    """`_train_chunk` with its static configuration bound: what `bound_train_chunk` and `sharded_train_chunk`
+    compile."""
+    return functools.partial(_train_chunk, layout=layout, spec=spec, optimizer=optimizer, n=n, ema_config=ema_config)
 
 
 #: The data-parallel chunks (`sharded_train_chunk`), one `jax.jit` per mesh and static configuration.
@@ -232,10 +237,8 @@ def sharded_train_chunk(
     fn = _SHARDED.get(key)
     if fn is None:
         rep = plan.replicated
-        static = {"layout": layout, "spec": spec, "optimizer": optimizer, "n": n, "ema_config": ema_config}
-        body = functools.partial(_train_chunk, **static)
         fn = _SHARDED[key] = jax.jit(
-            body,
+            _chunk_body(layout, spec, optimizer, n, ema_config),
             in_shardings=(rep, rep, plan.batch(stacked=n > 1), rep, rep),
             out_shardings=(rep, rep),
             donate_argnums=(0,),
