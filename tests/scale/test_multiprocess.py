@@ -241,7 +241,10 @@ def test_one_process_sigkilled_stops_the_other_and_resumes_bitwise(work: Path) -
 
 
 def test_one_process_sigkilled_without_launch_stops_the_other_by_heartbeat(work: Path) -> None:
-    """No supervisor: JAX's coordination service stops the survivor once the lost process misses its heartbeats."""
+    """No supervisor: JAX's coordination service stops the survivor once the lost process misses its heartbeats; or,
+    when the kill lands while the survivor is inside a compiled collective with it, gloo's transport does first (it
+    reads the dead peer's half-sent message: "Received data size doesn't match expected size"), a race of the
+    host's timing seen once under the full suite's load. Either way the survivor ends on the lost peer."""
     from pipekit_train.cli._launch import _free_port, child_env
 
     port, procs = _free_port(), []
@@ -253,7 +256,9 @@ def test_one_process_sigkilled_without_launch_stops_the_other_by_heartbeat(work:
     errors = [p.communicate(timeout=TIMEOUT)[1].decode(errors="replace") for p in procs]
     assert procs[1].returncode == -signal.SIGKILL, errors[1][-2000:]
     assert procs[0].returncode not in (0, None), errors[0][-2000:]  # stopped, not hanging (TIMEOUT bounds it)
-    assert re.search(r"tasks are unhealthy \(stopped sending heartbeats\):\s*1\b", errors[0]), errors[0][-2000:]
+    heartbeat = r"tasks are unhealthy \(stopped sending heartbeats\):\s*1\b"
+    collective = r"gloo::(EnforceNotMet|IoException)[\s\S]*(Received data size|Connection (closed|reset) by peer)"
+    assert re.search(f"{heartbeat}|{collective}", errors[0]), errors[0][-2000:]
 
 
 def test_resume_with_another_process_count_continues_and_is_recorded(work: Path) -> None:
