@@ -374,8 +374,9 @@ class _NormalInits(eqx.Module):
 def test_model_building_is_one_program_with_the_eager_bits(factory: str, kwargs: dict[str, Any]) -> None:
     """`EquinoxModel.build` compiles one program (not one per weight: an eager `jax.random.uniform` compiles per
     shape), and its weights are the eager factory's bit for bit (checkpoints and recorded runs depend on it). The
-    builder is compiled at LLVM -O1 on the CPU (`init_compiler_options`): every built-in factory and the normal,
-    truncated-normal and orthogonal initialisers (erfinv, a QR) are checked here."""
+    builder is compiled at LLVM -O1 with XLA's elemental emitters on the CPU (`init_compiler_options`): every
+    built-in factory and the normal, truncated-normal and orthogonal initialisers (erfinv, a QR) are checked
+    here."""
     from pipekit_train.adapters.equinox._adapter import stage_keys
     from pipekit_train.adapters.equinox._model import FACTORIES
     from pipekit_train.adapters.equinox._steps import CompileCounter

@@ -16,7 +16,7 @@ your own package build on the same pieces (and import nothing private).
   transforms it is made of, and the parameter-group labels (`group_labels`, `param_path`).
 - **EMA**: the decay rule every backend applies (`ema_decay`).
 - **Building weights**: how the one-off program that draws a model's initial weights compiles
-  (`init_compiler_options`: a third to a fifth of the default compile time on the CPU, the same bits).
+  (`init_compiler_options`: a quarter to three quarters of the default compile time on the CPU, the same bits).
 - **`TrainingLoop.carry`**: the setting (`carry_settings`) and the previous stage's saved trees matched to this
   stage's by path (`match_by_path`); the core hands them over as ``incoming.carried``.
 - **Cheap imports**: `attach_lazily`, the lazy facade the backends' packages use (their framework is imported on

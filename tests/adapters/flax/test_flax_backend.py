@@ -106,9 +106,10 @@ BUILDS = {
 @pytest.mark.parametrize("factory", list(BUILDS))
 def test_building_is_one_program_with_the_default_levels_bits(factory):
     """`FlaxModel.build` draws the variables in one compiled program at the kit's `init_compiler_options` (LLVM
-    -O1 on the CPU), bit for bit what the same factory gives compiled at XLA's default level (``nnx.jit``, how
-    the backend built before): params, BatchNorm statistics and RNG streams. (Not the eager factory's bits: XLA
-    fuses a truncated normal's inverse error function into other last bits than its eager operations give.)"""
+    -O1 and XLA's elemental emitters on the CPU), bit for bit what the same factory gives compiled at XLA's
+    default level (``nnx.jit``, how the backend built before): params, BatchNorm statistics and RNG streams. (Not
+    the eager factory's bits: XLA fuses a truncated normal's inverse error function into other last bits than its
+    eager operations give.)"""
     import jax
     from flax import nnx
 

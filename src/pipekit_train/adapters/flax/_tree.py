@@ -105,9 +105,9 @@ def build_state(op: ModelOp, key: Any) -> FlaxState:
 
 def _builder(op: ModelOp) -> Any:
     """``key -> nnx.Module`` of `op`'s factory: the module's variables drawn by one `jax.jit` program compiled with
-    the kit's `init_compiler_options` (on the CPU a third to a fifth of the default compile time, the same bits:
-    the tests compare every built-in factory with a build at XLA's default level), merged with the graph
-    definition its trace found (static: one per factory and kwargs)."""
+    the kit's `init_compiler_options` (on the CPU a quarter to three quarters of the default compile time, the
+    same bits: the tests compare every built-in factory with a build at XLA's default level), merged with the
+    graph definition its trace found (static: one per factory and kwargs)."""
     graphdef: list[Any] = []
 
     def variables(k: Any) -> Any:
