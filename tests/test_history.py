@@ -17,6 +17,9 @@ from pipekit_train.tracking._history import HistoryError, format_table, history,
 
 MODEL = EquinoxModel(factory="mlp", kwargs={"in_size": 4, "out_size": 1, "width_size": 8, "depth": 1})
 
+#: One xdist worker for the module (--dist loadgroup): the two runs of `runs` train and compile once.
+pytestmark = pytest.mark.xdist_group("history")
+
 
 def _dataset(seed: int) -> TrainingDataset:
     rng = np.random.default_rng(seed)

@@ -46,6 +46,10 @@ X = np.random.default_rng(3).normal(size=(64, 3)).astype(np.float32)
 # state.bin takes one 4 KiB page of the tmpfs, its meta.json would need the next).
 FREE_AFTER_FILL = {"flat": 4 * 1024, "orbax": 16 * 1024}
 
+#: One xdist worker for the module (--dist loadgroup): the uninterrupted reference run (`reference_hash`) trains
+#: and compiles once, not once per worker.
+pytestmark = pytest.mark.xdist_group("disk-full")
+
 
 class FillDisk(Callback, register=False):
     """At `step`, fills the file system holding `path`, leaving `FREE_AFTER_FILL` bytes (a test-only callback).
