@@ -17,8 +17,8 @@ def init_compiler_options() -> dict[str, Any]:
     emitters as well; a small CNN's in 1.9 s, 0.85 s, 0.5-0.55 s; a two-block transformer's 2.6, 1.9-2.0, 1.4-1.9 s.
     The bits are the same: random bits are integer arithmetic, and their conversion and scaling are IEEE
     operations that LLVM does not reorder at either level (multiply-adds are fused alike; ``-O0`` fuses none and
-    gives other bits, so it is not used), and the inverse error function of a truncated normal is the same
-    polynomial from either emitter here (a train step's ``tanh`` and ``erf`` are not: another reason the options
+    gives other bits, so it is not used), and a truncated normal's inverse error function came out the same from
+    either emitter in every build tested (a train step's ``tanh`` and ``erf`` did not: another reason the options
     stay off the train step). The tests compare every built-in factory's weights bit for bit: the Equinox
     backend's with an eager build, the Flax backend's with a build at the default level. Only for
     initialisation: a train step runs many times and is compiled at the default level.

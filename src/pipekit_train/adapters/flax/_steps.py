@@ -207,7 +207,7 @@ def bound_train_chunk(
     key = (layout, spec, optimizer, n, ema_config)
     fn = _BOUND.get(key)
     if fn is None:
-        fn = _BOUND[key] = jax.jit(_chunk_body(*key), donate_argnums=(0,))
+        fn = _BOUND[key] = jax.jit(_chunk_body(layout, spec, optimizer, n, ema_config), donate_argnums=(0,))
     return fn
 
 
