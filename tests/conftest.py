@@ -17,6 +17,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 #: pointing elsewhere, $JAX_ENABLE_X64 or $XLA_FLAGS changing numbers or devices, a $GIT_DIR or $GIT_INDEX_FILE of
 #: the hook's repository). Removed for the whole run, before JAX is imported; a test that needs one sets it.
 _FROM_THE_SHELL = ("PIPEKIT_", "MLFLOW_", "RAY_", "JAX_", "XLA_", "GIT_", "KERAS_", "MPL", "MATPLOTLIB")
+#: What makes JAX keep every compiled program in ``$JAX_COMPILATION_CACHE_DIR`` (however fast it compiled), and the
+#: variable that hands the run's cache directory to the xdist workers (`_private_machine_state`).
+XLA_CACHE = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+_XLA_CACHE_FROM = "PYTEST_PIPEKIT_XLA_CACHE"
 
 
 def _private_machine_state() -> None:
@@ -25,7 +29,15 @@ def _private_machine_state() -> None:
     Ray user of the machine, names a cluster ``ray.init`` would join; short, for Ray's socket paths), Keras' and
     Matplotlib's configuration (``~/.keras/keras.json``, ``~/.config/matplotlib``), git's global and system
     configuration (``~/.gitconfig``: a ``commit.gpgsign`` there breaks the tests' commits), and Ray's token file
-    (``~/.ray``: ``RAY_AUTH_MODE=disabled``). Subprocesses inherit all of it."""
+    (``~/.ray``: ``RAY_AUTH_MODE=disabled``). Subprocesses inherit all of it.
+
+    And one persistent XLA compilation cache for the whole run (`XLA_CACHE`), made by the process pytest was started
+    in and handed to its xdist workers: the same program (a model's initial weights, a step of one structure, an
+    evaluation) compiles once per run instead of once per test and per training subprocess. A loaded program is the
+    compiled one, bit for bit, so no result changes; a load is still a backend compile to `jax.monitoring` (JAX
+    times ``compile_or_get_cached`` as one), so the tests that count compiles count the same. Removed with the
+    private directory of the process that made it, which outlives its workers."""
+    handed_down = os.environ.get(_XLA_CACHE_FROM) if os.environ.get("PYTEST_XDIST_WORKER") else None
     for name in list(os.environ):
         if name.startswith(_FROM_THE_SHELL) and name != "JAX_PLATFORMS":
             del os.environ[name]
@@ -33,6 +45,8 @@ def _private_machine_state() -> None:
     atexit.register(shutil.rmtree, private, True)
     for sub in ("ray", "keras", "matplotlib"):
         os.mkdir(os.path.join(private, sub))
+    cache = handed_down if handed_down and os.path.isdir(handed_down) else os.path.join(private, "xla-cache")
+    os.makedirs(cache, exist_ok=True)
     os.environ.update(
         RAY_TMPDIR=os.path.join(private, "ray"),
         RAY_AUTH_MODE="disabled",
@@ -40,6 +54,9 @@ def _private_machine_state() -> None:
         MPLCONFIGDIR=os.path.join(private, "matplotlib"),
         GIT_CONFIG_GLOBAL=os.devnull,
         GIT_CONFIG_NOSYSTEM="1",
+        **{_XLA_CACHE_FROM: cache},
+        **XLA_CACHE,
+        JAX_COMPILATION_CACHE_DIR=cache,
     )
 
 
@@ -67,25 +84,12 @@ def _isolated_run_dirs(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def xla_cache_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Environment variables that give a test's subprocesses one persistent XLA compilation cache for the whole run.
-
-    The training processes the tests start (kill and resume, the CLI, several processes or devices) compile the same
-    few programs again and again; with the cache all but the first load them, which is most of a small process's
-    CPU time. A loaded program is the compiled one, bit for bit, so no result changes. The directory is one per
-    pytest run, shared by the xdist workers (the parent of a worker's base temp dir) and removed with the run's
-    temp dirs. Only for subprocesses: this process's JAX never reads it (a persistent-cache hit is not a backend
-    compile, and tests here count those).
-    """
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    cache = root / "xla-cache"
-    cache.mkdir(exist_ok=True)
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(cache),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
+def xla_cache_env() -> dict[str, str]:
+    """The environment variables of the run's persistent XLA compilation cache (`_private_machine_state`), for a
+    test that builds a subprocess's environment from scratch: the training processes the tests start (kill and
+    resume, the CLI, several processes or devices) then load what this run compiled before instead of compiling it
+    again, which is most of a small process's CPU time."""
+    return {"JAX_COMPILATION_CACHE_DIR": os.environ["JAX_COMPILATION_CACHE_DIR"], **XLA_CACHE}
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

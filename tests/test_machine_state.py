@@ -1,8 +1,8 @@
 """The tests read nothing that other users of the machine, the developer's shell or home directory hold
 (`tests/conftest.py`, `_private_machine_state`): Ray finds no cluster another process recorded in ``/tmp/ray``,
 git, Keras and Matplotlib read no configuration under ``~``, and no ``$PIPEKIT_*``, ``$MLFLOW_*``, ``$RAY_*``,
-``$JAX_*`` or ``$XLA_*`` variable of the shell reaches the code. Checked in a subprocess, as the tests' own
-subprocesses see it."""
+``$JAX_*`` or ``$XLA_*`` variable of the shell reaches the code (the compilation cache they name is one the run
+made). Checked in a subprocess, as the tests' own subprocesses see it."""
 
 from __future__ import annotations
 
@@ -39,5 +39,15 @@ def test_a_test_reads_no_shared_machine_state(tmp_path):
     assert seen["matplotlib"] == os.path.join(private, "matplotlib")
     assert seen["keras"] == os.path.join(private, "keras")
     assert seen["git"] == ""  # no global or system configuration (tmp_path is not a repository)
-    # Only what the tests set themselves: the per-test store and registry (`_isolated_run_dirs`), JAX on CPU.
-    assert seen["from_the_shell"] == ["JAX_PLATFORMS", "PIPEKIT_ARTIFACT_STORE", "PIPEKIT_MODEL_REGISTRY"]
+    # Only what the tests set themselves: the per-test store and registry (`_isolated_run_dirs`), JAX on CPU, and
+    # the run's own compilation cache, in a private directory of this run.
+    assert seen["from_the_shell"] == [
+        "JAX_COMPILATION_CACHE_DIR",
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+        "JAX_PLATFORMS",
+        "PIPEKIT_ARTIFACT_STORE",
+        "PIPEKIT_MODEL_REGISTRY",
+    ]
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert os.path.basename(os.path.dirname(cache)).startswith("pk-") and os.path.isdir(cache)

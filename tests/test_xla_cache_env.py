@@ -1,8 +1,9 @@
-"""The run's persistent compilation cache for test subprocesses (``xla_cache_env`` in tests/conftest.py).
+"""The run's persistent compilation cache (``_private_machine_state`` and ``xla_cache_env`` in tests/conftest.py).
 
 The subprocess-heavy tests (kill and resume, the CLI, several processes or devices) are only as cheap as this cache
-makes them: one process compiles a program, the next ones load it. This checks that it does, and that the directory
-is the one every xdist worker of the run shares.
+makes them: one process compiles a program, the next ones load it. This checks that it does, that the test processes
+use it too, and that the directory is the one every xdist worker of the run shares: made by the process pytest was
+started in, in its own private directory, not in a worker's.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 #: A program no other test compiles (the constant is new each run); prints its result and the cache hits and misses.
 CHILD = """
@@ -30,14 +29,15 @@ print(float(value), hits, misses)
 """
 
 
-def test_a_second_process_loads_the_program_the_first_compiled(
-    xla_cache_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> None:
+def test_a_second_process_loads_the_program_the_first_compiled(xla_cache_env: dict[str, str]) -> None:
+    import jax
+
     cache = Path(xla_cache_env["JAX_COMPILATION_CACHE_DIR"])
-    assert cache.is_dir()
-    base = tmp_path_factory.getbasetemp()
-    # Under xdist: beside the workers' own base temp dirs (popen-gw0, ...), so that all of them share it.
-    assert cache.parent == (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+    assert cache.is_dir() and cache.parent.name.startswith("pk-")
+    assert jax.config.jax_compilation_cache_dir == str(cache)  # this test process's programs go there as well
+    own_private = Path(os.environ["RAY_TMPDIR"]).parent
+    # Under xdist: not in this worker's private directory but in the one of the process that started the workers.
+    assert (cache.parent != own_private) == bool(os.environ.get("PYTEST_XDIST_WORKER"))
     code = CHILD.format(constant=f"{secrets.randbelow(10**6) + 2}.0")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", **xla_cache_env)
