@@ -1,6 +1,7 @@
 """The one-step-per-call path's own work, counted (never timed; `make bench` row 1 times it): the compiled chunk's
 static configuration is compared once per stage, not at every dispatch; the checkpoint hook is called only after
-the chunks where it can act; the Flax backend carries its optimizer state across the `jax.jit` boundary as leaves.
+the chunks where it can act; the Flax backend carries its optimizer state across the `jax.jit` boundary as leaves;
+a log record reads the learning rate from the state's leaves with the configuration resolved once per stage.
 """
 
 from __future__ import annotations
@@ -107,3 +108,62 @@ def test_the_flax_backend_carries_its_optimizer_state_as_leaves(tmp_path, monkey
     assert all(a is b for a, b in zip(jax.tree.leaves(tree), leaves, strict=True))
     backend.set_lr_scale(0.25)  # a callback's change goes through the tree and back to leaves
     assert backend.get_lr_scale() == 0.25 and isinstance(backend.state[2], list)
+
+
+@pytest.mark.parametrize(
+    "config, groups, accum, clip",
+    [
+        ({"name": "adamw", "lr": 1e-3}, (), 1, None),
+        ({"name": "sgd", "lr": 0.1, "momentum": 0.9, "schedule": "warmup_cosine", "warmup_steps": 3}, (), 2, 1.0),
+        ({"name": "adam", "lr": 1e-2}, ("layers.1.*",), 1, None),
+    ],
+    ids=["adamw", "accumulated-clipped-cosine", "groups"],
+)
+def test_the_logged_learning_rate_reads_the_scale_where_the_tree_has_it(config, groups, accum, clip):
+    import equinox as eqx
+
+    from pipekit_train import ParamGroup
+    from pipekit_train.backends.kit import (
+        LearningRateLog,
+        build_optimizer,
+        get_lr_scale,
+        learning_rate_at,
+        set_lr_scale,
+    )
+
+    model = eqx.nn.MLP(4, 1, 8, 1, key=jax.random.key(0))
+    params = eqx.filter(model, eqx.is_inexact_array)
+    param_groups = [ParamGroup(pattern=g, lr_scale=0.5) for g in groups]
+    optimizer = build_optimizer(config, max_steps=50, grad_clip_norm=clip, accum=accum, groups=param_groups)
+    state = set_lr_scale(optimizer.init(params), 0.375)
+    leaves = jax.tree.leaves(state)
+    log, built = LearningRateLog(), []
+
+    def tree() -> Any:
+        built.append(1)
+        return state
+
+    for step in (0, 2, 7, 49):
+        expected = learning_rate_at(config, step, 50) * get_lr_scale(state)
+        assert log.rate(config, 50, step, leaves, tree) == expected
+    assert log.scale(leaves, tree) == 0.375
+    assert len(built) == 1  # the tree is built once, to find the scale among the leaves; the records read the leaf
+
+
+def test_a_log_record_resolves_the_optimizer_configuration_once_per_stage(tmp_path, monkeypatch):
+    from pipekit_train.backends import _optax_schedule
+
+    resolved = {"n": 0}
+    resolve = _optax_schedule.resolve_optimizer_config
+
+    def counted(config: Any) -> Any:
+        resolved["n"] += 1
+        return resolve(config)
+
+    monkeypatch.setattr(_optax_schedule, "resolve_optimizer_config", counted)
+    counts = []
+    for steps in (8, 40):  # 2 and 10 log records
+        resolved["n"] = 0
+        _run(_loop(steps), tmp_path / f"run{steps}")
+        counts.append(resolved["n"])
+    assert counts[0] == counts[1] >= 1, counts  # it was once per record: 8 more records, 8 more resolutions

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -129,11 +129,23 @@ def learning_rate_at(config: Mapping[str, Any], step: int, max_steps: int) -> fl
         >>> learning_rate_at({"lr": 1.0, "schedule": "warmup_cosine", "warmup_steps": 4}, 2, max_steps=100)
         0.5
     """
+    return logged_schedule(config, max_steps)(step)
+
+
+def logged_schedule(config: Mapping[str, Any], max_steps: int) -> Callable[[int], float]:
+    """`learning_rate_at` of one configuration as a function of the step, the configuration resolved once
+    (`LearningRateLog` keeps one per stage)."""
     cfg = resolve_optimizer_config(config)
-    scalars = _schedule_scalars(cfg["schedule"], schedule_numbers(cfg, _check_positive_int("max_steps", max_steps)))
-    if cfg["schedule"] == "constant" and step >= int(scalars["warmup"]):
-        return float(scalars["lr"])  # what the program returns past the warm-up, bitwise; nothing to compile
-    return float(_scheduled_lr_jit(cfg["schedule"], scalars, np.int32(step)))
+    kind = cfg["schedule"]
+    scalars = _schedule_scalars(kind, schedule_numbers(cfg, _check_positive_int("max_steps", max_steps)))
+    warmup, lr = int(scalars["warmup"]), float(scalars["lr"])
+
+    def at(step: int) -> float:
+        if kind == "constant" and step >= warmup:
+            return lr  # what the program returns past the warm-up, bitwise; nothing to compile
+        return float(_scheduled_lr_jit(kind, scalars, np.int32(step)))
+
+    return at
 
 
 def _check_positive_int(name: str, value: Any) -> int:
@@ -194,10 +206,43 @@ def _is_scale(node: Any) -> bool:
 
 def get_lr_scale(opt_state: Any) -> float:
     """The current run-time learning-rate factor in `opt_state` (inside `optax.MultiSteps` too)."""
-    found = [n for n in jax.tree.leaves(opt_state, is_leaf=_is_scale) if _is_scale(n)]
-    if not found:
-        raise PipekitError("opt_state holds no learning-rate scale; build the optimizer with build_optimizer")
-    return float(found[0].scale)
+    return float(np.asarray(jax.tree.leaves(opt_state)[lr_scale_position(opt_state)]))
+
+
+def lr_scale_position(opt_state: Any) -> int:
+    """Where the run-time learning-rate factor is among ``jax.tree.leaves(opt_state)`` (the first one, with
+    parameter groups: they are set together)."""
+    for position, node in enumerate(jax.tree.leaves(opt_state, is_leaf=_is_scale)):  # arrays, until the first scale
+        if _is_scale(node):
+            return position + len(jax.tree.leaves(node.count))
+    raise PipekitError("opt_state holds no learning-rate scale; build the optimizer with build_optimizer")
+
+
+class LearningRateLog:
+    """The learning rate a backend that keeps its optimizer state as leaves logs: the scheduled rate at a step
+    (`learning_rate_at`) times the run-time scale (`get_lr_scale`), with what does not change over a stage found
+    once (the resolved configuration, the scale's place among the leaves). Rebuilding the state's tree and resolving
+    the configuration at every log record took longer than the rest of the record (~0.3 ms: 3 µs a step of a
+    small model logging every 100 steps)."""
+
+    def __init__(self) -> None:
+        self._schedule: tuple[Mapping[str, Any], int, Callable[[int], float]] | None = None
+        self._scale_at: int | None = None
+
+    def scale(self, leaves: Sequence[Any], tree: Callable[[], Any]) -> float:
+        """`get_lr_scale` of the optimizer state whose leaves are `leaves` (`tree` builds it, the first time)."""
+        if self._scale_at is None:
+            self._scale_at = lr_scale_position(tree())
+        return float(np.asarray(leaves[self._scale_at]))
+
+    def rate(
+        self, config: Mapping[str, Any], max_steps: int, step: int, leaves: Sequence[Any], tree: Callable[[], Any]
+    ) -> float:
+        """The effective learning rate at schedule step `step` of a stage of `config` and `max_steps`."""
+        kept = self._schedule
+        if kept is None or kept[0] is not config or kept[1] != max_steps:
+            kept = self._schedule = (config, max_steps, logged_schedule(config, max_steps))
+        return kept[2](step) * self.scale(leaves, tree)
 
 
 def set_lr_scale(opt_state: Any, value: float) -> Any:

@@ -12,8 +12,9 @@ your own package build on the same pieces (and import nothing private).
   (`check_model_size`), the stage's name (`stage_name`).
 - **The optax mapping** every JAX backend shares: `build_optimizer` (``optimizer_config`` to an optax optimizer
   whose numbers are values in its state, with the run-time learning-rate scale `get_lr_scale` / `set_lr_scale`),
-  `build_schedule` and `learning_rate_at` (the scheduled rate at a step, for a backend computing its own), the
-  transforms it is made of, and the parameter-group labels (`group_labels`, `param_path`).
+  `build_schedule` and `learning_rate_at` (the scheduled rate at a step, for a backend computing its own;
+  `LearningRateLog`, the logged rate of a state kept as leaves), the transforms it is made of, and the
+  parameter-group labels (`group_labels`, `param_path`).
 - **EMA**: the decay rule every backend applies (`ema_decay`).
 - **Building weights**: how the one-off program that draws a model's initial weights compiles
   (`init_compiler_options`: a quarter to three quarters of the default compile time on the CPU, the same bits).
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from ._optax import build_optimizer as build_optimizer
     from ._optax_numbers import Hyperparams as Hyperparams
     from ._optax_numbers import refresh_hyperparams as refresh_hyperparams
+    from ._optax_schedule import LearningRateLog as LearningRateLog
     from ._optax_schedule import LrScaleState as LrScaleState
     from ._optax_schedule import build_schedule as build_schedule
     from ._optax_schedule import get_lr_scale as get_lr_scale

@@ -16,11 +16,10 @@ import numpy as np
 from pipekit import ConfigError, ShapeError
 from pipekit_train.backends import StepBackend
 from pipekit_train.backends.kit import (
+    LearningRateLog,
     build_optimizer,
     check_input_and_target_keys,
     check_loss_fits,
-    get_lr_scale,
-    learning_rate_at,
     refresh_hyperparams,
     reset_anchor,
     restart_schedule,
@@ -89,6 +88,7 @@ class EquinoxBackend(StepBackend):
         self._bound: dict[int, Any] = {}  # (the unsharded chunk, the task's arrays) by length (`bound_train_chunk`)
         self.model_op = model_op
         self.optimizer = _optimizer(loop)
+        self._lr_log = LearningRateLog()  # what `learning_rate` logs, read from the state's leaves
         # LoRA (`_lora`): the adapters are the trained params; the model they adapt is frozen in the consts.
         self.lora: StageAdapters | None = None
         trainable = None
@@ -301,14 +301,15 @@ class EquinoxBackend(StepBackend):
         self._consts = self._place(self._leaves_like(consts, self.layout.value.consts, "consts"), replicate=True)
 
     def get_lr_scale(self) -> float:
-        return get_lr_scale(self.opt_state)
+        return self._lr_log.scale(self._state[1], lambda: self.opt_state)
 
     def set_lr_scale(self, value: float) -> None:
         self._set(opt_state=set_lr_scale(self.opt_state, value))
 
     def learning_rate(self, step: int) -> float:
         step -= self._segment_start  # a new schedule segment (an extension) counts from its start
-        return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
+        loop = self.loop
+        return self._lr_log.rate(loop.optimizer_config, loop.max_steps, step, self._state[1], lambda: self.opt_state)
 
     def schedule_segment(self, start: int, restart: bool) -> None:
         """The learning-rate schedule counts from `start` (a stage extended with ``new_segment``); with `restart`

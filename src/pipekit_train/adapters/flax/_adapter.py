@@ -17,11 +17,10 @@ import numpy as np
 from pipekit import ConfigError, ShapeError
 from pipekit_train.backends import StepBackend
 from pipekit_train.backends.kit import (
+    LearningRateLog,
     build_optimizer,
     check_input_and_target_keys,
     check_loss_fits,
-    get_lr_scale,
-    learning_rate_at,
     refresh_hyperparams,
     restart_schedule,
     set_lr_scale,
@@ -64,6 +63,7 @@ class FlaxBackend(StepBackend):
         # Data parallel (`TrainingLoop.mesh`): None trains on the default device; else the state lives replicated.
         self.plan = mesh_plan(loop)
         self.optimizer = _optimizer(loop)
+        self._lr_log = LearningRateLog()  # what `learning_rate` logs, read from the state's leaves
         self._bound: dict[int, Any] = {}  # the unsharded chunk by length (`bound_train_chunk`)
         ema = loop.ema_settings
         self.ema_callback = ema
@@ -187,7 +187,7 @@ class FlaxBackend(StepBackend):
         }
 
     def get_lr_scale(self) -> float:
-        return get_lr_scale(self._opt_tree())
+        return self._lr_log.scale(self.state[2], self._opt_tree)
 
     def set_lr_scale(self, value: float) -> None:
         p, r, o, e = self.state
@@ -196,7 +196,8 @@ class FlaxBackend(StepBackend):
 
     def learning_rate(self, step: int) -> float:
         step -= self._segment_start  # a new schedule segment (an extension) counts from its start
-        return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
+        loop = self.loop
+        return self._lr_log.rate(loop.optimizer_config, loop.max_steps, step, self.state[2], self._opt_tree)
 
     def schedule_segment(self, start: int, restart: bool) -> None:
         """The learning-rate schedule counts from `start` (a stage extended with ``new_segment``); with `restart`
