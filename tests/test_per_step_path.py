@@ -6,6 +6,7 @@ a log record reads the learning rate from the state's leaves with the configurat
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jax
@@ -26,16 +27,13 @@ def _data() -> TrainingDataset:
 
 
 def _loop(steps: int, model_op: Any = None, **kw: Any) -> TrainingLoop:
+    settings: dict[str, Any] = {"batch_size": 8, "steps_per_call": 1, "log_every_n_steps": 4, "progress": False}
     return TrainingLoop(
         model_op=model_op or EquinoxModel(factory="mlp", kwargs=MLP),
         dataset=_data(),
         loss=MSE(),
         max_steps=steps,
-        batch_size=8,
-        steps_per_call=1,
-        log_every_n_steps=4,
-        progress=False,
-        **kw,
+        **{**settings, **kw},
     )
 
 
@@ -149,6 +147,16 @@ def test_the_logged_learning_rate_reads_the_scale_where_the_tree_has_it(config, 
     assert log.scale(leaves, tree) == 0.375
     assert len(built) == 1  # the tree is built once, to find the scale among the leaves; the records read the leaf
 
+    # The compiled step carries the scale: the value read holds for the leaf it returns ...
+    stepped = [jax.numpy.array(x) for x in leaves]
+    log.stepped(leaves, stepped)
+    assert log.scale(stepped, tree) == 0.375
+    # ... but not for a leaf the host wrote since (set_lr_scale between two records), nor for what a step made of it.
+    host_set = jax.tree.leaves(set_lr_scale(jax.tree.unflatten(jax.tree.structure(state), stepped), 0.5))
+    after = [jax.numpy.array(x) for x in host_set]
+    log.stepped(host_set, after)
+    assert log.scale(after, tree) == 0.5
+
 
 def test_a_log_record_resolves_the_optimizer_configuration_once_per_stage(tmp_path, monkeypatch):
     from pipekit_train.backends import _optax_schedule
@@ -167,3 +175,43 @@ def test_a_log_record_resolves_the_optimizer_configuration_once_per_stage(tmp_pa
         _run(_loop(steps), tmp_path / f"run{steps}")
         counts.append(resolved["n"])
     assert counts[0] == counts[1] >= 1, counts  # it was once per record: 8 more records, 8 more resolutions
+
+
+class _CountedNumPy:
+    """`numpy` for one module, counting its ``asarray`` calls (a read of a device array)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def asarray(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        return np.asarray(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+
+@pytest.mark.parametrize("backend", ["equinox", "flax"])
+def test_a_log_record_does_not_wait_for_the_chunk_to_read_the_learning_rate_scale(tmp_path, monkeypatch, backend):
+    from pipekit_train.backends import _optax_schedule
+
+    if backend == "flax":
+        pytest.importorskip("flax")
+        from pipekit_train.adapters.flax import FlaxModel
+
+        model_op: Any = FlaxModel(factory="mlp", kwargs=MLP)
+    else:
+        model_op = EquinoxModel(factory="mlp", kwargs=MLP)
+    counted = _CountedNumPy()
+    monkeypatch.setattr(_optax_schedule, "np", counted)
+    loop = _loop(40, model_op=model_op, steps_per_call="auto")  # chunks of 4 steps, a record after each
+    _run(loop, tmp_path / backend)
+    records = [
+        json.loads(line)
+        for line in (tmp_path / backend / "stage0" / "metrics.jsonl").read_text().splitlines()
+        if '"lr"' in line
+    ]
+    assert len(records) == 10 and len({r["lr"] for r in records}) == 1  # the default optimizer: a constant rate
+    # Read once, from the initial state; then carried through the steps (it read the output of the chunk just
+    # dispatched at each of the 10 records, which made the host wait for it).
+    assert counted.reads == 1

@@ -221,19 +221,39 @@ def lr_scale_position(opt_state: Any) -> int:
 class LearningRateLog:
     """The learning rate a backend that keeps its optimizer state as leaves logs: the scheduled rate at a step
     (`learning_rate_at`) times the run-time scale (`get_lr_scale`), with what does not change over a stage found
-    once (the resolved configuration, the scale's place among the leaves). Rebuilding the state's tree and resolving
-    the configuration at every log record took longer than the rest of the record (~0.3 ms: 3 µs a step of a
-    small model logging every 100 steps)."""
+    once (the resolved configuration, the scale's place among the leaves): rebuilding the state's tree and resolving
+    the configuration at every log record took ~0.3 ms.
+
+    And the scale is read from the device only when the host put it there: the compiled step carries it unchanged
+    (`scale_by_scheduled_lr`), so a backend tells `stepped` the leaves its step took and returned, and the value
+    read before holds for the new leaf. Read from the step's output, it made the host wait for the chunk just
+    dispatched at every log record (the device then idled while the host prepared and dispatched the next chunk);
+    a leaf the host wrote (`set_lr_scale`, a restored checkpoint) is another array, which is read.
+    """
 
     def __init__(self) -> None:
         self._schedule: tuple[Mapping[str, Any], int, Callable[[int], float]] | None = None
         self._scale_at: int | None = None
+        self._known: tuple[Any, float] | None = None  # (the leaf holding the scale, its value)
 
     def scale(self, leaves: Sequence[Any], tree: Callable[[], Any]) -> float:
         """`get_lr_scale` of the optimizer state whose leaves are `leaves` (`tree` builds it, the first time)."""
         if self._scale_at is None:
             self._scale_at = lr_scale_position(tree())
-        return float(np.asarray(leaves[self._scale_at]))
+        leaf = leaves[self._scale_at]
+        known = self._known
+        if known is not None and known[0] is leaf:
+            return known[1]
+        value = float(np.asarray(leaf))
+        self._known = (leaf, value)
+        return value
+
+    def stepped(self, before: Sequence[Any], after: Sequence[Any]) -> None:
+        """The compiled step took the leaves `before` and returned `after`: the same scale, in a new leaf (known if
+        it was known in `before`'s; a scale the host set since it was read is not)."""
+        known, at = self._known, self._scale_at
+        if known is not None and at is not None:
+            self._known = (after[at], known[1]) if before[at] is known[0] else None
 
     def rate(
         self, config: Mapping[str, Any], max_steps: int, step: int, leaves: Sequence[Any], tree: Callable[[], Any]

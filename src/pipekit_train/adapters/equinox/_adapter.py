@@ -237,7 +237,9 @@ class EquinoxBackend(StepBackend):
             )
             bound = self._bound[n] = (fn, loss_spec.task_arrays.leaves)
         fn, task_leaves = bound
+        before = self._state[1]
         self._state, metrics = fn(self._state, self._consts, task_leaves, batch, np.int32(step), self.base_key)
+        self._lr_log.stepped(before, self._state[1])
         return cast("dict[str, Any]", metrics)
 
     def _train_sharded(self, batch: dict[str, np.ndarray], step: int, n: int) -> dict[str, Any]:
@@ -257,9 +259,11 @@ class EquinoxBackend(StepBackend):
         loss_spec: LossSpec = self.spec.value
         assert self.plan is not None
         batch = self.plan.assemble(batch, stacked=n > 1)  # several processes: this process's rows → one global array
+        before = self._state[1]
         self._state, metrics = fn(
             self._state, self._consts, loss_spec.task_arrays.leaves, batch, np.int32(step), self.base_key
         )
+        self._lr_log.stepped(before, self._state[1])
         return cast("dict[str, Any]", metrics)
 
     def _weights(self, use_ema: bool) -> Any:

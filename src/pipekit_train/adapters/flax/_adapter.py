@@ -112,7 +112,9 @@ class FlaxBackend(StepBackend):
             fn = sharded_train_chunk(
                 self.plan, layout=self.layout, spec=self.spec, optimizer=self.optimizer, n=n, ema_config=self.ema_config
             )
+            before = self.state[2]
             self.state, metrics = fn(self.state, self.rngs, batch, np.int32(step), self.base_key)
+            self._lr_log.stepped(before, self.state[2])
             return metrics
         return self._chunk(batch, step, n)
 
@@ -124,7 +126,9 @@ class FlaxBackend(StepBackend):
             fn = self._bound[n] = bound_train_chunk(
                 layout=self.layout, spec=self.spec, optimizer=self.optimizer, n=n, ema_config=self.ema_config
             )
+        before = self.state[2]
         self.state, metrics = fn(self.state, self.rngs, batch, np.int32(step), self.base_key)
+        self._lr_log.stepped(before, self.state[2])
         return metrics
 
     def _params(self, use_ema: bool) -> list[Any]:
