@@ -198,10 +198,11 @@ def test_the_recorded_tokenizer_is_what_evaluate_and_generate_read(corpus: Path,
     capsys.readouterr()
     assert main(["artifacts", "show", artifact.artifact_id, "--store", str(store)]) == 0
     assert f"tokenizer  bpe vocab_size=400 min_frequency=2, sha256 {recorded['sha256'][:12]}" in capsys.readouterr().out
-    # evaluate reads new data with the recorded tokenizer, not one trained on that data
+    # evaluate reads new data with the recorded tokenizer, not one trained on that data (in batches of the stage's
+    # size: its validation's programs serve again, where evaluate's default 256 would compile them once more)
     val = TrainingDataset(source=_source(tmp_path, "val"), shuffle=False)
     pipekit.dump(val, tmp_path / "val.yaml")
-    done = evaluate(artifact.artifact_id, tmp_path / "val.yaml", store=store, record=False)
+    done = evaluate(artifact.artifact_id, tmp_path / "val.yaml", batch_size=4, store=store, record=False)
     assert done.dataset_hash == val.with_source_statistics(artifact.source_statistics).content_hash()
     assert done.dataset_hash != val.content_hash() and np.isfinite(done.metrics["perplexity"])
     shutil.rmtree(tmp_path / "corpus")  # generate cannot retrain: it reads the recorded tokenizer

@@ -41,6 +41,14 @@ progress: false
 {extra}"""
 
 
+#: The model width of the tests that train without counting compiles (TPE, the killed and stopped drivers): one
+#: set of compiled programs for all of them (five steps per call and one validation pass, whatever their step counts
+#: and cadences, all multiples of five), compiled by the first and loaded by the others, in this process or from the
+#: run's persistent XLA cache. The 2x2 grid (7) and the Ray test (6) keep widths of their own: they check what this
+#: process compiles.
+SHARED_WIDTH = 2
+
+
 def _files(root: Path, *, width: int = 6, steps: int = 20, every: int = 10, extra: str = "", sweep: str) -> Path:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 4)).astype(np.float32)
@@ -154,7 +162,7 @@ def test_optuna_tpe_sweep_prunes_through_optunas_pruner(tmp_path):
         "space: {optimizer_config.lr: {log_uniform: [0.0001, 0.1]}}\n"
         "objective: {metric: validate/loss, mode: min}\nprune: {warmup_steps: 0, startup_trials: 2}\n"
     )
-    path = _files(tmp_path, width=9, sweep=sweep)
+    path = _files(tmp_path, width=SHARED_WIDTH, sweep=sweep)
     result = run_sweep(load_sweep(str(path)), str(tmp_path / "O"))
     states = [t["state"] for t in result.trials]
     assert len(states) == 6 and "pruned" in states and states[:2] == ["completed", "completed"]
@@ -183,7 +191,7 @@ def _table(result):
 def test_sigkilled_driver_restarts_and_ends_with_the_same_table(tmp_path, xla_cache_env, monkeypatch, capsys):
     sweep = "name: killed\ngrid: {optimizer_config.lr: [0.003, 0.03]}\nobjective: {metric: validate/loss}\n"
     extra = "callbacks: [{type: Checkpoint, every_n_steps: 10, async_save: false}]\n"
-    path = _files(tmp_path, width=5, steps=120, every=40, extra=extra, sweep=sweep)
+    path = _files(tmp_path, width=SHARED_WIDTH, steps=120, every=40, extra=extra, sweep=sweep)
     # The uninterrupted reference runs its trials in two worker processes (executor: {type: local, workers: 2}); the
     # driver records their artifacts.
     for name, value in xla_cache_env.items():
@@ -311,7 +319,7 @@ def _sweep_command(path: Path, run_dir: Path, env: dict[str, str], *extra: str) 
 
 def test_sigint_between_two_trials_names_the_sweep_and_the_command_that_continues_it(tmp_path, xla_cache_env, capsys):
     sweep = "name: paused\ngrid: {optimizer_config.lr: [0.003, 0.03]}\nobjective: {metric: validate/loss}\n"
-    path = _files(tmp_path, width=3, steps=10, every=5, sweep=sweep)
+    path = _files(tmp_path, width=SHARED_WIDTH, steps=10, every=5, sweep=sweep)
     run_dir = tmp_path / "D"
     # The second trial's stage has begun (its run directory made and locked), nothing of it trained yet.
     out = _sweep_command(path, run_dir, {**xla_cache_env, "PIPEKIT_TEST_SIGNAL_AT": "started:SIGINT:2"})
@@ -369,7 +377,7 @@ def test_optuna_sweep_killed_and_restarted_ends_as_the_uninterrupted_one(tmp_pat
     """The sampler's values are a function of the sweep's seed, the trial's number and the trials finished before
     it, never of how many processes asked: no ghost trial, no trial trained twice, the same table."""
     optuna = pytest.importorskip("optuna")
-    path = _files(tmp_path, width=2, steps=10, every=5, sweep=OPTUNA.format(name="restarted", trials=3))
+    path = _files(tmp_path, width=SHARED_WIDTH, steps=10, every=5, sweep=OPTUNA.format(name="restarted", trials=3))
     reference = run_sweep(load_sweep(str(path)), str(tmp_path / "ref"), store=False)
     run_dir = tmp_path / "D"
     # Killed as the second trial's stage begins (SIGTERM outside training: the process ends at once, as a kill).
@@ -410,7 +418,7 @@ def test_optuna_journal_and_study_agree_after_a_kill_at_every_point(tmp_path, xl
     pytest.importorskip("optuna")
     sweep = OPTUNA.format(name="chain", trials=5) + "prune: {warmup_steps: 0, startup_trials: 2}\n"
     extra = "callbacks: [{type: Checkpoint, every_n_steps: 5, async_save: false}]\n"
-    path = _files(tmp_path, width=2, steps=10, every=5, extra=extra, sweep=sweep)
+    path = _files(tmp_path, width=SHARED_WIDTH, steps=10, every=5, extra=extra, sweep=sweep)
     reference = run_sweep(load_sweep(str(path)), str(tmp_path / "ref"), store=False)
     run_dir = tmp_path / "D"
     seen = []

@@ -72,7 +72,8 @@ def test_the_four_factories_have_the_equinox_part_names_and_check_their_input():
         parts[factory] = sorted({name.split("[")[0].split(".")[1] for name in bound.weights()})
         out = op.check_input((IN_SIZE[factory],), np.float32)
         assert hasattr(out, "shape") and hasattr(out, "dtype")
-        assert np.asarray(bound(np.zeros((2, IN_SIZE[factory]), np.float32))).shape == (2, *out.shape)
+        # three rows, as the converters' test predicts: the same prediction programs, compiled once
+        assert np.asarray(bound(np.zeros((3, IN_SIZE[factory]), np.float32))).shape == (3, *out.shape)
     assert parts == {
         "mlp": ["layers"],
         "cnn": ["convs", "head"],
@@ -191,8 +192,15 @@ def _train(loop, run_dir):
         return loop.run()
 
 
-def test_dropout_draws_from_seed_and_step_and_batch_statistics_are_state(tmp_path):
-    a, _ = _train(_loop(), tmp_path / "a")
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """`_loop` trained once, for the tests that need a trained model of it and never change it."""
+    model, _ = _train(_loop(), tmp_path_factory.mktemp("flax-trained") / "run")
+    return model
+
+
+def test_dropout_draws_from_seed_and_step_and_batch_statistics_are_state(trained, tmp_path):
+    a = trained
     b, _ = _train(_loop(), tmp_path / "b")
     c, _ = _train(_loop(seed=1), tmp_path / "c")
     assert a.weights_hash() == b.weights_hash() != c.weights_hash()
@@ -203,9 +211,9 @@ def test_dropout_draws_from_seed_and_step_and_batch_statistics_are_state(tmp_pat
     assert isinstance(a.module, FlaxState)
 
 
-def test_training_never_changes_a_bound_model_it_started_from(tmp_path):
+def test_training_never_changes_a_bound_model_it_started_from(trained):
     """The step donates its state: the bound model handed to `start` (a previous stage's) keeps its arrays."""
-    first, _ = _train(_loop(max_steps=4), tmp_path / "first")
+    first = trained
     before = first.weights_hash()
     loop = _loop()
     steps = loop.adapter().start(loop, first, None)
@@ -224,13 +232,14 @@ def test_binding_an_nnx_module_takes_a_snapshot_the_module_cannot_change():
     assert op.bind(module).weights_hash() != before
 
 
-def test_ema_is_kept_evaluated_returned_and_checkpointed(tmp_path):
-    """A decay near 1 keeps the starting weights; near 0 it follows the parameters; the stage returns it."""
-    plain, _ = _train(_loop(max_steps=6), tmp_path / "plain")
+def test_ema_is_kept_evaluated_returned_and_checkpointed(trained, tmp_path):
+    """A decay near 1 keeps the starting weights; near 0 it follows the parameters; the stage returns it. (The
+    stages are `_loop`'s: the plain one is the module's trained model, and the schedule's steps compile once.)"""
+    plain = trained
     fresh = _loop().adapter().build(_loop())
     slow_ema, fast_ema = (EMA(decay=d, warmup=False, return_ema=True) for d in (0.999999, 1e-6))
-    slow, _ = _train(_loop(max_steps=6, callbacks=(slow_ema,)), tmp_path / "slow")
-    fast, _ = _train(_loop(max_steps=6, callbacks=(fast_ema,)), tmp_path / "fast")
+    slow, _ = _train(_loop(callbacks=(slow_ema,)), tmp_path / "slow")
+    fast, _ = _train(_loop(callbacks=(fast_ema,)), tmp_path / "fast")
     for name, value in fresh.weights().items():
         if not name.startswith(".norm"):  # the statistics are not averaged: they are the trained ones
             np.testing.assert_allclose(slow.weights()[name], value, atol=1e-4)
@@ -344,8 +353,8 @@ def test_the_digits_pretrain_finetune_example_runs_from_yaml_with_the_cli(tmp_pa
     assert "pretrain" in out and "finetune" in out
 
 
-def test_mixed_precision_computes_in_bfloat16_and_keeps_float32_weights(tmp_path):
-    full, _ = _train(_loop(), tmp_path / "full")
+def test_mixed_precision_computes_in_bfloat16_and_keeps_float32_weights(trained, tmp_path):
+    full = trained
     low, low_art = _train(_loop(precision={"compute": "bfloat16"}), tmp_path / "low")
     assert low_art.backend_info["precision"] == "bfloat16"
     assert all(np.asarray(w).dtype == np.float32 for w in low.weights().values())  # statistics included

@@ -114,9 +114,9 @@ def test_the_transformers_convert_to_equinox_and_back(models, src, factory):
 # Attention: causal, padding never attended; remat ----------------------------------------------------------------
 def test_the_flax_transformer_is_causal_and_never_attends_to_padding(models):
     lm = models["flax", "transformer"]
-    ids = _ids(2)[1:2]  # an unpadded row
+    ids = _ids(3)  # the converters' batch (one prediction program): row 1 is unpadded
     changed = ids.copy()
-    changed[0, 5] = (changed[0, 5] + 3) % 10
+    changed[1, 5] = (changed[1, 5] + 3) % 10
     out, out_changed = np.asarray(lm(ids)), np.asarray(lm(changed))
     np.testing.assert_array_equal(out[:, :5], out_changed[:, :5])  # positions before 5 never see token 5
     assert not np.allclose(out[:, 5:], out_changed[:, 5:])

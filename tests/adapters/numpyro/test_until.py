@@ -175,9 +175,10 @@ def test_until_stops_at_the_first_check_that_meets_every_criterion(converged):
 
 
 @pytest.mark.slow
-def test_a_sigkilled_until_run_resumed_stops_at_the_same_draw_with_the_same_bits(converged, tmp_path):
+def test_a_sigkilled_until_run_resumed_stops_at_the_same_draw_with_the_same_bits(converged, tmp_path, xla_cache_env):
     """SIGKILL a CLI run after its first sampling checkpoint (checks have run, it has not converged), resume
-    it: it stops at the same draw, and every draw is the uninterrupted run's, byte for byte."""
+    it: it stops at the same draw, and every draw is the uninterrupted run's, byte for byte. The killed process
+    shares the run's persistent XLA cache, so it loads the programs the uninterrupted run (`converged`) compiled."""
     straight, artifact, _, data, _ = converged
     stop = artifact.backend_info["until"]["step"]
     kill_at = WARMUP + EVERY
@@ -185,7 +186,8 @@ def test_a_sigkilled_until_run_resumed_stops_at_the_same_draw_with_the_same_bits
     yaml_text = PIPELINE.format(data=data, progress="false")
     (tmp_path / "p.yaml").write_text(yaml_text)
     run_dir = tmp_path / "killed"
-    cli_run_killed_after(tmp_path, run_dir, "nuts", kill_at, False, subprocess_env(tmp_path / "xla-cache"))
+    env = {**subprocess_env(tmp_path / "xla-cache"), **xla_cache_env}
+    cli_run_killed_after(tmp_path, run_dir, "nuts", kill_at, False, env)
     assert WARMUP < max(committed_steps(run_dir / "nuts" / "checkpoints")) < stop
     with run_settings(run_dir=str(run_dir), store=False, resume="auto"):
         resumed, resumed_artifact = pipekit.loads(yaml_text).run()
