@@ -117,10 +117,11 @@ def test_the_flax_backend_carries_its_optimizer_state_as_leaves(tmp_path, monkey
     ],
     ids=["adamw", "accumulated-clipped-cosine", "groups"],
 )
-def test_the_logged_learning_rate_reads_the_scale_where_the_tree_has_it(config, groups, accum, clip):
+def test_the_logged_learning_rate_reads_the_scale_where_the_tree_has_it(config, groups, accum, clip, monkeypatch):
     import equinox as eqx
 
     from pipekit_train import ParamGroup
+    from pipekit_train.backends import _optax_schedule
     from pipekit_train.backends.kit import (
         LearningRateLog,
         build_optimizer,
@@ -134,28 +135,26 @@ def test_the_logged_learning_rate_reads_the_scale_where_the_tree_has_it(config, 
     param_groups = [ParamGroup(pattern=g, lr_scale=0.5) for g in groups]
     optimizer = build_optimizer(config, max_steps=50, grad_clip_norm=clip, accum=accum, groups=param_groups)
     state = set_lr_scale(optimizer.init(params), 0.375)
-    leaves = jax.tree.leaves(state)
-    log, built = LearningRateLog(), []
-
-    def tree() -> Any:
-        built.append(1)
-        return state
-
-    for step in (0, 2, 7, 49):
-        expected = learning_rate_at(config, step, 50) * get_lr_scale(state)
-        assert log.rate(config, 50, step, leaves, tree) == expected
-    assert log.scale(leaves, tree) == 0.375
-    assert len(built) == 1  # the tree is built once, to find the scale among the leaves; the records read the leaf
+    leaves, treedef = jax.tree.flatten(state)
+    expected = {step: learning_rate_at(config, step, 50) * get_lr_scale(state) for step in (0, 2, 7, 49)}
+    searched = []
+    position = _optax_schedule.lr_scale_position
+    monkeypatch.setattr(_optax_schedule, "lr_scale_position", lambda tree: searched.append(1) or position(tree))
+    log = LearningRateLog()
+    for step, rate in expected.items():
+        assert log.rate(config, 50, step, leaves, treedef) == rate
+    assert log.scale(leaves, treedef) == 0.375
+    assert len(searched) == 1  # the tree is searched once for the scale's place; the records read the leaf
 
     # The compiled step carries the scale: the value read holds for the leaf it returns ...
     stepped = [jax.numpy.array(x) for x in leaves]
     log.stepped(leaves, stepped)
-    assert log.scale(stepped, tree) == 0.375
+    assert log.scale(stepped, treedef) == 0.375
     # ... but not for a leaf the host wrote since (set_lr_scale between two records), nor for what a step made of it.
-    host_set = jax.tree.leaves(set_lr_scale(jax.tree.unflatten(jax.tree.structure(state), stepped), 0.5))
+    host_set = jax.tree.leaves(set_lr_scale(jax.tree.unflatten(treedef, stepped), 0.5))
     after = [jax.numpy.array(x) for x in host_set]
     log.stepped(host_set, after)
-    assert log.scale(after, tree) == 0.5
+    assert log.scale(after, treedef) == 0.5
 
 
 def test_a_log_record_resolves_the_optimizer_configuration_once_per_stage(tmp_path, monkeypatch):

@@ -138,11 +138,12 @@ def logged_schedule(config: Mapping[str, Any], max_steps: int) -> Callable[[int]
     cfg = resolve_optimizer_config(config)
     kind = cfg["schedule"]
     scalars = _schedule_scalars(kind, schedule_numbers(cfg, _check_positive_int("max_steps", max_steps)))
-    warmup, lr = int(scalars["warmup"]), float(scalars["lr"])
+    # A constant rate past its warm-up is what the program returns there, bitwise: nothing to compile.
+    constant = (int(scalars["warmup"]), float(scalars["lr"])) if kind == "constant" else None
 
     def at(step: int) -> float:
-        if kind == "constant" and step >= warmup:
-            return lr  # what the program returns past the warm-up, bitwise; nothing to compile
+        if constant is not None and step >= constant[0]:
+            return constant[1]
         return float(_scheduled_lr_jit(kind, scalars, np.int32(step)))
 
     return at
@@ -236,10 +237,10 @@ class LearningRateLog:
         self._scale_at: int | None = None
         self._known: tuple[Any, float] | None = None  # (the leaf holding the scale, its value)
 
-    def scale(self, leaves: Sequence[Any], tree: Callable[[], Any]) -> float:
-        """`get_lr_scale` of the optimizer state whose leaves are `leaves` (`tree` builds it, the first time)."""
+    def scale(self, leaves: Sequence[Any], treedef: Any) -> float:
+        """`get_lr_scale` of the optimizer state whose leaves are `leaves` (of the tree structure `treedef`)."""
         if self._scale_at is None:
-            self._scale_at = lr_scale_position(tree())
+            self._scale_at = lr_scale_position(jax.tree.unflatten(treedef, leaves))
         leaf = leaves[self._scale_at]
         known = self._known
         if known is not None and known[0] is leaf:
@@ -255,14 +256,12 @@ class LearningRateLog:
         if known is not None and at is not None:
             self._known = (after[at], known[1]) if before[at] is known[0] else None
 
-    def rate(
-        self, config: Mapping[str, Any], max_steps: int, step: int, leaves: Sequence[Any], tree: Callable[[], Any]
-    ) -> float:
+    def rate(self, config: Mapping[str, Any], max_steps: int, step: int, leaves: Sequence[Any], treedef: Any) -> float:
         """The effective learning rate at schedule step `step` of a stage of `config` and `max_steps`."""
         kept = self._schedule
         if kept is None or kept[0] is not config or kept[1] != max_steps:
             kept = self._schedule = (config, max_steps, logged_schedule(config, max_steps))
-        return kept[2](step) * self.scale(leaves, tree)
+        return kept[2](step) * self.scale(leaves, treedef)
 
 
 def set_lr_scale(opt_state: Any, value: float) -> Any:

@@ -305,7 +305,7 @@ class EquinoxBackend(StepBackend):
         self._consts = self._place(self._leaves_like(consts, self.layout.value.consts, "consts"), replicate=True)
 
     def get_lr_scale(self) -> float:
-        return self._lr_log.scale(self._state[1], lambda: self.opt_state)
+        return self._lr_log.scale(self._state[1], self.layout.value.opt_state)
 
     def set_lr_scale(self, value: float) -> None:
         self._set(opt_state=set_lr_scale(self.opt_state, value))
@@ -313,7 +313,8 @@ class EquinoxBackend(StepBackend):
     def learning_rate(self, step: int) -> float:
         step -= self._segment_start  # a new schedule segment (an extension) counts from its start
         loop = self.loop
-        return self._lr_log.rate(loop.optimizer_config, loop.max_steps, step, self._state[1], lambda: self.opt_state)
+        leaves, treedef = self._state[1], self.layout.value.opt_state
+        return self._lr_log.rate(loop.optimizer_config, loop.max_steps, step, leaves, treedef)
 
     def schedule_segment(self, start: int, restart: bool) -> None:
         """The learning-rate schedule counts from `start` (a stage extended with ``new_segment``); with `restart`

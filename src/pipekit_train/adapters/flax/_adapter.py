@@ -191,7 +191,7 @@ class FlaxBackend(StepBackend):
         }
 
     def get_lr_scale(self) -> float:
-        return self._lr_log.scale(self.state[2], self._opt_tree)
+        return self._lr_log.scale(self.state[2], self.layout.value.opt_state)
 
     def set_lr_scale(self, value: float) -> None:
         p, r, o, e = self.state
@@ -201,7 +201,8 @@ class FlaxBackend(StepBackend):
     def learning_rate(self, step: int) -> float:
         step -= self._segment_start  # a new schedule segment (an extension) counts from its start
         loop = self.loop
-        return self._lr_log.rate(loop.optimizer_config, loop.max_steps, step, self.state[2], self._opt_tree)
+        leaves, treedef = self.state[2], self.layout.value.opt_state
+        return self._lr_log.rate(loop.optimizer_config, loop.max_steps, step, leaves, treedef)
 
     def schedule_segment(self, start: int, restart: bool) -> None:
         """The learning-rate schedule counts from `start` (a stage extended with ``new_segment``); with `restart`
