@@ -1,7 +1,8 @@
 """The one-step-per-call path's own work, counted (never timed; `make bench` row 1 times it): the compiled chunk's
 static configuration is compared once per stage, not at every dispatch; the checkpoint hook is called only after
 the chunks where it can act; the Flax backend carries its optimizer state across the `jax.jit` boundary as leaves;
-a log record reads the learning rate from the state's leaves with the configuration resolved once per stage.
+a log record reads the learning rate from the state's leaves with the configuration resolved once per stage, and
+waits for no chunk to read it (Equinox, Flax, NumPyro SVI).
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ import jax
 import numpy as np
 import pytest
 
-from pipekit_train import MSE, ArraySource, Checkpoint, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
+from pipekit_train import (
+    MSE,
+    ArraySource,
+    Callback,
+    Checkpoint,
+    EquinoxModel,
+    TrainingDataset,
+    TrainingLoop,
+    run_settings,
+)
 from pipekit_train.adapters.equinox import _steps as equinox_steps
 from pipekit_train.engine import _hooks
 
@@ -28,12 +38,9 @@ def _data() -> TrainingDataset:
 
 def _loop(steps: int, model_op: Any = None, **kw: Any) -> TrainingLoop:
     settings: dict[str, Any] = {"batch_size": 8, "steps_per_call": 1, "log_every_n_steps": 4, "progress": False}
+    settings.update(dataset=_data(), loss=MSE())
     return TrainingLoop(
-        model_op=model_op or EquinoxModel(factory="mlp", kwargs=MLP),
-        dataset=_data(),
-        loss=MSE(),
-        max_steps=steps,
-        **{**settings, **kw},
+        model_op=model_op or EquinoxModel(factory="mlp", kwargs=MLP), max_steps=steps, **{**settings, **kw}
     )
 
 
@@ -190,20 +197,29 @@ class _CountedNumPy:
         return getattr(np, name)
 
 
-@pytest.mark.parametrize("backend", ["equinox", "flax"])
+@pytest.mark.parametrize("backend", ["equinox", "flax", "numpyro-svi"])
 def test_a_log_record_does_not_wait_for_the_chunk_to_read_the_learning_rate_scale(tmp_path, monkeypatch, backend):
     from pipekit_train.backends import _optax_schedule
 
+    kw: dict[str, Any] = {}
     if backend == "flax":
         pytest.importorskip("flax")
         from pipekit_train.adapters.flax import FlaxModel
 
         model_op: Any = FlaxModel(factory="mlp", kwargs=MLP)
+    elif backend == "numpyro-svi":
+        pytest.importorskip("numpyro")
+        from pipekit_train.adapters.numpyro import NumpyroGuide, Trace_ELBO
+
+        y = np.random.default_rng(0).normal(1.5, 1.0, size=64).astype(np.float32)
+        model_op = NumpyroGuide(model="conjugate_normal", guide="AutoNormal")
+        kw = {"dataset": TrainingDataset(source=ArraySource(arrays={"y": y})), "loss": Trace_ELBO()}
+        kw["backend"] = "numpyro-svi"
     else:
         model_op = EquinoxModel(factory="mlp", kwargs=MLP)
     counted = _CountedNumPy()
     monkeypatch.setattr(_optax_schedule, "np", counted)
-    loop = _loop(40, model_op=model_op, steps_per_call="auto")  # chunks of 4 steps, a record after each
+    loop = _loop(40, model_op=model_op, steps_per_call="auto", **kw)  # chunks of 4 steps, a record after each
     _run(loop, tmp_path / backend)
     records = [
         json.loads(line)
@@ -214,3 +230,32 @@ def test_a_log_record_does_not_wait_for_the_chunk_to_read_the_learning_rate_scal
     # Read once, from the initial state; then carried through the steps (it read the output of the chunk just
     # dispatched at each of the 10 records, which made the host wait for it).
     assert counted.reads == 1
+
+
+class _HalveTheRateAt20(Callback, register=False):
+    """Sets the run-time scale between two chunks: a leaf the host wrote, which the next record reads."""
+
+    def on_log(self, ctx: Any, record: Any) -> None:
+        if ctx.step == 20:
+            ctx.lr_scale = 0.5
+
+
+def test_a_scale_set_between_records_is_the_one_logged_next_on_the_svi_backend(tmp_path):
+    pytest.importorskip("numpyro")
+    from pipekit_train.adapters.numpyro import NumpyroGuide, Trace_ELBO
+
+    y = np.random.default_rng(0).normal(1.5, 1.0, size=64).astype(np.float32)
+    loop = _loop(
+        40,
+        model_op=NumpyroGuide(model="conjugate_normal", guide="AutoNormal"),
+        dataset=TrainingDataset(source=ArraySource(arrays={"y": y})),
+        loss=Trace_ELBO(),
+        backend="numpyro-svi",
+        steps_per_call="auto",
+        callbacks=(_HalveTheRateAt20(),),
+    )
+    _run(loop, tmp_path)
+    lines = (tmp_path / "stage0" / "metrics.jsonl").read_text().splitlines()
+    rates = {r["step"]: r["lr"] for r in map(json.loads, lines) if "lr" in r}
+    assert sorted(rates) == list(range(4, 41, 4))
+    assert {rates[s] for s in rates if s <= 20} == {rates[4]} and {rates[s] for s in rates if s > 20} == {rates[4] / 2}

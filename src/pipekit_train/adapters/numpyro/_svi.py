@@ -31,7 +31,7 @@ from pipekit_train.adapters.bayes import (
     guide_factory,
 )
 from pipekit_train.backends import StepBackend
-from pipekit_train.backends.kit import build_optimizer, get_lr_scale, learning_rate_at, set_lr_scale
+from pipekit_train.backends.kit import LearningRateLog, build_optimizer, set_lr_scale
 from pipekit_train.data import DataFile
 from pipekit_train.scale import mesh_plan
 
@@ -247,6 +247,7 @@ class SVIBackend(StepBackend):
         self.state = self._placed(self.state)
         programs = compiled_programs(self.svi, op, loop.loss, self.optimizer, self.n, self.plan)
         self._step, self._chunk, self._eval = programs
+        self._lr_log = LearningRateLog()  # what `learning_rate` logs, read from the optimizer state's leaves
 
     def optimizer_state(self) -> Any:
         """The SVI state the stage ends with (`TrainerCarryState.opt_state`)."""
@@ -273,12 +274,16 @@ class SVIBackend(StepBackend):
             out = []
             for b in batches:
                 scale = np.float32(self.n / len(next(iter(b.values()))))
+                before = jax.tree.leaves(self.state.optim_state)
                 self.state, m = self._step(self.state, b, scale)
+                self._lr_log.stepped(before, jax.tree.leaves(self.state.optim_state))
                 out.append(m)
             return out[0] if len(out) == 1 else {k: jnp.stack([m[k] for m in out]) for k in out[0]}
         stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
         metrics: dict[str, Any]
+        before = jax.tree.leaves(self.state.optim_state)
         self.state, metrics = self._chunk(self.state, stacked, np.float32(self.n / sizes.pop()))
+        self._lr_log.stepped(before, jax.tree.leaves(self.state.optim_state))
         return metrics
 
     def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -295,13 +300,15 @@ class SVIBackend(StepBackend):
         raise PipekitError("numpyro-svi: replacing the guide's parameters from a callback is not supported")
 
     def get_lr_scale(self) -> float:
-        return get_lr_scale(self.state.optim_state)
+        # Not read from the state the chunk just returned (that waits for the chunk): `LearningRateLog.stepped`.
+        return self._lr_log.scale(*jax.tree.flatten(self.state.optim_state))
 
     def set_lr_scale(self, value: float) -> None:
         self.state = self._placed(self.state._replace(optim_state=set_lr_scale(self.state.optim_state, value)))
 
     def learning_rate(self, step: int) -> float:
-        return learning_rate_at(self.loop.optimizer_config, step, self.loop.max_steps) * self.get_lr_scale()
+        leaves, treedef = jax.tree.flatten(self.state.optim_state)
+        return self._lr_log.rate(self.loop.optimizer_config, self.loop.max_steps, step, leaves, treedef)
 
     def state_tree(self) -> dict[str, Any]:
         i, (params, opt) = self.state.optim_state
