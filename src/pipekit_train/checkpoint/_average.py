@@ -74,6 +74,8 @@ def average_checkpoints(
     """
     import jax
 
+    from ._restore import _restore_step, is_committed
+
     directory = Path(directory).absolute()
     picked, committed = _pick(directory, steps)
     sums: list[np.ndarray | None] = []
@@ -81,8 +83,6 @@ def average_checkpoints(
     newest: list[Any] = []
     for step in picked:
         entry = committed.get(step)
-        from ._restore import _restore_step
-
         state, _, _ = _restore_step(directory, step, abstract_state, entry.files if entry else None)
         leaves, this_def = jax.tree_util.tree_flatten(state)
         if treedef is None:
@@ -102,7 +102,7 @@ def average_checkpoints(
             out.append(leaf)
         else:
             mean = (total / len(picked)).astype(leaf.dtype)
-            out.append(jax.device_put(mean, getattr(leaf, "sharding", None)))
+            out.append(jax.device_put(mean, getattr(leaf, "sharding", None) if is_committed(leaf) else None))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

@@ -102,12 +102,31 @@ def _restore_flat(
     else:
         flat, treedef = jax.tree_util.tree_flatten_with_path(target)
         out = []
-        for path, struct in flat:
+        for (path, struct), template in zip(flat, jax.tree_util.tree_leaves(abstract_state), strict=True):
             host = arrays[path_name(path)]
-            sharding = getattr(struct, "sharding", None)
-            out.append(jax.device_put(host, sharding) if sharding is not None else np.array(host))
+            if not is_committed(template):
+                out.append(jax.device_put(host))  # where the template's uncommitted array is: the default device
+            elif (sharding := getattr(struct, "sharding", None)) is not None:
+                out.append(jax.device_put(host, sharding))
+            else:
+                out.append(np.array(host))
         state = jax.tree_util.tree_unflatten(treedef, out)
     return finish(state), data_iter, record["user"]
+
+
+def is_committed(template: Any) -> bool:
+    """Whether a restored leaf goes to `template`'s sharding: not when `template` is an array that is not committed
+    to its device (a fresh state's, on one device), which the restored leaf then is not either.
+
+    A jitted call compiles one program for uncommitted arguments and another for committed ones (the committed
+    program's arguments carry their sharding), so a state restored committed from an uncommitted template
+    compiled every step program of a stage again in a process that had compiled them for the fresh state (a
+    finished stage read back, a resume in the same process). Placed on the default device, it is the same
+    array as before, in the same place.
+    """
+    import jax
+
+    return not isinstance(template, jax.Array) or template.committed
 
 
 def _read_json_item(step_dir: Path, step: int, files: dict[str, list[Any]] | None, name: str, item: str) -> Any:
@@ -143,7 +162,7 @@ def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -
             out = []
             for path, leaf in flat:
                 if isinstance(leaf, np.ndarray):  # Orbax gives NumPy arrays when the `_sharding` file is gone
-                    leaf = jnp.asarray(leaf)
+                    leaf = _on_device(leaf)
                 impl = leaves.get(path_name(path), {}).get("prng_impl")
                 out.append(jax.random.wrap_key_data(leaf, impl=impl) if impl else leaf)
             return jax.tree_util.tree_unflatten(treedef, out)
@@ -198,10 +217,17 @@ def _restore_plan(abstract_state: Any, leaves: dict[str, Any], step_dir: Path) -
     def finish(state: Any) -> Any:
         # Leaves saved from the host come back as NumPy arrays when the template gives no sharding: JAX arrays,
         # as for leaves saved from a device.
-        restored = [jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in jax.tree_util.tree_leaves(state)]
+        restored = [_on_device(x) if isinstance(x, np.ndarray) else x for x in jax.tree_util.tree_leaves(state)]
         return jax.tree_util.tree_unflatten(treedef, [f(x) if f else x for f, x in zip(posts, restored)])
 
     return jax.tree_util.tree_unflatten(treedef, targets), finish
+
+
+def _on_device(leaf: np.ndarray) -> Any:
+    """A JAX array copy of a NumPy leaf on the default device. ``jnp.asarray`` compiled a conversion program per
+    leaf shape and dtype: six for a small MLP's state, each time a process restored a state as saved (a warm
+    start); a `device_put` compiles nothing and canonicalises the dtype the same way."""
+    return jax.device_put(leaf, may_alias=False)
 
 
 def _wrap_key_data(data: Any, *, impl: str) -> Any:
