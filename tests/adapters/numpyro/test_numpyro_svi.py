@@ -247,3 +247,35 @@ def test_calling_a_fitted_guide_again_or_another_fit_of_it_compiles_nothing():
     assert again.count == 0
     np.testing.assert_array_equal(first, second)
     assert np.abs(theirs - first).max() > 0.1  # the other fit's weights, not the first's baked in
+
+
+def test_a_restored_svi_state_is_the_programs_argument_type_again(tmp_path, monkeypatch):
+    """`load_state_tree` keeps each leaf's dtype and weak type: NumPyro's step count is weakly typed, and restored
+    strongly typed it made the step compile again after a resume or an extension in the same process."""
+    import jax
+
+    from pipekit_train.adapters.equinox._steps import CompileCounter
+    from pipekit_train.adapters.numpyro._svi import SVIBackend
+
+    made: list = []
+    init = SVIBackend.__init__
+
+    def keep(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(SVIBackend, "__init__", keep)
+    loop = _svi(max_steps=8, batch_size=8, steps_per_call=4, log_every_n_steps=4, loss=Trace_ELBO())
+    with run_settings(run_dir=str(tmp_path), store=False):
+        loop.run()
+    backend = made[-1]
+
+    def types(state):
+        return [(x.shape, x.dtype, x.weak_type) for x in jax.tree.leaves(state)]
+
+    before = types(backend.state)
+    backend.load_state_tree(backend.state_tree())
+    assert types(backend.state) == before
+    with CompileCounter() as again:  # the chunk of 4 steps the stage ran, on the restored state
+        backend.train([{"y": Y[:8]}] * 4, 8)
+    assert again.count == 0

@@ -326,7 +326,12 @@ class SVIBackend(StepBackend):
         o = tree["opt"]
         opt, mutable = jax.tree.unflatten(rest_def, [jnp.asarray(o[k]) for k in sorted(o)])
         params = {k: jnp.asarray(tree["params"][k]) for k in params}
-        i = jnp.asarray(tree["step"], dtype=jnp.result_type(self.state.optim_state[0]))
+        count = self.state.optim_state[0]
+        i = jnp.asarray(tree["step"], dtype=jnp.result_type(count))
+        if getattr(count, "weak_type", False):
+            # NumPyro's step count is weakly typed (`jnp.array(0)`); a strongly typed one is another program's
+            # argument: the step compiled again after a restore in the same process (a resume, an extension).
+            i = jnp.asarray(int(i))
         self.state = self._placed(
             self.state._replace(optim_state=(i, (params, opt)), mutable_state=mutable, rng_key=jnp.asarray(tree["rng"]))
         )
