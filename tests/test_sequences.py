@@ -23,7 +23,9 @@ ROOT = Path(__file__).parent.parent
 PAD = 258
 
 #: The tests of the trained example (`pipeline`, `models`) on one xdist worker (``--dist loadgroup``): the fixture
-#: trains the two-stage transformer once for the run, not once per worker that happens to draw one of them.
+#: trains the two-stage transformer once for the run, not once per worker that happens to draw one of them. The
+#: check-resume test joins them, after the fixture: its processes' pretraining is the fixture's (the same `SETS`), so
+#: they load those programs from the run's compilation cache instead of compiling them while the fixture does.
 SHARED = pytest.mark.xdist_group("sequences")
 
 
@@ -211,6 +213,7 @@ def test_remat_checkpoints_each_block(models):
     assert "remat" in grad_jaxpr(lm) and "remat" not in grad_jaxpr(_with(lm, remat=False))
 
 
+@SHARED
 @pytest.mark.slow
 def test_the_example_with_a_lora_finetune_resumes_bitwise_after_a_sigterm_and_a_sigkill(
     tmp_path, monkeypatch, capsys, xla_cache_env
@@ -251,6 +254,7 @@ def _compare_module(monkeypatch):
     return module
 
 
+@SHARED  # last of the group: it trains its arms into the fixture's run folder
 def test_the_code_comparison_trains_three_arms_and_judges_from_the_numbers(pipeline, monkeypatch):
     """compare.py on the shortened example's run (1 seed, 10 steps an arm): its finished pretraining is read back,
     full finetuning, LoRA and the classifier from scratch each train, and the verdict follows the numbers."""

@@ -43,6 +43,20 @@ def _op(backend: str, factory: str):
     return cls(factory=factory, kwargs=KWARGS[factory])
 
 
+def _weight_specs(op) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The names, shapes and dtypes of `op`'s weights, in the order of ``weights()``: `models` replaces every value.
+
+    Equinox reads them from its architecture traced abstractly (what its ``with_weights`` fills), so the program that
+    draws its initial weights is not compiled (4 programs, about 3.5 s of CPU); the same specs, in the same order,
+    so `models` draws the same weights. Keras, Flax and torch fill weights into a model of the architecture built in
+    this process (once per architecture), so the build here compiles nothing that ``with_weights`` would not."""
+    if op.backend == "equinox":
+        from pipekit_train.adapters.equinox._tree import abstract, leaf_specs
+
+        return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in leaf_specs(abstract(op)).items()}
+    return {name: (v.shape, v.dtype) for name, v in op.bind(op.build(1)).weights().items()}
+
+
 @pytest.fixture(scope="module")
 def models():
     """Each (backend, factory) bound to non-trivial weights (biases too), and one random batch per factory."""
@@ -50,9 +64,8 @@ def models():
     out = {}
     for backend, factory in itertools.product(BACKENDS, ZOO):
         op = _op(backend, factory)
-        fresh = op.bind(op.build(1))
-        weights = {k: rng.normal(0, 0.5, v.shape).astype(v.dtype) for k, v in fresh.weights().items()}
-        out[backend, factory] = fresh.with_weights(weights)
+        weights = {k: rng.normal(0, 0.5, shape).astype(dtype) for k, (shape, dtype) in _weight_specs(op).items()}
+        out[backend, factory] = op.with_weights(weights)
     batches = {f: rng.normal(size=(3, IN_SIZE[f])).astype(np.float32) for f in ZOO}
     return out, batches
 

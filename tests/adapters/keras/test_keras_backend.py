@@ -50,6 +50,9 @@ RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 4)).astype(np.float32)
 Y = (X @ np.array([[1.0], [-2.0], [0.5], [0.0]], np.float32)).astype(np.float32)
 LABELS = (X[:, 0] > 0).astype(np.int32)
+#: The MLP of the hand-offs and the losses' comparisons, and of the tests that need some Keras MLP: its layers'
+#: initialisers and steps compile once for all of them.
+MLP_KWARGS = {"in_size": 4, "out_size": 3, "width_size": 8, "depth": 2, "activation": "gelu"}
 
 
 # The conformance kit --------------------------------------------------------------------------------------------
@@ -105,7 +108,8 @@ def test_factories_are_checked_on_construction_and_round_trip_through_yaml():
 
 
 def test_build_is_seeded_and_weights_are_named_by_attribute_path():
-    op = KerasModel(factory="classifier", kwargs={"in_size": 8, "num_classes": 3, "hidden": [6], "latent_size": 4})
+    # The classifier of the transfer test below: its layers' initialisers are compiled once.
+    op = KerasModel(factory="classifier", kwargs={"in_size": 4, "latent_size": 3, "hidden": [5], "num_classes": 2})
     a, b, c = (op.bind(op.build(s)) for s in (0, 0, 1))
     assert a.weights_hash() == b.weights_hash() != c.weights_hash()
     assert list(a.weights())[:3] == [
@@ -114,9 +118,9 @@ def test_build_is_seeded_and_weights_are_named_by_attribute_path():
         ".encoder.layers[1].kernel",
     ]
     assert op.with_weights(a.weights()).weights_hash() == a.weights_hash()
-    assert a(np.ones((2, 8), np.float32)).shape == (2, 3)
+    assert a(np.ones((2, 4), np.float32)).shape == (2, 2)
     live = a.to_keras()
-    np.testing.assert_allclose(live(np.ones((2, 8), np.float32)), a(np.ones((2, 8), np.float32)), rtol=1e-6)
+    np.testing.assert_allclose(live(np.ones((2, 4), np.float32)), a(np.ones((2, 4), np.float32)), rtol=1e-6)
 
 
 def test_a_user_factory_with_dropout_draws_from_seed_and_step(tmp_path):
@@ -129,8 +133,9 @@ def test_a_user_factory_with_dropout_draws_from_seed_and_step(tmp_path):
         )
 
     model = KerasModel(factory="test_dropout_mlp", kwargs={"in_size": 4})
+    # Logged every 3 steps, so the chunked run is two calls of 3 (one program, not one of 3, 2 and 1 steps).
     runs = [
-        _train(_loop(model_op=model, steps_per_call=spc, max_steps=6), tmp_path / f"r{i}")
+        _train(_loop(model_op=model, steps_per_call=spc, max_steps=6, log_every_n_steps=3), tmp_path / f"r{i}")
         for i, spc in enumerate((1, 1, 3))
     ]
     hashes = {m.weights_hash() for m, _ in runs}
@@ -139,7 +144,7 @@ def test_a_user_factory_with_dropout_draws_from_seed_and_step(tmp_path):
 
 
 def test_check_input_names_the_shapes():
-    op = KerasModel(factory="mlp", kwargs={"in_size": 4, "out_size": 2})
+    op = KerasModel(factory="mlp", kwargs={**MLP_KWARGS, "out_size": 2})
     assert op.check_input((4,), "float32").shape == (2,)
     with pytest.raises(pipekit.ShapeError, match=r"input has shape \(5,\).*expects \(4,\)"):
         op.check_input((5,), "float32")
@@ -235,16 +240,16 @@ def test_sequential_transfer_hands_the_encoder_over(tmp_path):
 
 
 def test_load_model_gives_a_usable_keras_model(tmp_path):
-    model, artifact = _train(_loop(), tmp_path / "reg")
+    # The Keras stage of the hand-offs below: its step is compiled once for the three tests.
+    model, artifact = _train(
+        _loop(model_op=KerasModel(factory="mlp", kwargs={**MLP_KWARGS, "out_size": 1})), tmp_path / "reg"
+    )
     loaded = load_model(artifact.model_registry_uri)
     assert isinstance(loaded, KerasModel) and loaded.weights_hash() == model.weights_hash()
     np.testing.assert_allclose(loaded.to_keras().predict(X[:4], verbose=0), model(X[:4]), rtol=1e-6)
 
 
 # Hand-offs between backends -------------------------------------------------------------------------------------
-MLP_KWARGS = {"in_size": 4, "out_size": 3, "width_size": 8, "depth": 2, "activation": "gelu"}
-
-
 # The converters of every factory, in all six directions: tests/adapters/test_zoo.py.
 
 
@@ -352,11 +357,11 @@ def test_each_loss_gives_the_equinox_value_on_the_same_numbers(loss, factory, ta
 
 
 def test_kl_gives_the_equinox_value_on_the_same_outputs():
-    kwargs = {"in_size": 4, "out_size": 2}
+    kwargs = {"in_size": 4, "out_size": 1}  # the models of the NLL case above, built (and compiled) once
     eqx_model, keras_model = _same_weights(
         EquinoxModel(factory="test_gauss", kwargs=kwargs), KerasModel(factory="test_gauss", kwargs=kwargs)
     )
-    prior = (jnp.zeros((16, 2)), jnp.zeros((16, 2)))
+    prior = (jnp.zeros((16, 1)), jnp.zeros((16, 1)))
     want = float(KL()(eqx_model(X[:16]), prior))
     got = float(jax.jit(lambda q: KL()(q, prior))(keras_model(X[:16])))
     assert got == pytest.approx(want, rel=1e-5)
@@ -396,7 +401,7 @@ def test_to_keras_loss_gives_the_same_scalar(loss):
 def test_to_keras_loss_trains_with_model_fit():
     import keras
 
-    model = KerasModel(factory="mlp", kwargs={"in_size": 4, "out_size": 2}).new_keras_model()
+    model = KerasModel(factory="mlp", kwargs={**MLP_KWARGS, "out_size": 2}).new_keras_model()
     model.compile(optimizer="sgd", loss=to_keras_loss(CrossEntropy()))
     history = model.fit(X, LABELS, epochs=2, batch_size=16, verbose=0)
     assert np.isfinite(history.history["loss"][-1]) and isinstance(model, keras.Model)
@@ -507,16 +512,9 @@ def test_sigterm_then_resume_is_bitwise_with_dropout_and_adamw(tmp_path):
 
 
 def test_a_keras_mlp_hands_off_to_an_equinox_stage_through_the_converter(tmp_path):
-    import pipekit
-    from pipekit_train import MSE, ArraySource, EquinoxModel, TrainingDataset, TrainingLoop, run_settings
-    from pipekit_train.adapters.keras import KerasModel
-
-    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
-    data = TrainingDataset(source=ArraySource(arrays={"x": x, "y": x[:, :1]}))
-    kwargs = {"in_size": 4, "out_size": 1, "width_size": 8, "depth": 1}
-    common = dict(dataset=data, loss=MSE(), max_steps=3, batch_size=8, progress=False)
-    first = TrainingLoop(model_op=KerasModel(factory="mlp", kwargs=kwargs), backend="keras", name="k", **common)
-    second = TrainingLoop(model_op=EquinoxModel(factory="mlp", kwargs=kwargs), name="e", **common)
-    with run_settings(run_dir=str(tmp_path / "r"), store=False):
-        model, _ = pipekit.Sequential([first, second]).run()
+    # The two stages of the hand-off above, in the other order: their steps are compiled already.
+    kwargs = {**MLP_KWARGS, "out_size": 1}
+    first = _loop(model_op=KerasModel(factory="mlp", kwargs=kwargs), name="k")
+    second = _loop(model_op=EquinoxModel(factory="mlp", kwargs=kwargs), backend="equinox", name="e")
+    model, _ = _train(pipekit.Sequential([first, second]), tmp_path / "r")
     assert model.backend == "equinox" and model.module is not None
