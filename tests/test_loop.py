@@ -57,21 +57,15 @@ def _loop(**kw) -> TrainingLoop:
     return TrainingLoop(**base)
 
 
-@pytest.mark.parametrize(
-    "config,hand",
-    [
-        ({"name": "sgd", "lr": 0.05, "momentum": 0.9}, lambda: optax.sgd(0.05, momentum=0.9)),
-        ({"name": "adam", "lr": 0.01}, lambda: optax.adam(0.01)),
-    ],
-    ids=["sgd-momentum", "adam"],
-)
-@pytest.mark.parametrize("steps_per_call", [1, 4])
-def test_fidelity_with_hand_written_loop_is_bitwise(config, hand, steps_per_call):
-    """A TrainingLoop and a hand-written optax + Equinox loop over the same batches end bitwise equal."""
-    loop = _loop(optimizer_config=config, steps_per_call=steps_per_call)
-    with run_settings(store=False):
-        trained, _ = loop.run()
+_HAND_WRITTEN: dict[str, list[np.ndarray]] = {}
 
+
+def _hand_written(loop: TrainingLoop, hand: Any) -> list[np.ndarray]:
+    """The final weights of a hand-written optax + Equinox loop over `loop`'s batches, computed once per optimizer
+    configuration: the steps_per_call cases of one optimizer compare against the same reference."""
+    name = str(loop.optimizer_config)
+    if name in _HAND_WRITTEN:
+        return _HAND_WRITTEN[name]
     init_key, _ = jax.random.split(jax.random.key(loop.seed))
     model = MLP.build(init_key)
     params, static = eqx.partition(model, eqx.is_array)
@@ -92,12 +86,31 @@ def test_fidelity_with_hand_written_loop_is_bitwise(config, hand, steps_per_call
     for _ in range(loop.max_steps):
         batch = next(batches)
         params, opt_state = step(params, opt_state, batch["x"], batch["y"])
+    _HAND_WRITTEN[name] = [np.asarray(x) for x in jax.tree.leaves(params)]
+    return _HAND_WRITTEN[name]
+
+
+@pytest.mark.xdist_group("loop-fidelity")  # one worker: the hand-written reference of each optimizer is run once
+@pytest.mark.parametrize(
+    "config,hand",
+    [
+        ({"name": "sgd", "lr": 0.05, "momentum": 0.9}, lambda: optax.sgd(0.05, momentum=0.9)),
+        ({"name": "adam", "lr": 0.01}, lambda: optax.adam(0.01)),
+    ],
+    ids=["sgd-momentum", "adam"],
+)
+@pytest.mark.parametrize("steps_per_call", [1, 4])
+def test_fidelity_with_hand_written_loop_is_bitwise(config, hand, steps_per_call):
+    """A TrainingLoop and a hand-written optax + Equinox loop over the same batches end bitwise equal."""
+    loop = _loop(optimizer_config=config, steps_per_call=steps_per_call)
+    with run_settings(store=False):
+        trained, _ = loop.run()
 
     ours = jax.tree.leaves(eqx.filter(trained.module, eqx.is_array))
-    theirs = jax.tree.leaves(params)
+    theirs = _hand_written(loop, hand)
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a), b)
 
 
 def test_training_reduces_loss_and_writes_metrics(tmp_path):
@@ -128,17 +141,16 @@ class _Seen(Callback, register=False):
 _SEEN: dict[str, object] = {}
 
 
-def test_sequential_threads_the_model_into_the_next_stage():
-    rng = np.random.default_rng(0)
-    x = rng.random((200, 16)).astype(np.float32)
-    y = rng.integers(0, 3, size=200).astype(np.int32)
-    unlabeled = TrainingDataset(source=ArraySource(arrays={"x": x}))
-    labeled = TrainingDataset(source=ArraySource(arrays={"x": x[:60], "y": y[:60]}))
-    ae = EquinoxModel(factory="autoencoder", kwargs={"in_size": 16, "latent_size": 4, "hidden": [8]})
-    clf = EquinoxModel(factory="classifier", kwargs={"in_size": 16, "num_classes": 3, "latent_size": 4, "hidden": [8]})
-    pretrain = TrainingLoop(
-        model_op=ae,
-        dataset=unlabeled,
+_X16 = np.random.default_rng(0).random((200, 16)).astype(np.float32)
+AE = EquinoxModel(factory="autoencoder", kwargs={"in_size": 16, "latent_size": 4, "hidden": [8]})
+
+
+def _pretrain(**kw: Any) -> TrainingLoop:
+    """An autoencoder trained on unlabeled data: the first stage of the two-stage tests below, which share its model
+    and train step (one program each for both tests)."""
+    base: dict[str, Any] = dict(
+        model_op=AE,
+        dataset=TrainingDataset(source=ArraySource(arrays={"x": _X16})),
         loss=MSE(),
         target_key="x",
         max_steps=30,
@@ -147,6 +159,18 @@ def test_sequential_threads_the_model_into_the_next_stage():
         name="pretrain",
         progress=False,
     )
+    base.update(kw)
+    return TrainingLoop(**base)
+
+
+@pytest.mark.xdist_group("loop-autoencoder")  # one worker: it compiles `_pretrain`'s programs for the next test
+def test_sequential_threads_the_model_into_the_next_stage():
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 16)).astype(np.float32)  # `_X16`, what the autoencoder is pretrained on
+    y = rng.integers(0, 3, size=200).astype(np.int32)
+    labeled = TrainingDataset(source=ArraySource(arrays={"x": x[:60], "y": y[:60]}))
+    clf = EquinoxModel(factory="classifier", kwargs={"in_size": 16, "num_classes": 3, "latent_size": 4, "hidden": [8]})
+    pretrain = _pretrain()
     finetune = TrainingLoop(
         model_op=clf,
         dataset=labeled,
@@ -168,9 +192,10 @@ def test_sequential_threads_the_model_into_the_next_stage():
     assert model == clf
 
 
+@pytest.mark.xdist_group("loop-autoencoder")
 def test_stage_with_a_different_model_and_no_transfer_is_refused():
-    ae = EquinoxModel(factory="autoencoder", kwargs={"in_size": 8, "latent_size": 2})
-    first = _loop(model_op=ae, target_key="x", max_steps=2)
+    # Any first stage of another model will do: `_pretrain`'s (one chunk of it) runs programs compiled before.
+    first = _pretrain(max_steps=10)
     second = _loop(max_steps=2)
     with run_settings(store=False), pytest.raises(ConfigError, match="say which weights to carry over"):
         pipekit.Sequential([first, second]).run()
@@ -200,8 +225,13 @@ def test_unknown_input_key_names_the_available_keys():
         _loop(input_key="image").run()
 
 
+#: Diverges within the first steps; otherwise `_loop`'s optimizer (the learning rate is a value, not part of the
+#: program), so the NaN tests run the train steps the other tests compiled.
+_DIVERGING = {"name": "sgd", "lr": 1e30, "momentum": 0.9}
+
+
 def test_nan_loss_names_the_step():
-    loop = _loop(optimizer_config={"name": "sgd", "lr": 1e30}, max_steps=30)
+    loop = _loop(optimizer_config=_DIVERGING, max_steps=30)
     with run_settings(store=False), pytest.raises(NonFiniteLossError, match=r"at step \d+ \(epoch 0\)"):
         loop.run()
 
@@ -209,7 +239,7 @@ def test_nan_loss_names_the_step():
 def test_nan_on_the_one_step_path_names_the_first_non_finite_step():
     """One step per call, where the loop reads a loss early only once in `FINITE_READ_STEPS` steps: the error still
     names the first step whose loss is not finite (the log window checks every step), as the fused path does."""
-    fused = _loop(optimizer_config={"name": "sgd", "lr": 1e30}, max_steps=30)
+    fused = _loop(optimizer_config=_DIVERGING, max_steps=30)
     with run_settings(store=False), pytest.raises(NonFiniteLossError) as caught_fused:
         fused.run()
     with run_settings(store=False), pytest.raises(NonFiniteLossError) as caught:
@@ -239,7 +269,7 @@ def test_the_one_step_path_reads_losses_early_at_most_once_in_finite_read_steps(
 
 
 def test_nan_check_can_be_switched_off():
-    loop = _loop(optimizer_config={"name": "sgd", "lr": 1e30}, max_steps=10, stop_on_nonfinite=False)
+    loop = _loop(optimizer_config=_DIVERGING, max_steps=10, stop_on_nonfinite=False)
     with run_settings(store=False):
         _, artifact = loop.run()
     assert not np.isfinite(artifact.final_metrics["train/loss"])
@@ -289,13 +319,13 @@ def test_every_stage_keeps_its_final_weights_loadable_from_the_artifact(tmp_path
     from pipekit_train import load_model
 
     with run_settings(run_dir=str(tmp_path / "r"), store=False):
-        model, artifact = _loop(max_steps=5).run()
+        model, artifact = _loop(max_steps=10).run()  # one chunk of the log cadence: a step compiled before
     loaded = load_model(artifact.model_registry_uri)
     assert loaded == model and loaded.weights_hash() == model.weights_hash() == artifact.trained_model_hash
 
 
 def test_prefetching_data_trains_bitwise_the_same():
-    plain = _loop(max_steps=25)
+    plain = _loop(max_steps=20)  # chunks of the log cadence, as other tests run: no program of its own
     prefetched = plain.replace(dataset=plain.dataset.replace(prefetch=2))
     with run_settings(store=False):
         a, _ = plain.run()
