@@ -108,6 +108,22 @@ def test_hooks_that_act_or_cannot_be_read_do_not(hook: Any):
     assert not observes_only(hook)
 
 
+def test_a_hook_is_judged_by_the_code_it_runs_not_by_its_file_edited_since(tmp_path):
+    """`inspect.getsource` reads the file as it is now: after an edit, the hook's lines may hold another function,
+    here an observing one in place of the acting hook that was imported."""
+    import importlib.util
+
+    path = tmp_path / "edited_hook.py"
+    path.write_text("def on_step_end(self, ctx, metrics):\n    ctx.request_stop('converged')\n")
+    spec = importlib.util.spec_from_file_location("edited_hook", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    acting = module.on_step_end
+    path.write_text("def on_step_end(self, ctx, metrics):\n    ctx.state_of(self)['losses'].append(metrics['loss'])\n")
+    assert not observes_only(acting)
+
+
 # Declarations and inference --------------------------------------------------------------------------------------
 class Tally(Callback, register=False):
     def on_step_end(self, ctx: Any, metrics: Mapping[str, Any]) -> None:

@@ -17,6 +17,7 @@ import ast
 import functools
 import inspect
 import textwrap
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,8 @@ def observes_only(hook: Callable[..., Any]) -> bool:
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError, IndentationError):
         return False
+    if not _is_its_source(source, hook):
+        return False
     if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False  # a lambda, or a hook assigned from something else
     fn = tree.body[0]
@@ -107,3 +110,25 @@ def observes_only(hook: Callable[..., Any]) -> bool:
                 continue
             return False
     return True
+
+
+def _is_its_source(source: str, hook: Callable[..., Any]) -> bool:
+    """Whether `source` compiles to the code `hook` runs. `inspect.getsource` reads the file as it is now: one
+    edited since it was imported gives other lines, perhaps another function's, whose verdict would not be this
+    hook's (an edit during a long run; a benchmark's file saved while it ran once read an observing hook as acting)."""
+    code = getattr(hook, "__code__", None)
+    try:
+        compiled = compile(source, "<on_step_end>", "exec")
+    except (SyntaxError, ValueError):
+        return False
+    defined = [c for c in compiled.co_consts if isinstance(c, types.CodeType)]
+    return code is not None and len(defined) == 1 and _names(defined[0]) == _names(code)
+
+
+def _names(code: types.CodeType) -> tuple[Any, ...]:
+    """What a function's code refers to — arguments, locals, outer names, constants, nested functions' the same —,
+    not its bytecode, which the compiler makes differently in another context (a method call in an f-string). An
+    outer name is a global when the source is compiled alone and a closure's cell when it was defined in a function:
+    the same name either way."""
+    consts = tuple(_names(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
+    return code.co_argcount, code.co_varnames, tuple(sorted({*code.co_names, *code.co_freevars})), consts
