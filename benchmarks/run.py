@@ -613,7 +613,12 @@ def time_saves() -> None:
     """Record how long the training thread spends in each periodic save: everything the loop does for a save, on
     its thread: taking the state (`CheckpointHooks.after_chunk` returning the rest of the save, before the next
     dispatch) and the rest (`CheckpointHooks._save`, after that dispatch: the non-finite check, the meta,
-    `Checkpointer.save`, waiting for the previous save if it is still being written); or all of it at once."""
+    `Checkpointer.save`, waiting for the previous save if it is still being written); or all of it at once.
+
+    Not the wait for the device to finish the chunk being saved: the hold takes the state that chunk returns, and
+    the chunk was dispatched just before (the host runs a chunk ahead since a log record no longer waits for it),
+    so that wait is the chunk's own compute, which an unsaved step waits for at its next log record anyway. It is
+    waited for before the clock starts, and only at a step that saves."""
     from pipekit_train.engine import _hooks as _resume
 
     hooks = _resume.CheckpointHooks
@@ -623,6 +628,8 @@ def time_saves() -> None:
     held_ms: dict[int, float] = {}  # id(hooks) -> the time taken to hold the state of the save now pending
 
     def after_chunk(self: Any, call: Any, data_state: Any) -> Any:
+        if self.config is not None and self.config.should_save(call.step):
+            jax.block_until_ready(call.backend.state_tree())
         t0 = time.perf_counter()
         rest = inner_after(self, call, data_state)
         if rest is not None:
