@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -259,3 +260,41 @@ def test_a_scale_set_between_records_is_the_one_logged_next_on_the_svi_backend(t
     rates = {r["step"]: r["lr"] for r in map(json.loads, lines) if "lr" in r}
     assert sorted(rates) == list(range(4, 41, 4))
     assert {rates[s] for s in rates if s <= 20} == {rates[4]} and {rates[s] for s in rates if s > 20} == {rates[4] / 2}
+
+
+def test_stepped_trees_follows_the_scale_without_flattening_the_state(monkeypatch):
+    """A backend that keeps its optimizer state as a tree (NumPyro SVI's ``(i, (params, opt_state))``) hands
+    `LearningRateLog.stepped_trees` the states around each compiled call: it fetches the scale's leaf by its path
+    (found once) and judges it as `stepped` does, with no flatten of the state per call."""
+    from pipekit_train.backends.kit import LearningRateLog, build_optimizer, set_lr_scale
+
+    params = {"loc": jnp.zeros(3), "scale": jnp.ones(3), "w": {"a": jnp.zeros((2, 2))}}
+    opt = set_lr_scale(build_optimizer({"name": "adamw", "lr": 0.01}, max_steps=50).init(params), 0.375)
+    state = (jnp.array(0), (params, opt))
+    log = LearningRateLog()
+    assert log.scale(*jax.tree.flatten(state)) == 0.375
+
+    def step(s: Any) -> Any:  # what a compiled call returns: new arrays, the scale carried unchanged
+        return jax.tree.map(lambda x: jnp.array(x, copy=True), s)
+
+    flattened = {"n": 0}
+    for name in ("leaves", "flatten"):
+        real = getattr(jax.tree, name)
+        monkeypatch.setattr(
+            jax.tree, name, lambda *a, _real=real, **k: flattened.__setitem__("n", flattened["n"] + 1) or _real(*a, **k)
+        )
+    log.stepped_trees(state, state)  # the path is found here, once
+    found = flattened["n"]
+    for _ in range(5):
+        before, state = state, step(state)
+        log.stepped_trees(before, state)
+    assert flattened["n"] == found  # five calls, no flatten
+    monkeypatch.undo()
+    assert log._known is not None and log._known[0] is jax.tree.leaves(state)[log._scale_at]
+    assert log.scale(*jax.tree.flatten(state)) == 0.375
+    # A scale the host set between two calls is another leaf: forgotten, read again at the next record.
+    host = (state[0], (state[1][0], set_lr_scale(state[1][1], 0.5)))
+    after = step(host)
+    log.stepped_trees(host, after)
+    assert log._known is None
+    assert log.scale(*jax.tree.flatten(after)) == 0.5

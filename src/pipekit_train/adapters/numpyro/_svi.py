@@ -274,16 +274,16 @@ class SVIBackend(StepBackend):
             out = []
             for b in batches:
                 scale = np.float32(self.n / len(next(iter(b.values()))))
-                before = jax.tree.leaves(self.state.optim_state)
+                before = self.state.optim_state
                 self.state, m = self._step(self.state, b, scale)
-                self._lr_log.stepped(before, jax.tree.leaves(self.state.optim_state))
+                self._lr_log.stepped_trees(before, self.state.optim_state)
                 out.append(m)
             return out[0] if len(out) == 1 else {k: jnp.stack([m[k] for m in out]) for k in out[0]}
         stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
         metrics: dict[str, Any]
-        before = jax.tree.leaves(self.state.optim_state)
+        before = self.state.optim_state
         self.state, metrics = self._chunk(self.state, stacked, np.float32(self.n / sizes.pop()))
-        self._lr_log.stepped(before, jax.tree.leaves(self.state.optim_state))
+        self._lr_log.stepped_trees(before, self.state.optim_state)
         return metrics
 
     def evaluate(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
