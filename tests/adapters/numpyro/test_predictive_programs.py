@@ -30,6 +30,13 @@ def _reads_a_value(x: Any, n_used: Any, y: Any = None) -> None:
     numpyro.sample("y", dist.Normal(x[:k] @ w, 1.0), obs=None if y is None else y[:k])
 
 
+def _wants_numpy(x: Any, y: Any = None) -> None:
+    """Refuses anything but a NumPy array (a traced one included), with an error of its own."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a NumPy array, got {type(x).__name__}")
+    _regression(x, y)
+
+
 @pytest.fixture
 def compiles() -> Iterator[list[str]]:
     seen: list[str] = []
@@ -69,7 +76,10 @@ def test_a_second_stage_of_the_same_model_compiles_no_predictive_program(compile
     assert not np.array_equal(again["posterior_predictive"]["y"], first["posterior_predictive"]["y"])
 
 
-def test_a_model_that_reads_a_data_value_while_traced_is_still_served(compiles):
+def test_a_model_that_cannot_take_its_data_as_arguments_is_still_served(compiles):
+    # Any failure with traced arguments: compiled as a closure over the data, as before.
+    out = predictive_groups(_wants_numpy, _data(0), _draws(0), 0, ("y",), seed=1)
+    np.testing.assert_array_equal(out["observed_data"]["y"], _data(0)["y"])
     data = {**_data(0), "n_used": np.array([1] * 12 + [0] * 8, np.int32)}
     out = predictive_groups(_reads_a_value, data, _draws(0), 0, ("y",), seed=1)
     assert out["posterior_predictive"]["y"].shape == (2, 5, 12)

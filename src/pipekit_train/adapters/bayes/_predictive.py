@@ -77,10 +77,11 @@ def _arrays_apart(kwargs: Mapping[str, Any]) -> tuple[tuple[tuple[str, Any], ...
 def _call(kind: Any, fn: Callable[..., Any], kwargs: Mapping[str, Any], body: Callable[..., Any], *args: Any) -> Any:
     """``body(*args, kwargs)`` compiled, the program reused by every stage of the same model and arguments but the
     arrays' values: one built per call (a closure over the data) compiled again at every finished stage, an
-    extended one included (~0.3 s for a small model; `make bench` row 10).
+    extended one included (`make bench` row 10).
 
-    The data go in as arguments rather than constants of the program. A model that reads an array's value while it
-    is traced (a size taken from the data) cannot: it is compiled as a closure over its arguments, as before."""
+    The data go in as arguments rather than constants of the program. A model that cannot be traced so (it reads an
+    array's value: a size taken from the data) is compiled as a closure over its arguments, as before, and that
+    closure's outcome is the call's: a model that fails fails as it did, with the closure's error."""
     import jax
 
     apart = _arrays_apart(kwargs)
@@ -94,21 +95,13 @@ def _call(kind: Any, fn: Callable[..., Any], kwargs: Mapping[str, Any], body: Ca
         if jitted is not False:
             try:
                 out = jitted(*args, arrays)
-            except (
-                jax.errors.ConcretizationTypeError,
-                jax.errors.TracerArrayConversionError,
-                jax.errors.TracerIntegerConversionError,
-                jax.errors.TracerBoolConversionError,
-                jax.errors.NonConcreteBooleanIndexError,
-            ):
-                jitted = False
+            except Exception:  # reading a traced value, or any other failure: the closure decides
+                _PROGRAMS[key] = False  # a closure over its arguments for this model from now on, as before
             else:
-                out_of_date = len(_PROGRAMS) >= _KEEP and key not in _PROGRAMS
-                if out_of_date:
-                    del _PROGRAMS[next(iter(_PROGRAMS))]
+                if len(_PROGRAMS) >= _KEEP and key not in _PROGRAMS:
+                    del _PROGRAMS[next(iter(_PROGRAMS))]  # the oldest
                 _PROGRAMS[key] = jitted
                 return out
-            _PROGRAMS[key] = False  # a closure for this model from now on
     return jax.jit(lambda *a: body(*a, kwargs))(*args)
 
 
