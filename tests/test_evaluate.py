@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tests import _forked
 
 from pipekit_train import (
     Accuracy,
@@ -88,13 +90,13 @@ def test_predict_writes_the_outputs_in_record_order(trained, tmp_path: Path):
 
 
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return _forked.run(
         [sys.executable, "-m", "pipekit_train.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
-        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), **(env or {})},
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
     )
 
 

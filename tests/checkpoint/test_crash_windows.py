@@ -11,6 +11,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tests import _forked
 
 from pipekit_train import Checkpointer, Last, PipekitTrainWarning, run_settings
 from pipekit_train.checkpoint import list_runs
@@ -74,7 +75,7 @@ with Checkpointer(sys.argv[1], keep=(Last(n=1),), async_save=False) as ckpt:
 
 
 def test_a_kill_between_the_manifest_and_the_retention_names_that_cause(tmp_path: Path):
-    killed = subprocess.run(
+    killed = _forked.run(
         [sys.executable, "-c", KILLED_BEFORE_THE_DELETION, str(tmp_path / "ck")],
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
         capture_output=True,

@@ -29,6 +29,7 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from tests import _forked
 
 from pipekit_train import (
     MSE,
@@ -225,10 +226,12 @@ class _Process:
         n = len(list(work.glob(f"{run}.*.out")))
         self.out_path, self.err_path = work / f"{run}.{n}.out", work / f"{run}.{n}.err"
         env = _env(xla_cache)
-        if (work / "slow-disk").is_dir():
+        start: type[subprocess.Popen[bytes]] = _forked.Popen  # forked from a process that imported JAX
+        if (work / "slow-disk").is_dir():  # its sitecustomize works at a process's start: a fresh one
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(work / "slow-disk"), env.get("PYTHONPATH")]))
+            start = subprocess.Popen
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(args, cwd=work, env=env, stdout=out, stderr=err)
+            self.proc = start(args, cwd=work, env=env, stdout=out, stderr=err)
         self.started = time.monotonic()
 
     @property

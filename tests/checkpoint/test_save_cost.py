@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tests import _forked
 
 from pipekit_train import Checkpointer, Last, PipekitTrainWarning
 from pipekit_train.checkpoint import _retention, _writer
@@ -181,7 +182,7 @@ CHILD = textwrap.dedent(
 def test_a_sigkill_during_an_async_commit_leaves_the_previous_checkpoint_usable(tmp_path, window, layout):
     directory = tmp_path / "ck"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run(
+    proc = _forked.run(
         [sys.executable, "-c", CHILD, str(directory), window, layout],
         env=env,
         capture_output=True,
@@ -496,7 +497,7 @@ SPARE_KILLED = textwrap.dedent(
 
 def test_a_kill_while_a_spare_is_rewritten_leaves_the_previous_checkpoint(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run(
+    proc = _forked.run(
         [sys.executable, "-c", SPARE_KILLED, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

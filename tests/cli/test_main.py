@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests import _forked
 
 TINY = """\
 pipekit: 1
@@ -29,7 +30,7 @@ stages:
 
 
 def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return _forked.run(
         [sys.executable, "-m", "pipekit_train.cli", *args],
         cwd=cwd,
         capture_output=True,

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests import _forked
 
 from pipekit_train.cli._main import main
 from pipekit_train.provenance import ArtifactStore
@@ -202,7 +203,7 @@ def test_sigkilled_driver_restarts_and_ends_with_the_same_table(tmp_path, xla_ca
     run_dir = tmp_path / "D"
     cmd = [sys.executable, "-m", "pipekit_train.cli", "sweep", str(path), "--run-dir", str(run_dir)]
     env = {**os.environ, **xla_cache_env}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = _forked.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     journal = run_dir / "sweep.json"
     deadline = time.monotonic() + 120
     killed_in = None
@@ -314,7 +315,7 @@ def test_ray_executor_auto_starts_a_local_ray_when_none_answers(ray_tmpdir):
 def _sweep_command(path: Path, run_dir: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
     """``pipekit-train sweep PATH --run-dir RUN_DIR`` in a fresh process (the test's store), bounded in time."""
     cmd = [sys.executable, "-m", "pipekit_train.cli", "sweep", str(path), "--run-dir", str(run_dir), *extra]
-    return subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    return _forked.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
 
 
 def test_sigint_between_two_trials_names_the_sweep_and_the_command_that_continues_it(tmp_path, xla_cache_env, capsys):
@@ -431,7 +432,7 @@ def test_optuna_journal_and_study_agree_after_a_kill_at_every_point(tmp_path, xl
     assert seen[-1] == [("completed", True), ("completed", True), *[("pending", False)] * 3]
     # Killed during the third trial's training, after one of its checkpoints (pruning reports at its validations).
     cmd = [sys.executable, "-m", "pipekit_train.cli", "sweep", str(path), "--run-dir", str(run_dir), "--no-store"]
-    proc = subprocess.Popen(cmd, env={**os.environ, **xla_cache_env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = _forked.Popen(cmd, env={**os.environ, **xla_cache_env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         trials = json.loads((run_dir / "sweep.json").read_text())["trials"]

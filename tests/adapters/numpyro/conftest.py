@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests import _forked
 
 pytest.importorskip("numpyro")
 
@@ -61,7 +62,7 @@ def cli_run_killed_after(work: Path, run_dir: Path, stage: str, step: int, resum
     }
     err = work / f"kill-{step}.err"
     with open(err, "wb") as stderr:
-        proc = subprocess.run(
+        proc = _forked.run(
             args,
             cwd=work,
             env={**env, "PIPEKIT_RESUME_PROBE": json.dumps(probe)},
