@@ -12,22 +12,26 @@ process would.
 
 What a forked child cannot be is a process whose *start* differs: so a request is forked only when it runs this
 interpreter with ``-m`` or ``-c`` and nothing else `Popen` would do differently (no ``preexec_fn``, ``pass_fds``,
-new session, user or group change, ``shell``), and its environment is the zygote's except for `_PER_CALL` variables
-(read after the child starts, if at all). Anything else, a ``PYTHONPATH`` with a ``sitecustomize``, another
-``$XLA_FLAGS``, ``-u``, a test of what start-up imports, is started the ordinary way, transparently. The children
-share the zygote's string-hash seed (a fresh process draws its own), which no exactness test relies on either way.
+new session, user, group or umask, ``close_fds=False``, ``shell``), and its environment is the test process's except
+for `_PER_CALL` variables (which nothing the zygote imported reads). Anything else, a ``PYTHONPATH`` with a
+``sitecustomize``, another ``$XLA_FLAGS``, ``-u``, is started the ordinary way, transparently. The children share the
+zygote's string-hash seed (a fresh process draws its own), which no exactness test relies on either way; NumPy's and
+`random`'s global generators are reseeded in each.
 
-Only a test that asks for it uses this (``from tests._forked import Popen, run``); the tests of start-up, imports and
-signals during start-up keep real processes.
+Only a test that asks for it uses this (``from tests import _forked``). A test of what a process imports or does
+before its first line (start-up cost, imported modules, signals during start-up) must keep `subprocess`: a forked
+child has the zygote's modules loaded.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -44,7 +48,7 @@ _PER_CALL = ("PYTEST_CURRENT_TEST", "PIPEKIT_", "KERAS_", "MLFLOW_", "RAY_")
 #: The zygote: import the libraries every training process imports first, then fork a child per request received on
 #: the Unix socket (argv, cwd, env as JSON; stdin, stdout, stderr as file descriptors), answer its pid, and when it
 #: exits its wait status. Exits when its stdin (a pipe from the test process) closes. A child returns from `serve`
-#: into `_become`, which sets up the process and runs the request's module or code as ``__main__``.
+#: into `become`, which sets up the process and runs the request's module or code as ``__main__``.
 _ZYGOTE = r"""
 import os, sys, json, socket, struct, selectors, threading
 import numpy, jax, jax.numpy, equinox, optax, orbax.checkpoint, grain, yaml, msgpack  # noqa: F401
@@ -104,6 +108,7 @@ def become(request, fds):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    numpy.random.seed()  # NumPy's global generator from fresh entropy, as a fresh process's (random's reseeds itself)
     zygote = globals()
     def without_the_zygote(kind, value, tb):  # a traceback shows the child's frames only, as a fresh process's
         while tb is not None and tb.tb_frame.f_globals is zygote:
@@ -136,6 +141,7 @@ become(request, fds)
 _EXECUTE_CHILD = list(inspect.signature(subprocess.Popen._execute_child).parameters)[1:]
 #: `Popen` keyword settings under which the child is not what a fork from the zygote makes.
 _NOT_FORKABLE = {
+    "close_fds": True,
     "preexec_fn": None,
     "pass_fds": (),
     "shell": False,
@@ -153,7 +159,7 @@ def _comparable(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class _Zygote:
-    """A process that imported JAX, Equinox and optax and forks a child per request (`_ZYGOTE`)."""
+    """A process that imported JAX, Equinox, optax, Orbax and Grain and forks a child per request (`_ZYGOTE`)."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = dict(env)
@@ -244,6 +250,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 
     forked = False
     _conn: socket.socket | None = None
+    _pidfd: int | None = None
 
     def _execute_child(self, *args: Any) -> None:  # type: ignore[override]
         given = dict(zip(_EXECUTE_CHILD, args, strict=True))
@@ -270,6 +277,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         cwd = os.path.abspath(os.fspath(given["cwd"])) if given["cwd"] is not None else os.getcwd()
         self.pid, self._conn = zygote.fork([str(a) for a in argv[1:]], cwd, env, fds)
         self.forked = True
+        try:  # signals go through a pidfd: never to another process that took the pid after the zygote reaped it
+            self._pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            self._pidfd = None  # already exited and reaped: its status is on the way
         starts["forked"] += 1
         self._close_pipe_fds(
             given["p2cread"],
@@ -279,6 +290,15 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             given["errread"],
             given["errwrite"],
         )
+
+    def send_signal(self, sig: int) -> None:
+        if not self.forked:
+            super().send_signal(sig)
+            return
+        self.poll()
+        if self.returncode is None and self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                signal.pidfd_send_signal(self._pidfd, sig)
 
     def _status(self, block: bool) -> int | None:
         """The child's wait status from the zygote, or None while it runs (``block=False``)."""
@@ -291,6 +311,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         finally:
             self._conn.setblocking(True)
         self._conn.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         return int(struct.unpack("q", data)[0])
 
     def _internal_poll(self, _deadstate: Any = None, **_: Any) -> int | None:  # type: ignore[override]

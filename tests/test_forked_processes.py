@@ -105,3 +105,10 @@ def test_a_change_of_the_test_process_environment_replaces_the_zygote_and_the_ol
     assert _forked.starts["forked"] == forked + 1 and _forked._zygote is not None
     assert _forked._zygote.env["SOME_LIBRARY_SETTING"] == "set by an import"
     assert running.wait(timeout=60) == 0  # from the zygote it was forked from, which has stopped taking requests
+
+
+def test_children_draw_their_own_global_random_numbers_as_fresh_processes_do():
+    code = "import random, numpy; print(random.random(), numpy.random.random())"
+    draws = [_forked.run([sys.executable, "-c", code], capture_output=True, check=True).stdout for _ in range(2)]
+    first, second = (d.split() for d in draws)
+    assert first[0] != second[0] and first[1] != second[1], draws
