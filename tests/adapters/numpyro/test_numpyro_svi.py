@@ -120,6 +120,26 @@ def test_a_guide_that_does_not_fit_the_model_is_refused():
         _preflight(_svi(model_op=NumpyroGuide(model="conjugate_normal", guide="test_wrong_guide")))
 
 
+def test_the_guide_check_of_the_pre_flight_compiles_nothing():
+    """The pre-flight traces the guide and the model abstractly: run eagerly, each of their operations compiled a
+    program of its own (104 for the logistic-regression example) before the stage had compiled anything."""
+    import jax.monitoring
+
+    compiles = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.clear_caches()  # what an earlier test compiled is compiled again (or loaded: counted the same)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        _preflight(_svi())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []
+
+
 def test_max_steps_must_match_the_kernel():
     loop = TrainingLoop(
         model_op=NumpyroModel(model="conjugate_normal"),

@@ -75,7 +75,8 @@ def _guide_for(op: NumpyroGuide, model: Any) -> Any:
 
 def check(loop: Any, incoming: Any, stage: str) -> None:
     """The stage's pre-flight: the ELBO, the data against the model's sites, the hand-off from `incoming`, and the
-    guide initialised once on a few records (a guide that does not fit the model is one line, now)."""
+    guide and the model traced abstractly on a few records, compiling nothing (a guide that does not fit the model
+    is one line, now)."""
     op = loop.model_op
     if not isinstance(loop.loss, _ELBO):
         raise ConfigError(
@@ -135,24 +136,34 @@ def info() -> dict[str, Any]:
 
 
 def _check_guide(op: NumpyroGuide, data: dict[str, Any], stage: str, init: Any) -> None:
-    """Initialise the guide once on a few records: a guide that does not fit the model is one line, now."""
+    """Trace the guide and the model replayed on it once on a few records: a guide that does not fit the model is
+    one line, now.
+
+    The traces are taken abstractly (`jax.eval_shape`: the sites' names and shapes, no numbers), so the check compiles
+    nothing; run eagerly, each of the guide's initialisation and the model's operations compiled a program of its
+    own (104 for the logistic-regression example's AutoNormal, 3.2 s of its first stage's 18)."""
     from numpyro import handlers
 
     model = _scaled(op.fn)
     guide = _guide_for(op, model)
     small = {k: v[: min(len(v), 4)] for k, v in data.items()}
     kwargs = op.model_kwargs(small)
-    try:
+    sites: dict[str, Any] = {}
+
+    def traces() -> None:
         with handlers.block():
             seeded = handlers.seed(guide, jax.random.PRNGKey(0))
-            g_trace = handlers.trace(seeded).get_trace(**kwargs)
-            m_trace = handlers.trace(handlers.replay(handlers.seed(model, jax.random.PRNGKey(0)), g_trace)).get_trace(
-                **kwargs
-            )
+            sites["guide"] = handlers.trace(seeded).get_trace(**kwargs)
+            replayed = handlers.replay(handlers.seed(model, jax.random.PRNGKey(0)), sites["guide"])
+            sites["model"] = handlers.trace(replayed).get_trace(**kwargs)
+
+    try:
+        jax.eval_shape(traces)
     except Exception as e:
         raise ConfigError(
             f"stage {stage!r}: guide {op.guide!r} does not fit model {op.model!r}: {describe_error(e)}"
         ) from None
+    g_trace, m_trace = sites["guide"], sites["model"]
     latent = {n for n, s in m_trace.items() if s["type"] == "sample" and not s.get("is_observed")}
     guided = {n for n, s in g_trace.items() if s["type"] == "sample" and not s.get("infer", {}).get("is_auxiliary")}
     missing, extra = sorted(latent - guided), sorted(guided - latent - {n for n in m_trace})
