@@ -9,9 +9,10 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from tests import _forked
 
-pytestmark = __import__("pytest").mark.xdist_group("forked")  # one zygote for the module
+pytestmark = pytest.mark.xdist_group("forked")  # one worker: one zygote for the module
 
 CHILD = """\
 import atexit, os, sys, threading, time
