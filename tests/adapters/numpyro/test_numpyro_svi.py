@@ -140,6 +140,25 @@ def test_the_guide_check_of_the_pre_flight_compiles_nothing():
     assert compiles == []
 
 
+def test_a_guide_that_needs_concrete_values_is_checked_eagerly():
+    """A guide with Python control flow on a drawn value cannot be traced abstractly: the check traces it eagerly,
+    as the model's own trace does, and a guide that fits is not refused."""
+    from pipekit_train.adapters.numpyro import register_numpyro_guide
+
+    @register_numpyro_guide("test_concrete_guide")
+    def make(model):
+        def guide(**kwargs):
+            import numpyro
+            import numpyro.distributions as dist
+
+            scale = 0.5 if float(numpyro.sample("u", dist.Uniform(0.0, 1.0), infer={"is_auxiliary": True})) > 2 else 1
+            numpyro.sample("mu", dist.Normal(0.0, scale))
+
+        return guide
+
+    _preflight(_svi(model_op=NumpyroGuide(model="conjugate_normal", guide="test_concrete_guide")))
+
+
 def test_max_steps_must_match_the_kernel():
     loop = TrainingLoop(
         model_op=NumpyroModel(model="conjugate_normal"),

@@ -141,7 +141,9 @@ def _check_guide(op: NumpyroGuide, data: dict[str, Any], stage: str, init: Any) 
 
     The traces are taken abstractly (`jax.eval_shape`: the sites' names and shapes, no numbers), so the check compiles
     nothing; run eagerly, each of the guide's initialisation and the model's operations compiled a program of its
-    own (104 for the logistic-regression example's AutoNormal, 3.2 s of its first stage's 18)."""
+    own (104 for the logistic-regression example's AutoNormal, 3.2 s of its first stage's 18). As the model's own
+    trace (`adapters.bayes._data`): a guide or model that cannot be traced so is traced eagerly, as before, and a
+    failure there is the refusal's error."""
     from numpyro import handlers
 
     model = _scaled(op.fn)
@@ -159,10 +161,13 @@ def _check_guide(op: NumpyroGuide, data: dict[str, Any], stage: str, init: Any) 
 
     try:
         jax.eval_shape(traces)
-    except Exception as e:
-        raise ConfigError(
-            f"stage {stage!r}: guide {op.guide!r} does not fit model {op.model!r}: {describe_error(e)}"
-        ) from None
+    except Exception:
+        try:
+            traces()
+        except Exception as e:
+            raise ConfigError(
+                f"stage {stage!r}: guide {op.guide!r} does not fit model {op.model!r}: {describe_error(e)}"
+            ) from None
     g_trace, m_trace = sites["guide"], sites["model"]
     latent = {n for n, s in m_trace.items() if s["type"] == "sample" and not s.get("is_observed")}
     guided = {n for n, s in g_trace.items() if s["type"] == "sample" and not s.get("infer", {}).get("is_auxiliary")}
