@@ -7,7 +7,7 @@ backend itself, the public kit they build on.
 - **The operators** a YAML file names: the model operators `NumpyroModel` (bound to its `Posterior` draws),
   `BlackjaxModel` and `NumpyroGuide` (bound to its `GuideParams`), and the kernels `NUTS`, `HMC`, `MALA`.
 - **The checks before compiling**: the data against the model's parameters (`check_data`) and its sites
-  (`check_sites`: one abstract trace), `full_data`, `describe_error`.
+  (`check_sites`: one abstract trace), `full_data`, `describe_error`, `trace_abstract_first`.
 - **The chunked sampler stage**: `prepare` (the checks, the initial point a previous stage hands over),
   `init_strategy`, the `StepBackend` base `SamplerControls` (``until``, the progress line, the posterior report),
   the configuration digest of the checkpoint (`config_digest`, `check_digest`) and the program cache
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from ._data import data_origin as data_origin
     from ._data import describe_error as describe_error
     from ._data import full_data as full_data
+    from ._data import trace_abstract_first as trace_abstract_first
     from ._diagnostics import diagnostics as diagnostics
     from ._diagnostics import ess_bulk as ess_bulk
     from ._diagnostics import ess_tail as ess_tail

@@ -148,11 +148,20 @@ def _site_kinds(fn: Any, kwargs: Mapping[str, Any]) -> dict[str, dict[str, Any]]
                 "discrete": bool(sample and site["fn"].support.is_discrete),
             }
 
-    try:
-        jax.eval_shape(trace, arrays)
-    except Exception:
-        trace(arrays)
+    trace_abstract_first(trace, arrays)
     return kinds
+
+
+def trace_abstract_first(fn: Any, *args: Any) -> None:
+    """Run `fn(*args)`, a function that records a NumPyro trace, under `jax.eval_shape` (the sites' names and shapes:
+    nothing is computed or compiled); one that needs concrete values (Python control flow on a drawn value or an
+    array) is run eagerly instead, as it would run without this, and an error there is the caller's to report."""
+    import jax
+
+    try:
+        jax.eval_shape(fn, *args)
+    except Exception:
+        fn(*args)
 
 
 def describe_error(e: BaseException) -> str:

@@ -29,6 +29,7 @@ from pipekit_train.adapters.bayes import (
     describe_error,
     full_data,
     guide_factory,
+    trace_abstract_first,
 )
 from pipekit_train.backends import StepBackend
 from pipekit_train.backends.kit import LearningRateLog, build_optimizer, set_lr_scale
@@ -142,7 +143,7 @@ def _check_guide(op: NumpyroGuide, data: dict[str, Any], stage: str, init: Any) 
     The traces are taken abstractly (`jax.eval_shape`: the sites' names and shapes, no numbers), so the check compiles
     nothing; run eagerly, each of the guide's initialisation and the model's operations compiled a program of its
     own (104 for the logistic-regression example's AutoNormal, 3.2 s of its first stage's 18). As the model's own
-    trace (`adapters.bayes._data`): a guide or model that cannot be traced so is traced eagerly, as before, and a
+    trace (`trace_abstract_first`): a guide or model that cannot be traced so is traced eagerly, as before, and a
     failure there is the refusal's error."""
     from numpyro import handlers
 
@@ -160,14 +161,11 @@ def _check_guide(op: NumpyroGuide, data: dict[str, Any], stage: str, init: Any) 
             sites["model"] = handlers.trace(replayed).get_trace(**kwargs)
 
     try:
-        jax.eval_shape(traces)
-    except Exception:
-        try:
-            traces()
-        except Exception as e:
-            raise ConfigError(
-                f"stage {stage!r}: guide {op.guide!r} does not fit model {op.model!r}: {describe_error(e)}"
-            ) from None
+        trace_abstract_first(traces)
+    except Exception as e:
+        raise ConfigError(
+            f"stage {stage!r}: guide {op.guide!r} does not fit model {op.model!r}: {describe_error(e)}"
+        ) from None
     g_trace, m_trace = sites["guide"], sites["model"]
     latent = {n for n, s in m_trace.items() if s["type"] == "sample" and not s.get("is_observed")}
     guided = {n for n, s in g_trace.items() if s["type"] == "sample" and not s.get("infer", {}).get("is_auxiliary")}
